@@ -1,0 +1,121 @@
+"""MONAI transforms used by the bundle's pre-processing (and so by every site).
+
+The bundle's JSON configs compose these with stock MONAI transforms; anything stock MONAI already
+does (loading, resizing, intensity scaling, flips, rotations) is not re-implemented here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Hashable, Mapping, Sequence, Union
+
+import numpy as np
+import torch
+from monai.config import KeysCollection
+from monai.data import ImageReader, NibabelReader, PILReader
+from monai.transforms import MapTransform
+
+_NIFTI_SUFFIXES = (".nii", ".nii.gz")
+_RASTER_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif", ".ppm")
+
+
+class SegImageReader(ImageReader):
+    """One reader for the formats sites hand us: raster images through PIL, NIfTI through nibabel.
+
+    MONAI's default reader search has no reader for ``.tif``/``.gif`` without ITK installed; this
+    dispatches by suffix so DRIVE's TIFFs and GIF masks load with the same ``LoadImaged`` as PNGs.
+    """
+
+    def __init__(self, **kwargs: Any):
+        super().__init__()
+        self._pil = PILReader(**kwargs)
+        self._nifti = NibabelReader()
+
+    @staticmethod
+    def _is_nifti(path: Union[str, os.PathLike]) -> bool:
+        return str(path).lower().endswith(_NIFTI_SUFFIXES)
+
+    def verify_suffix(self, filename: Union[Sequence, str, os.PathLike]) -> bool:
+        names = [filename] if isinstance(filename, (str, os.PathLike)) else list(filename)
+        return all(str(n).lower().endswith(_NIFTI_SUFFIXES + _RASTER_SUFFIXES) for n in names)
+
+    def read(self, data: Union[Sequence, str, os.PathLike], **kwargs: Any):
+        first = data[0] if isinstance(data, (list, tuple)) else data
+        reader = self._nifti if self._is_nifti(first) else self._pil
+        return reader, reader.read(data, **kwargs)
+
+    def get_data(self, img: Any):
+        reader, obj = img
+        return reader.get_data(obj)
+
+
+class EnsureChannelsd(MapTransform):
+    """Make a channel-first image have exactly ``channels`` channels.
+
+    Grey-scale scans are repeated to 3 channels (the network is built for RGB), RGBA drops alpha,
+    and a 3-channel image asked to become 1 channel is averaged. Shapes: ``(c, H, W) -> (channels, H, W)``.
+    """
+
+    def __init__(self, keys: KeysCollection, channels: int = 3, allow_missing_keys: bool = False):
+        super().__init__(keys, allow_missing_keys)
+        self.channels = int(channels)
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            img = d[key]
+            c = img.shape[0]
+            if c == self.channels:
+                continue
+            if c == 4 and self.channels == 3:
+                d[key] = img[:3]
+            elif c == 1:
+                d[key] = img.repeat(self.channels, *([1] * (img.ndim - 1)))
+            elif self.channels == 1:
+                d[key] = img.mean(dim=0, keepdim=True) if isinstance(img, torch.Tensor) else img.mean(0, keepdims=True)
+            else:
+                raise ValueError(f"cannot convert a {c}-channel image to {self.channels} channels ({key})")
+        return d
+
+
+class BinarizeMaskd(MapTransform):
+    """Map a 0/1 or 0/255 mask to float {0, 1}, keeping only the first channel: ``(c, H, W) -> (1, H, W)``.
+
+    A mask with any other values is rejected with the file name, because silently thresholding a
+    multi-class or soft mask would train on the wrong target.
+    """
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            mask = d[key][:1]
+            values = torch.unique(torch.as_tensor(mask))
+            allowed = {0.0, 1.0} if float(values.max()) <= 1 else {0.0, 255.0}
+            if not set(values.tolist()) <= allowed:
+                src = _source_name(mask)
+                found = values.tolist()[:8]
+                raise ValueError(f"non-binary mask {src}: values {found} (expected 0/1 or 0/255)")
+            d[key] = (mask > 0).to(torch.float32) if isinstance(mask, torch.Tensor) else (mask > 0).astype(np.float32)
+        return d
+
+
+class CheckSameSized(MapTransform):
+    """Fail with both file names when an image and its mask differ in spatial size."""
+
+    def __init__(self, keys: KeysCollection = ("image", "label")):
+        super().__init__(keys)
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
+        image_key, label_key = self.keys[0], self.keys[1]
+        img, lab = data[image_key], data[label_key]
+        if tuple(img.shape[1:]) != tuple(lab.shape[1:]):
+            raise ValueError(
+                f"image/mask size mismatch: {_source_name(img)} is {tuple(img.shape[1:])}, "
+                f"{_source_name(lab)} is {tuple(lab.shape[1:])}"
+            )
+        return dict(data)
+
+
+def _source_name(x: Any) -> str:
+    meta = getattr(x, "meta", None) or {}
+    return str(meta.get("filename_or_obj", "<unknown file>"))

@@ -1,0 +1,3 @@
+from .engine import SegEngine, default_device
+
+__all__ = ["SegEngine", "default_device"]

@@ -1,0 +1,141 @@
+"""The site side of every job: receive a task, run it with the engine and the method's objective, reply.
+
+What leaves the site (``FLModel`` sent back):
+  * train:    the trained weights, ``metrics`` {train_loss, val_dice, steps}, ``meta`` {n_samples} plus
+              the objective's declared statistics;
+  * evaluate: ``metrics`` {dice, hd95, assd} of the received model on the test split, nothing else;
+  * other tasks (method-specific): the objective's declared statistics only.
+Images, labels, predictions and overlays stay in the site's workspace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+
+from fedseg.engine.engine import SegEngine
+from fedseg.fl.protocol import BASE_STATISTICS, EVALUATE_TASK, META_KEY, TRAIN_TASK
+from fedseg.fl.site_data import resolve_site_datalist
+from fedseg.objectives.base import RoundContext
+from fedseg.objectives.registry import build_objective
+
+logger = logging.getLogger(__name__)
+
+
+class SiteRunner:
+    """Holds a site's engine, model and objective across tasks (built on the first task)."""
+
+    def __init__(self, site: str, args: argparse.Namespace, workspace: Optional[str] = None):
+        self.site = site
+        self.args = args
+        self.workspace = Path(workspace or os.getcwd())
+        self.output_dir = self.workspace / "fedseg_outputs" / site
+        self.state_dir = self.workspace / "fedseg_state" / site
+        self.engine: Optional[SegEngine] = None
+        self.model: Optional[torch.nn.Module] = None
+        self.objective = None
+        self._setup_key: Optional[str] = None
+
+    def _setup(self, job: Dict[str, Any]) -> None:
+        key = repr((job["objective"], job["objective_args"], job["train_config"]))
+        if key == self._setup_key:
+            return
+        cfg = job["train_config"]
+        datalist = resolve_site_datalist(
+            self.site, cfg, self.args.datalist, self.args.site_datalists, self.args.data_root, str(self.workspace)
+        )
+        logger.info("%s: training on %s", self.site, datalist)
+        self.engine = SegEngine(self.site, datalist, cfg, bundle_dir=self.args.bundle_dir)
+        self.model = self.engine.build_network()
+        self.objective = build_objective(job["objective"], **job["objective_args"])
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._setup_key = key
+
+    def handle(self, task: str, params: Dict[str, Any], meta: Dict[str, Any]) -> Dict[str, Any]:
+        """Run one task; returns ``{"params", "metrics", "meta"}`` — exactly what will be sent."""
+        job = meta[META_KEY]
+        self._setup(job)
+        self.model.load_state_dict({k: torch.as_tensor(v) for k, v in params.items()})
+        ctx = RoundContext(
+            site=self.site,
+            round=int(job["round"]),
+            total_rounds=int(job["total_rounds"]),
+            server_meta=meta,
+            train_config=job["train_config"],
+            state_dir=str(self.state_dir),
+        )
+        if task == TRAIN_TASK:
+            return self._train(ctx)
+        if task == EVALUATE_TASK:
+            return self._evaluate(meta.get("model_name", "global"))
+        statistics = self.objective.handle_task(task, ctx, self.model, self.engine)
+        return {"params": {}, "metrics": {}, "meta": self._declared(statistics)}
+
+    def _train(self, ctx: RoundContext) -> Dict[str, Any]:
+        self.objective.begin_round(ctx, self.model)
+        metrics = self.engine.train(self.model, self.objective, ctx)
+        metrics["val_dice"] = self.engine.evaluate(self.model, "validation", metrics=("dice",))["dice"]
+        statistics = self._declared(self.objective.end_round(ctx, self.model, self.engine))
+        params = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        return {"params": params, "metrics": metrics, "meta": {"n_samples": self.engine.n_train, **statistics}}
+
+    def _evaluate(self, model_name: str) -> Dict[str, Any]:
+        metrics = self.engine.evaluate(self.model, "test")
+        if model_name == "global":
+            # site-local figure: written into this site's workspace, never sent
+            from fedseg.plots.overlays import save_overlay_strip
+
+            save_overlay_strip(self.engine, self.model, self.output_dir / f"overlays_{model_name}.png")
+        return {"params": {}, "metrics": metrics, "meta": {}}
+
+    def _declared(self, statistics: Dict[str, Any]) -> Dict[str, Any]:
+        allowed = set(self.objective.declared_statistics) | set(BASE_STATISTICS)
+        undeclared = sorted(set(statistics) - allowed)
+        if undeclared:
+            raise ValueError(f"{self.site}: objective {self.objective.name!r} tried to send undeclared statistics {undeclared}")
+        return statistics
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="fedseg site client (run by NVFlare)")
+    parser.add_argument("--datalist", default=None, help="this site's datalist JSON")
+    parser.add_argument("--site_datalists", default=None, help="JSON file mapping site name -> datalist JSON")
+    parser.add_argument("--data_root", default=None, help="where built-in synthetic data is generated")
+    parser.add_argument("--bundle_dir", default=None, help="MONAI bundle folder (default bundles/unet2d_seg)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    import nvflare.client as flare
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+    from nvflare.client.tracking import SummaryWriter
+
+    args = parse_args(argv)
+    flare.init()
+    site = flare.get_site_name()
+    runner = SiteRunner(site, args)
+    writer = SummaryWriter()
+    while flare.is_running():
+        received = flare.receive()
+        if received is None:
+            break
+        task = flare.get_task_name()
+        out = runner.handle(task, received.params or {}, received.meta or {})
+        if task == TRAIN_TASK:
+            step = int(received.current_round or 0)
+            for name, value in out["metrics"].items():
+                writer.add_scalar(name, float(value), global_step=step)
+        flare.send(
+            FLModel(
+                params=out["params"],
+                params_type=ParamsType.FULL,
+                metrics=out["metrics"],
+                meta=out["meta"],
+                current_round=received.current_round,
+            )
+        )

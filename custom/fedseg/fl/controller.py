@@ -1,0 +1,202 @@
+"""The server workflow shared by every method: rounds, per-site payloads, validation, final evaluation.
+
+A method changes only the ``ServerStrategy`` (how results become the next models) and the client
+objective (named here and shipped to sites in the task meta). The controller writes ``report.json``,
+a markdown summary and plots into the run directory.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.workflows.model_controller import ModelController
+
+from fedseg.fl.protocol import META_KEY, EVALUATE_TASK, TRAIN_TASK
+from fedseg.fl.report import RunReport
+from fedseg.fl.validation import InvalidUpdateError, to_tensor_params, validate_params, validate_statistics
+from fedseg.objectives.registry import build_objective
+from fedseg.strategies.base import ClientUpdate, SitePayload
+from fedseg.strategies.registry import build_strategy
+
+
+class FedSegController(ModelController):
+    """Run ``num_rounds`` rounds of a federated segmentation method.
+
+    Args:
+        method: name written into the report (e.g. "fedavg", "graphfedseg").
+        num_rounds: communication rounds.
+        strategy: server strategy name (``fedseg.strategies.registry``).
+        strategy_args: options of the strategy.
+        objective: client objective name (``fedseg.objectives.registry``), sent to the sites.
+        objective_args: options of the objective.
+        train_config: hyper-parameters every site trains with (sent in each task's meta).
+        min_clients: fewest valid results a round may continue with; fewer stops the job with an error.
+        task_timeout: seconds a site may take for one task (0 = wait forever). A site that does not
+            answer in time is left out of that round.
+        final_evaluation: evaluate the final global (and personalised) models on every site's test split.
+    """
+
+    def __init__(
+        self,
+        method: str = "fedavg",
+        num_rounds: int = 5,
+        strategy: str = "fedavg",
+        strategy_args: Optional[Dict[str, Any]] = None,
+        objective: str = "fedavg",
+        objective_args: Optional[Dict[str, Any]] = None,
+        train_config: Optional[Dict[str, Any]] = None,
+        min_clients: int = 2,
+        task_timeout: int = 0,
+        final_evaluation: bool = True,
+        persistor_id: str = "persistor",
+    ):
+        super().__init__(persistor_id=persistor_id, ignore_result_error=True)
+        self.method = method
+        self.num_rounds = int(num_rounds)
+        self.strategy = strategy
+        self.strategy_args = dict(strategy_args or {})
+        self.objective = objective
+        self.objective_args = dict(objective_args or {})
+        self.train_config = dict(train_config or {})
+        self.min_clients = int(min_clients)
+        self.task_timeout = int(task_timeout)
+        self.final_evaluation = bool(final_evaluation)
+        # fail at job start, not after an hour of training, if a name or an option is wrong
+        self._strategy = build_strategy(self.strategy, **self.strategy_args)
+        self._allowed_statistics = build_objective(self.objective, **self.objective_args).declared_statistics
+        self._reference: Dict[str, torch.Tensor] = {}
+
+    # ---------------------------------------------------------------------------------- workflow
+    def run(self) -> None:
+        initial = self.load_model()
+        self._reference = {k: v.clone() for k, v in to_tensor_params(initial.params).items()}
+        clients = sorted(self.sample_clients())
+        if len(clients) < self.min_clients:
+            raise RuntimeError(f"{len(clients)} sites connected, the job needs at least {self.min_clients}")
+        self._strategy.start(clients, self._reference)
+        report = RunReport(
+            method=self.method,
+            clients=clients,
+            config=self._effective_config(clients),
+        )
+        for round_ in range(self.num_rounds):
+            if self.abort_signal.triggered:
+                return
+            started = time.perf_counter()
+            payloads = {site: self._strategy.payload(site, round_) for site in clients}
+            updates = self._exchange(TRAIN_TASK, payloads, round_)
+            fields = self._strategy.aggregate(
+                round_, updates, lambda task, p, r=round_: self._exchange(task, p, r, require_params=False)
+            )
+            report.add_round(
+                round_,
+                metrics={s: u.metrics for s, u in updates.items()},
+                missing=[s for s in clients if s not in updates],
+                wall_time=time.perf_counter() - started,
+                **fields,
+            )
+            self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
+            report.write(self.get_run_dir(), plots=False)
+            self.info(f"round {round_ + 1}/{self.num_rounds} done: {report.round_summary(round_)}")
+
+        if self.final_evaluation:
+            report.final["global"] = self._evaluate({s: self._strategy.global_params() for s in clients}, "global")
+            personalised = self._strategy.personalized_params()
+            if personalised:
+                report.final["personalized"] = self._evaluate(personalised, "personalized")
+        path = report.write(self.get_run_dir(), plots=True)
+        self.info(f"report written to {path}")
+
+    # ---------------------------------------------------------------------------------- helpers
+    def _effective_config(self, clients: List[str]) -> Dict[str, Any]:
+        return {
+            "num_rounds": self.num_rounds,
+            "num_clients": len(clients),
+            "min_clients": self.min_clients,
+            "strategy": self.strategy,
+            "objective": self.objective,
+            "objective_args": self.objective_args,
+            "train_config": self.train_config,
+            **self._strategy.config(),
+        }
+
+    def _task_meta(self, round_: int, extra: Dict[str, Any]) -> Dict[str, Any]:
+        return {
+            META_KEY: {
+                "method": self.method,
+                "objective": self.objective,
+                "objective_args": self.objective_args,
+                "train_config": self.train_config,
+                "round": round_,
+                "total_rounds": self.num_rounds,
+            },
+            **extra,
+        }
+
+    def _evaluate(self, models: Dict[str, Dict[str, torch.Tensor]], model_name: str) -> Dict[str, Dict[str, float]]:
+        payloads = {s: SitePayload(params=p, meta={"model_name": model_name}) for s, p in models.items()}
+        results = self._exchange(EVALUATE_TASK, payloads, self.num_rounds, require_params=False)
+        return {s: {k: float(v) for k, v in u.metrics.items()} for s, u in sorted(results.items())}
+
+    def _exchange(
+        self, task_name: str, payloads: Dict[str, SitePayload], round_: int, require_params: bool = True
+    ) -> Dict[str, ClientUpdate]:
+        """Send each site its payload, wait for all answers (or the timeout), return validated results.
+
+        Sites that receive the same parameter object share one task, so a broadcast costs one
+        serialisation; personalised payloads go out as one task per site.
+        """
+        groups: Dict[int, List[str]] = {}
+        for site, payload in payloads.items():
+            groups.setdefault(id(payload.params), []).append(site)
+        results: Dict[str, ClientUpdate] = {}
+
+        def on_result(result: FLModel) -> bool:
+            site = result.meta.get("client_name", "?")
+            try:
+                results[site] = self._to_update(site, result, require_params)
+                return True
+            except InvalidUpdateError as e:
+                self.warning(f"rejected {task_name} result: {e}")
+                return False
+
+        for sites in groups.values():
+            first = payloads[sites[0]]
+            if any(payloads[s].meta != first.meta for s in sites):
+                sub_groups = [[s] for s in sites]
+            else:
+                sub_groups = [sites]
+            for targets in sub_groups:
+                data = FLModel(
+                    params=payloads[targets[0]].params,
+                    params_type=ParamsType.FULL,
+                    current_round=round_,
+                    total_rounds=self.num_rounds,
+                    meta=self._task_meta(round_, payloads[targets[0]].meta),
+                )
+                self.send_model(task_name, data, targets=targets, timeout=self.task_timeout, callback=on_result)
+        while self.get_num_standing_tasks() > 0:
+            if self.abort_signal.triggered:
+                raise RuntimeError("job aborted")
+            time.sleep(0.05)
+        if len(results) < self.min_clients:
+            raise RuntimeError(
+                f"task {task_name} round {round_}: only {len(results)} valid results "
+                f"({sorted(results)}), fewer than min_clients={self.min_clients}"
+            )
+        return results
+
+    def _to_update(self, site: str, result: FLModel, require_params: bool) -> ClientUpdate:
+        meta = result.meta or {}
+        params: Dict[str, torch.Tensor] = {}
+        if require_params:
+            params = validate_params(site, result.params or {}, self._reference)
+        metrics = validate_statistics(site, result.metrics or {}, (result.metrics or {}).keys())
+        statistics = validate_statistics(site, meta, self._allowed_statistics)
+        n_samples = int(meta.get("n_samples", 0))
+        if require_params and n_samples <= 0:
+            raise InvalidUpdateError(f"{site}: result does not say how many training images it used")
+        return ClientUpdate(site=site, params=params, n_samples=n_samples, metrics=metrics, meta=statistics)

@@ -1,0 +1,120 @@
+"""``report.json``: the record of one federated run, written by the server into its run directory.
+
+Schema (fields every method writes; methods add their own per-round fields):
+    method, config, clients,
+    rounds: [{round, metrics: {site: {train_loss, val_dice, ...}}, missing: [site], wall_time, ...}],
+    final: {global: {site: {dice, hd95, assd}}, personalized: {...} (personalised methods only)}
+Only numbers the sites chose to send are here — no images, labels or predictions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+REPORT_NAME = "report.json"
+SUMMARY_NAME = "summary.md"
+
+
+def _jsonable(value: Any) -> Any:
+    """Tensors/arrays -> lists, NaN/Inf -> None (JSON has no NaN)."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class RunReport:
+    def __init__(self, method: str, clients: List[str], config: Dict[str, Any]):
+        self.method = method
+        self.clients = list(clients)
+        self.config = config
+        self.rounds: List[Dict[str, Any]] = []
+        self.final: Dict[str, Any] = {}
+
+    def add_round(self, round_: int, metrics: Dict[str, Dict[str, float]], **fields: Any) -> None:
+        self.rounds.append({"round": round_, "metrics": metrics, **fields})
+
+    def round_summary(self, round_: int) -> str:
+        entry = next(r for r in self.rounds if r["round"] == round_)
+        dice = [m.get("val_dice") for m in entry["metrics"].values() if m.get("val_dice") is not None]
+        loss = [m.get("train_loss") for m in entry["metrics"].values() if m.get("train_loss") is not None]
+        mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+        return f"mean train_loss {mean(loss):.4f}, mean val_dice {mean(dice):.4f}, {entry.get('wall_time', 0):.1f}s"
+
+    def as_dict(self) -> Dict[str, Any]:
+        return _jsonable(
+            {"method": self.method, "config": self.config, "clients": self.clients, "rounds": self.rounds, "final": self.final}
+        )
+
+    def write(self, run_dir: os.PathLike, plots: bool = True) -> Path:
+        """Write report.json (+ summary.md and PNG plots when ``plots``); returns the report path."""
+        out = Path(run_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        data = self.as_dict()
+        tmp = out / (REPORT_NAME + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, out / REPORT_NAME)
+        if plots:
+            from fedseg.plots.report_plots import plot_report
+
+            figures = plot_report(data, out / "plots")
+            (out / SUMMARY_NAME).write_text(summarise(data, figures, base=out))
+        return out / REPORT_NAME
+
+
+def final_table(data: Dict[str, Any], which: str = "global") -> Optional[List[List[str]]]:
+    """Rows ``[site, dice, hd95, assd]`` plus a mean row, or None if the run has no such results."""
+    final = (data.get("final") or {}).get(which)
+    if not final:
+        return None
+    names = ("dice", "hd95", "assd")
+    rows = []
+    for site in data["clients"]:
+        if site in final:
+            rows.append([site] + [_fmt(final[site].get(n)) for n in names])
+    means = []
+    for n in names:
+        vals = [final[s][n] for s in final if final[s].get(n) is not None]
+        means.append(_fmt(sum(vals) / len(vals)) if vals else "-")
+    rows.append(["**mean**"] + means)
+    return rows
+
+
+def _fmt(x: Any) -> str:
+    return "-" if x is None else f"{float(x):.4f}"
+
+
+def summarise(data: Dict[str, Any], figures: Optional[List[Path]] = None, base: Optional[Path] = None) -> str:
+    """Markdown summary of a report: configuration, per-round validation Dice, final test metrics."""
+    lines = [f"# {data['method']} — {len(data['clients'])} sites, {len(data['rounds'])} rounds", ""]
+    cfg = data.get("config", {})
+    lines += ["## Configuration", "", "```json", json.dumps(cfg, indent=1), "```", ""]
+    if data["rounds"]:
+        lines += ["## Validation Dice per round", "", "| round | " + " | ".join(data["clients"]) + " | wall time (s) |"]
+        lines.append("|---" * (len(data["clients"]) + 2) + "|")
+        for r in data["rounds"]:
+            cells = [_fmt((r["metrics"].get(s) or {}).get("val_dice")) for s in data["clients"]]
+            lines.append(f"| {r['round']} | " + " | ".join(cells) + f" | {_fmt(r.get('wall_time'))} |")
+        lines.append("")
+    for which in ("global", "personalized"):
+        rows = final_table(data, which)
+        if rows:
+            lines += [f"## Final {which} model on each site's test split", "", "| site | Dice | HD95 | ASSD |", "|---|---|---|---|"]
+            lines += ["| " + " | ".join(r) + " |" for r in rows]
+            lines.append("")
+    if figures:
+        lines += ["## Figures", ""]
+        for fig in figures:
+            rel = os.path.relpath(fig, base) if base else str(fig)
+            lines.append(f"![{fig.stem}]({rel})")
+        lines.append("")
+    return "\n".join(lines)

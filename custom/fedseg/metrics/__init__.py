@@ -1,0 +1,3 @@
+from .segmentation import SegmentationMetrics
+
+__all__ = ["SegmentationMetrics"]

@@ -1,0 +1,3 @@
+from .unet import FeatureUNet
+
+__all__ = ["FeatureUNet"]

@@ -1,0 +1,104 @@
+"""Client objective: the site-side half of a federated method.
+
+The engine calls, per round:
+    begin_round(ctx, model)                      once, after the received weights are loaded
+    loss(batch_out) -> scalar tensor             every training iteration
+    end_round(ctx, model, engine) -> dict        once, after local training: declared statistics
+    handle_task(name, ctx, model, engine)        for method-specific extra tasks (e.g. FedEvi's
+                                                 ``evaluate_surrogate``); returns metrics/meta scalars
+
+Only keys listed in ``declared_statistics`` may leave the site in ``FLModel.meta`` (the client loop
+enforces it), and each must be a finite scalar or a short list of finite scalars — never images,
+labels, predictions or per-image lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedseg.engine.engine import SegEngine
+
+
+@dataclass
+class RoundContext:
+    """What a client objective knows about the current round.
+
+    Attributes:
+        site: this site's name.
+        round: 0-based round index.
+        total_rounds: number of rounds in the job.
+        server_meta: the ``FLModel.meta`` the server sent with this task (method-specific payload).
+        train_config: effective training hyper-parameters sent by the server.
+        state_dir: a folder in this site's workspace for state that must survive a process restart.
+    """
+
+    site: str
+    round: int
+    total_rounds: int
+    server_meta: Dict[str, Any] = field(default_factory=dict)
+    train_config: Dict[str, Any] = field(default_factory=dict)
+    state_dir: Optional[str] = None
+
+
+@dataclass
+class BatchOutput:
+    """One training iteration's tensors, as the objective sees them.
+
+    Attributes:
+        inputs: images ``(B, C_in, H, W)``.
+        labels: integer-valued masks ``(B, 1, H, W)`` (0 = background, 1..C-1 = classes).
+        logits: network output ``(B, C, H, W)``.
+        features: named feature maps (``FeatureUNet.forward_features``); empty unless the objective
+            sets ``needs_features``.
+        epoch: 0-based local epoch.
+    """
+
+    inputs: torch.Tensor
+    labels: torch.Tensor
+    logits: torch.Tensor
+    features: Dict[str, torch.Tensor]
+    epoch: int = 0
+
+
+class ClientObjective:
+    """Default objective: the bundle's segmentation loss, no extra statistics (FedAvg)."""
+
+    name: str = "fedavg"
+    #: ask the engine for ``forward_features`` instead of ``forward``
+    needs_features: bool = False
+    #: meta keys this objective may send to the server
+    declared_statistics: Tuple[str, ...] = ()
+
+    def __init__(self, seg_loss: Optional[nn.Module] = None, **kwargs: Any):
+        if kwargs:
+            raise TypeError(f"{type(self).__name__} got unknown options {sorted(kwargs)}")
+        self.seg_loss = seg_loss
+
+    def set_seg_loss(self, seg_loss: nn.Module) -> None:
+        """The engine hands over the bundle's loss (DiceCE by default) if none was given."""
+        if self.seg_loss is None:
+            self.seg_loss = seg_loss
+
+    def begin_round(self, ctx: RoundContext, model: nn.Module) -> None:
+        """Called after the received weights are loaded into ``model``, before local training."""
+
+    def loss(self, out: BatchOutput) -> torch.Tensor:
+        """Scalar training loss for one batch."""
+        if self.seg_loss is None:
+            raise RuntimeError("no segmentation loss configured")
+        return self.seg_loss(out.logits, out.labels)
+
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:
+        """Declared statistics to send with the trained weights (keys from ``declared_statistics``)."""
+        return {}
+
+    def handle_task(
+        self, task_name: str, ctx: RoundContext, model: nn.Module, engine: "SegEngine"
+    ) -> Dict[str, Any]:
+        """Run a method-specific task on ``model`` (already loaded with the received weights)."""
+        raise ValueError(f"objective {self.name!r} does not handle task {task_name!r}")

@@ -1,0 +1,1 @@
+"""Figures made from report.json (server side) and site-local overlays (site side)."""

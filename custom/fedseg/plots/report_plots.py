@@ -1,0 +1,85 @@
+"""Plots drawn from a report dict: which figures appear depends on which fields the method recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def plot_report(data: Dict[str, Any], out_dir: Path) -> List[Path]:
+    """Write every figure the report supports into ``out_dir``; return their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures = [plot_metric_over_rounds(data, "val_dice", out_dir / "val_dice.png")]
+    rounds = data.get("rounds") or []
+    if rounds and "graph" in rounds[-1]:
+        figures.append(plot_graph_heatmaps(data, out_dir / "graph_heatmaps.png"))
+    for field in ("effective_weight", "beta", "aggregation_weight"):
+        if rounds and isinstance(rounds[-1].get(field), dict):
+            figures.append(plot_site_field(data, field, out_dir / f"{field}.png"))
+    return [f for f in figures if f is not None]
+
+
+def plot_metric_over_rounds(data: Dict[str, Any], metric: str, path: Path):
+    rounds = data.get("rounds") or []
+    if not rounds:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for site in data["clients"]:
+        xs = [r["round"] + 1 for r in rounds if (r["metrics"].get(site) or {}).get(metric) is not None]
+        ys = [r["metrics"][site][metric] for r in rounds if (r["metrics"].get(site) or {}).get(metric) is not None]
+        ax.plot(xs, ys, marker="o", label=site)
+    ax.set_xlabel("round")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{data['method']}: {metric} per site")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_site_field(data: Dict[str, Any], field: str, path: Path):
+    """A per-round {site: value} field (aggregation weights, FedEvi's beta, ...) as curves."""
+    rounds = [r for r in data.get("rounds") or [] if isinstance(r.get(field), dict)]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for site in data["clients"]:
+        xs = [r["round"] + 1 for r in rounds if site in r[field]]
+        ys = [r[field][site] for r in rounds if site in r[field]]
+        ax.plot(xs, ys, marker=".", label=site)
+    ax.set_xlabel("round")
+    ax.set_ylabel(field)
+    ax.set_title(f"{data['method']}: {field}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_graph_heatmaps(data: Dict[str, Any], path: Path, max_panels: int = 4):
+    """Collaboration graph W (row i = site i) at evenly spaced rounds."""
+    rounds = [r for r in data["rounds"] if r.get("graph") is not None]
+    picks = sorted({rounds[int(i)]["round"] for i in np.linspace(0, len(rounds) - 1, min(max_panels, len(rounds)))})
+    chosen = [r for r in rounds if r["round"] in picks]
+    fig, axes = plt.subplots(1, len(chosen), figsize=(3.2 * len(chosen), 3.2), squeeze=False)
+    names = data["clients"]
+    for ax, r in zip(axes[0], chosen):
+        w = np.asarray(r["graph"], dtype=float)
+        im = ax.imshow(w, vmin=0, vmax=max(1e-9, w.max()), cmap="viridis")
+        ax.set_title(f"round {r['round'] + 1}")
+        ax.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
+        ax.set_yticks(range(len(names)), names, fontsize=6)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,21 @@
+"""One recipe per method. ``RECIPES[name]`` is the class; ``fedseg export`` writes ``jobs/<name>``."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Dict
+
+_RECIPES: Dict[str, str] = {
+    "fedavg": "fedseg.recipes.fedavg:FedAvgRecipe",
+}
+
+
+def get_recipe_class(method: str):
+    if method not in _RECIPES:
+        raise ValueError(f"unknown method {method!r}; known: {sorted(_RECIPES)}")
+    module, cls = _RECIPES[method].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def available_methods():
+    return sorted(_RECIPES)

@@ -1,0 +1,110 @@
+"""The recipe every method shares: one controller + one site script, configured by name and options.
+
+A method's recipe module only picks the strategy, the objective, their options and a ``paper`` profile.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
+from nvflare.app_opt.pt.job_config.base_fed_job import BaseFedJob
+from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
+from nvflare.client.config import ExchangeFormat, TransferType
+from nvflare.recipe.spec import Recipe
+
+from fedseg.bundle import load_bundle
+from fedseg.fl.controller import FedSegController
+
+SITE_SCRIPT = str(Path(__file__).resolve().parent.parent / "fl" / "site_script.py")
+
+
+class SiteScript:
+    """Adds the site entry script to a job as ``app/custom/site_script.py`` run in-process.
+
+    NVFlare's ScriptRunner would record the script's absolute path on the exporting machine; this
+    keeps the exported job relocatable (the script only imports the installed ``fedseg`` package).
+    """
+
+    def __init__(self, script_args: str = ""):
+        self.script_args = script_args
+
+    def add_to_fed_job(self, job, ctx, **kwargs):
+        executor = ClientAPIExecutor(
+            execution_mode="in_process",
+            task_script_path=Path(SITE_SCRIPT).name,
+            task_script_args=self.script_args,
+            params_exchange_format=ExchangeFormat.PYTORCH,
+            server_expected_format=ExchangeFormat.PYTORCH,
+            params_transfer_type=TransferType.FULL,
+        )
+        job.add_executor(executor, tasks=["*"], ctx=ctx)
+        job.add_file_source(src_path=SITE_SCRIPT, dest_dir=None, app_folder_type="custom", ctx=ctx)
+        return {}
+
+
+def build_initial_network(train_config: Dict[str, Any]):
+    """The bundle's network with the job's overrides — the same constructor the sites use."""
+    import torch
+
+    torch.manual_seed(int(train_config.get("seed", 0)))
+    return load_bundle(None, train_config).get_parsed_content("network_def", instantiate=True)
+
+
+class FedSegRecipe(Recipe):
+    """NVFlare job for one federated segmentation method.
+
+    Args:
+        name: job name (also the exported folder's job name).
+        method: method name recorded in report.json.
+        strategy / strategy_args: server strategy and its options.
+        objective / objective_args: client objective and its options.
+        num_rounds: communication rounds.
+        train_config: effective training hyper-parameters (see ``fedseg.config``).
+        min_clients: sites needed to start, and fewest valid results a round may continue with.
+        task_timeout: seconds a site may take for one task before it is left out of that round (0 = no limit).
+        script_args: extra arguments for the site script (e.g. ``--site_datalists sites.json``).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        method: str,
+        strategy: str,
+        objective: str,
+        num_rounds: int,
+        train_config: Dict[str, Any],
+        strategy_args: Optional[Dict[str, Any]] = None,
+        objective_args: Optional[Dict[str, Any]] = None,
+        min_clients: int = 2,
+        task_timeout: int = 0,
+        script_args: str = "",
+    ):
+        self.name = name
+        self.method = method
+        self.train_config = dict(train_config)
+        job = BaseFedJob(
+            initial_model=build_initial_network(self.train_config),
+            name=name,
+            min_clients=min_clients,
+            key_metric=None,
+            analytics_receiver=TBAnalyticsReceiver(events=["fed.analytix_log_stats"]),
+        )
+        controller = FedSegController(
+            method=method,
+            num_rounds=num_rounds,
+            strategy=strategy,
+            strategy_args=strategy_args,
+            objective=objective,
+            objective_args=objective_args,
+            train_config=self.train_config,
+            min_clients=min_clients,
+            task_timeout=task_timeout,
+        )
+        # fedseg is an installed package at every site: reference it, don't copy its source into the job
+        job.set_app_packages(["fedseg"])
+        job.to_server(controller, id="controller")
+        job.to_clients(SiteScript(script_args))
+        super().__init__(job)

@@ -1,0 +1,84 @@
+"""Server strategy: the server-side half of a federated method.
+
+The controller (``fedseg.fl.controller.FedSegController``) drives the rounds and calls:
+    start(clients, initial_params)            once
+    payload(site, round) -> SitePayload       the model (and meta) each site trains from
+    aggregate(round, updates, exchange)       after the train task; returns this round's report fields
+    global_params()                           the model evaluated as ``final.global``
+    personalized_params()                     per-site models evaluated as ``final.personalized`` (or None)
+
+``exchange(task_name, {site: SitePayload}) -> {site: ClientUpdate}`` lets a strategy run a second
+task inside a round (FedEvi's surrogate evaluation) without knowing about NVFlare.
+Parameters are ``Dict[str, torch.Tensor]`` on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+Params = Dict[str, torch.Tensor]
+
+
+@dataclass
+class SitePayload:
+    """What the server sends to one site: weights plus method-specific meta (scalars, small vectors)."""
+
+    params: Params
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ClientUpdate:
+    """One site's validated result for a task.
+
+    Attributes:
+        site: site name.
+        params: trained weights (empty for tasks that return statistics only).
+        n_samples: number of local training images.
+        metrics: scalar metrics (train_loss, val_dice, ...).
+        meta: the declared statistics the objective sent (e.g. GraphFedSeg's uncertainty).
+    """
+
+    site: str
+    params: Params
+    n_samples: int = 0
+    metrics: Dict[str, float] = field(default_factory=dict)
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+
+Exchange = Callable[[str, Dict[str, SitePayload]], Dict[str, ClientUpdate]]
+
+
+class ServerStrategy:
+    """Base class; subclasses implement ``aggregate`` and may override the rest."""
+
+    name: str = "base"
+    #: the client objective this strategy pairs with by default
+    objective: str = "fedavg"
+
+    def __init__(self) -> None:
+        self.clients: List[str] = []
+        self._global: Params = {}
+
+    def config(self) -> Dict[str, Any]:
+        """Effective hyper-parameters, written into ``report.json['config']``."""
+        return {"strategy": self.name}
+
+    def start(self, clients: List[str], initial_params: Params) -> None:
+        self.clients = list(clients)
+        self._global = {k: v.detach().clone() for k, v in initial_params.items()}
+
+    def payload(self, site: str, round_: int) -> SitePayload:
+        return SitePayload(params=self._global)
+
+    def aggregate(self, round_: int, updates: Dict[str, ClientUpdate], exchange: Exchange) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def global_params(self) -> Params:
+        return self._global
+
+    def personalized_params(self) -> Optional[Dict[str, Params]]:
+        return None

@@ -1,0 +1,1 @@
+"""Uncertainty maths shared by methods (evidential / Dirichlet, MC-dropout)."""
