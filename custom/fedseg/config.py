@@ -34,7 +34,14 @@ PROFILES: Dict[str, Dict[str, Any]] = {
     # unit/integration tests: a few seconds per round on one core
     "tiny": {
         "num_rounds": 2,
-        "train_config": {"data_profile": "tiny", "image_size": 32, "channels": [8, 16, 32, 64], "batch_size": 4},
+        "train_config": {
+            "data_profile": "tiny",
+            "image_size": 32,
+            "channels": [8, 16, 32, 64],
+            "batch_size": 2,
+            "learning_rate": 3e-3,
+            "local_epochs": 3,
+        },
     },
     # the README's main job: a few minutes on a 2-core laptop
     "default": {"num_rounds": 5, "train_config": {}},

@@ -125,7 +125,12 @@ def main(argv=None) -> None:
         if received is None:
             break
         task = flare.get_task_name()
-        out = runner.handle(task, received.params or {}, received.meta or {})
+        try:
+            out = runner.handle(task, received.params or {}, received.meta or {})
+        except Exception as e:  # keep serving: the server leaves this site out of the round
+            logger.exception("%s: task %s failed", site, task)
+            # only the exception type travels; its message may name local files (patient ids)
+            out = {"params": {}, "metrics": {}, "meta": {"error": type(e).__name__}}
         if task == TRAIN_TASK:
             step = int(received.current_round or 0)
             for name, value in out["metrics"].items():

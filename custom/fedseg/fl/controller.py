@@ -68,6 +68,7 @@ class FedSegController(ModelController):
         self._strategy = build_strategy(self.strategy, **self.strategy_args)
         self._allowed_statistics = build_objective(self.objective, **self.objective_args).declared_statistics
         self._reference: Dict[str, torch.Tensor] = {}
+        self._rejected: Dict[str, str] = {}
 
     # ---------------------------------------------------------------------------------- workflow
     def run(self) -> None:
@@ -86,6 +87,7 @@ class FedSegController(ModelController):
             if self.abort_signal.triggered:
                 return
             started = time.perf_counter()
+            self._rejected = {}
             payloads = {site: self._strategy.payload(site, round_) for site in clients}
             updates = self._exchange(TRAIN_TASK, payloads, round_)
             fields = self._strategy.aggregate(
@@ -95,6 +97,7 @@ class FedSegController(ModelController):
                 round_,
                 metrics={s: u.metrics for s, u in updates.items()},
                 missing=[s for s in clients if s not in updates],
+                rejected=dict(self._rejected),
                 wall_time=time.perf_counter() - started,
                 **fields,
             )
@@ -161,6 +164,7 @@ class FedSegController(ModelController):
                 return True
             except InvalidUpdateError as e:
                 self.warning(f"rejected {task_name} result: {e}")
+                self._rejected[site] = f"{task_name}: {e}"
                 return False
 
         for sites in groups.values():
@@ -191,6 +195,8 @@ class FedSegController(ModelController):
 
     def _to_update(self, site: str, result: FLModel, require_params: bool) -> ClientUpdate:
         meta = result.meta or {}
+        if meta.get("error"):
+            raise InvalidUpdateError(f"{site}: the site could not run the task ({meta['error']}; details in its log)")
         params: Dict[str, torch.Tensor] = {}
         if require_params:
             params = validate_params(site, result.params or {}, self._reference)

@@ -14,7 +14,7 @@ Feature names (``L = len(channels)``, level 0 is full resolution):
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from monai.networks.blocks import Convolution
@@ -42,6 +42,8 @@ class FeatureUNet(nn.Module):
         norm: MONAI norm name ("instance", "batch", ...).
         act: MONAI activation name.
         dropout: dropout rate inside the bottleneck and decoder blocks (0 disables; MC-dropout needs > 0).
+        init_seed: if given, the initial weights depend only on this seed (the global RNG is left
+            untouched), so the server's persistor and every site build the same round-0 model.
 
     Input ``(B, in_channels, H, W)`` with H, W divisible by ``2 ** (len(channels) - 1)``;
     output logits ``(B, out_channels, H, W)``.
@@ -56,6 +58,7 @@ class FeatureUNet(nn.Module):
         norm: str = "instance",
         act: str = "relu",
         dropout: float = 0.0,
+        init_seed: Optional[int] = None,
     ):
         super().__init__()
         # constructor arguments stored under their own names: NVFlare's job export reads them back
@@ -64,6 +67,15 @@ class FeatureUNet(nn.Module):
         self.norm = norm
         self.act = act
         self.dropout = dropout
+        self.init_seed = init_seed
+        if init_seed is None:
+            self._build(spatial_dims, in_channels, out_channels, channels, norm, act, dropout)
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(init_seed))
+                self._build(spatial_dims, in_channels, out_channels, channels, norm, act, dropout)
+
+    def _build(self, spatial_dims, in_channels, out_channels, channels, norm, act, dropout) -> None:
         if len(channels) < 2:
             raise ValueError(f"channels needs at least two levels, got {channels}")
         self.spatial_dims = spatial_dims

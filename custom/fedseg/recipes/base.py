@@ -15,7 +15,10 @@ from nvflare.client.config import ExchangeFormat, TransferType
 from nvflare.recipe.spec import Recipe
 
 from fedseg.bundle import load_bundle
+from fedseg.fl.audit import ResultAuditFilter
 from fedseg.fl.controller import FedSegController
+from fedseg.fl.protocol import EVALUATE_TASK, TRAIN_TASK
+from fedseg.strategies.registry import get_strategy_class
 
 SITE_SCRIPT = str(Path(__file__).resolve().parent.parent / "fl" / "site_script.py")
 
@@ -45,10 +48,7 @@ class SiteScript:
 
 
 def build_initial_network(train_config: Dict[str, Any]):
-    """The bundle's network with the job's overrides — the same constructor the sites use."""
-    import torch
-
-    torch.manual_seed(int(train_config.get("seed", 0)))
+    """The bundle's network with the job's overrides — the same constructor (and ``init_seed``) the sites use."""
     return load_bundle(None, train_config).get_parsed_content("network_def", instantiate=True)
 
 
@@ -108,3 +108,7 @@ class FedSegRecipe(Recipe):
         job.to_server(controller, id="controller")
         job.to_clients(SiteScript(script_args))
         super().__init__(job)
+        # every result a site sends is summarised (names/shapes, never values) into privacy_audit.jsonl
+        # (NVFlare filter tables have no wildcard: list every task this method uses)
+        tasks = [TRAIN_TASK, EVALUATE_TASK] + list(get_strategy_class(strategy).extra_tasks)
+        self.add_server_input_filter(ResultAuditFilter(), tasks=tasks)

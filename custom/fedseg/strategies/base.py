@@ -58,6 +58,8 @@ class ServerStrategy:
     name: str = "base"
     #: the client objective this strategy pairs with by default
     objective: str = "fedavg"
+    #: task names besides train/evaluate that ``aggregate`` sends through ``exchange``
+    extra_tasks: tuple = ()
 
     def __init__(self) -> None:
         self.clients: List[str] = []

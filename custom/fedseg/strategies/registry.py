@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any, Dict
+from typing import Any, Dict, Type
 
 from .base import ServerStrategy
 
@@ -18,8 +18,12 @@ def register_strategy(name: str, target: str) -> None:
     _REGISTRY[name] = target
 
 
-def build_strategy(name: str, **options: Any) -> ServerStrategy:
+def get_strategy_class(name: str) -> Type[ServerStrategy]:
     if name not in _REGISTRY:
         raise ValueError(f"unknown server strategy {name!r}; known: {sorted(_REGISTRY)}")
     module, cls = _REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)(**options)
+    return getattr(importlib.import_module(module), cls)
+
+
+def build_strategy(name: str, **options: Any) -> ServerStrategy:
+    return get_strategy_class(name)(**options)

@@ -1,0 +1,3 @@
+from fedseg.cli import main
+
+main()

@@ -1,0 +1,188 @@
+"""``fedseg`` command line: data, job export, simulator runs, run summaries, inference.
+
+    fedseg data synth   --family polyp --sites site-1 site-2 site-3 --out DIR
+    fedseg data retina  --src ../shared/data/retina_vessels --out DIR
+    fedseg export       [--method fedavg | --all] [--profile default] [--out jobs]
+    fedseg run METHOD   [-n 3] [-w WORKSPACE] [--profile default] [--rounds R] [--site-datalists FILE]
+    fedseg summarise    WORKSPACE_OR_REPORT
+    fedseg infer        --checkpoint CKPT --input DIR --output DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import List, Optional
+
+
+def find_reports(path: os.PathLike) -> List[Path]:
+    """``path`` itself if it is a report, else every ``report.json`` below it (newest last)."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    return sorted(path.rglob("report.json"), key=lambda p: p.stat().st_mtime)
+
+
+def export_job(method: str, out_dir: os.PathLike, profile: str = "default", **recipe_args) -> Path:
+    """Export ``method``'s recipe into ``out_dir/<method>`` (replacing an older export)."""
+    from fedseg.recipes import get_recipe_class
+
+    recipe = get_recipe_class(method)(profile=profile, **recipe_args)
+    target = Path(out_dir) / recipe.name
+    if target.exists():
+        shutil.rmtree(target)
+    recipe.export(str(out_dir))
+    return target
+
+
+def _cmd_data(args: argparse.Namespace) -> None:
+    if args.data_cmd == "synth":
+        from fedseg.data.synthetic import generate_federation
+
+        paths = generate_federation(args.family, args.sites, args.out, seed=args.seed, profile=args.profile)
+    else:
+        from fedseg.data.retina import import_retina
+
+        paths = import_retina(args.src, args.out, seed=args.seed)
+    mapping = {site: str(Path(p).resolve()) for site, p in paths.items()}
+    index = Path(args.out) / "site_datalists.json"
+    index.write_text(json.dumps(mapping, indent=1))
+    for site, p in mapping.items():
+        print(f"{site}: {p}")
+    print(f"site -> datalist map: {index} (pass it to `fedseg run --site-datalists`)")
+
+
+def _cmd_export(args: argparse.Namespace) -> None:
+    from fedseg.recipes import available_methods
+
+    methods = available_methods() if args.all else [args.method]
+    for method in methods:
+        print(f"exported {method} -> {export_job(method, args.out, args.profile)}")
+
+
+def _cmd_run(args: argparse.Namespace) -> None:
+    workspace = Path(args.workspace or Path("workspaces") / args.method).resolve()
+    overrides = {}
+    if args.family:
+        overrides["data_family"] = args.family
+    script_args = f"--site_datalists {Path(args.site_datalists).resolve()}" if args.site_datalists else ""
+    sites = None
+    if args.site_datalists:
+        sites = sorted(json.loads(Path(args.site_datalists).read_text()))
+    with tempfile.TemporaryDirectory(prefix="fedseg_job_") as tmp:
+        job = export_job(
+            args.method, tmp, args.profile, num_rounds=args.rounds, script_args=script_args,
+            min_clients=min(len(sites) if sites else args.n_clients, args.n_clients), **overrides,
+        )
+        cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-t", str(len(sites) if sites else args.n_clients)]
+        cmd += ["-c", ",".join(sites)] if sites else ["-n", str(args.n_clients)]
+        print(" ".join(cmd), flush=True)
+        rc = subprocess.call(cmd)
+    if rc != 0:
+        sys.exit(rc)
+    reports = find_reports(workspace)
+    if not reports:
+        sys.exit(f"simulator finished but wrote no report.json under {workspace}")
+    _print_summary(reports[-1])
+
+
+def _print_summary(report_path: Path) -> None:
+    from fedseg.fl.report import final_table, summarise
+    from fedseg.plots.report_plots import plot_report
+
+    data = json.loads(Path(report_path).read_text())
+    out = Path(report_path).parent
+    figures = plot_report(data, out / "plots")
+    (out / "summary.md").write_text(summarise(data, figures, base=out))
+    for which in ("global", "personalized"):
+        rows = final_table(data, which)
+        if rows:
+            print(f"\n{data['method']} — final {which} model (test split)")
+            print(f"{'site':<14}{'Dice':>10}{'HD95':>10}{'ASSD':>10}")
+            for row in rows:
+                print(f"{row[0].strip('*'):<14}" + "".join(f"{c:>10}" for c in row[1:]))
+    print(f"\nreport:  {report_path}\nsummary: {out / 'summary.md'}\nplots:   {out / 'plots'}")
+
+
+def _cmd_summarise(args: argparse.Namespace) -> None:
+    reports = find_reports(args.path)
+    if not reports:
+        sys.exit(f"no report.json found under {args.path}")
+    for report in reports if args.all else reports[-1:]:
+        _print_summary(report)
+
+
+def _cmd_infer(args: argparse.Namespace) -> None:
+    from fedseg.inference import run_inference
+
+    overrides = json.loads(args.overrides) if args.overrides else None
+    written = run_inference(
+        args.checkpoint, args.output, input_dir=args.input, datalist=args.datalist, split=args.split, overrides=overrides
+    )
+    print(f"wrote {len(written)} masks to {args.output}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedseg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    data = sub.add_parser("data", help="generate built-in data or import real data")
+    data_sub = data.add_subparsers(dest="data_cmd", required=True)
+    synth = data_sub.add_parser("synth", help="built-in synthetic multi-site data")
+    synth.add_argument("--family", default="polyp", choices=["polyp", "vessel"])
+    synth.add_argument("--sites", nargs="+", default=["site-1", "site-2", "site-3"])
+    synth.add_argument("--out", required=True)
+    synth.add_argument("--profile", default="default")
+    synth.add_argument("--seed", type=int, default=0)
+    retina = data_sub.add_parser("retina", help="DRIVE / STARE / CHASE_DB1 as three sites (read in place)")
+    retina.add_argument("--src", required=True, help="folder with manifest.csv (e.g. ../shared/data/retina_vessels)")
+    retina.add_argument("--out", required=True)
+    retina.add_argument("--seed", type=int, default=0)
+    data.set_defaults(func=_cmd_data)
+
+    export = sub.add_parser("export", help="export recipes into NVFlare job folders")
+    export.add_argument("--method", default="fedavg")
+    export.add_argument("--all", action="store_true", help="every method")
+    export.add_argument("--profile", default="default")
+    export.add_argument("--out", default="jobs")
+    export.set_defaults(func=_cmd_export)
+
+    run = sub.add_parser("run", help="run a method in the NVFlare simulator and summarise it")
+    run.add_argument("method")
+    run.add_argument("-n", "--n-clients", type=int, default=3)
+    run.add_argument("-w", "--workspace", default=None)
+    run.add_argument("--profile", default="default")
+    run.add_argument("--rounds", type=int, default=None)
+    run.add_argument("--family", default=None, choices=["polyp", "vessel"], help="built-in data family")
+    run.add_argument("--site-datalists", default=None, help="JSON map site -> datalist (real data)")
+    run.set_defaults(func=_cmd_run)
+
+    summ = sub.add_parser("summarise", aliases=["summarize"], help="table + plots from report.json")
+    summ.add_argument("path", help="a workspace, run directory or report.json")
+    summ.add_argument("--all", action="store_true", help="every report found, not just the newest")
+    summ.set_defaults(func=_cmd_summarise)
+
+    infer = sub.add_parser("infer", help="segment new images with a trained checkpoint (MONAI bundle inference)")
+    infer.add_argument("--checkpoint", required=True)
+    infer.add_argument("--output", required=True)
+    infer.add_argument("--input", default=None, help="folder of images")
+    infer.add_argument("--datalist", default=None)
+    infer.add_argument("--split", default="test")
+    infer.add_argument("--overrides", default=None, help='bundle overrides as JSON, e.g. \'{"image_size": 64}\'')
+    infer.set_defaults(func=_cmd_infer)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

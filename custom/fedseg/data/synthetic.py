@@ -1,0 +1,563 @@
+"""Built-in synthetic multi-site segmentation data: real PNG files plus a decathlon-style datalist.
+
+Two families stand in for the benchmark domains when the licensed data is not available:
+
+* ``"vessel"`` — retina-fundus-like images: a dark orange/red fundus inside a circular field of
+  view (FOV) on black, a bright optic disc, a darker macula, and branching vessel trees grown from
+  the disc (random walks with tapering width). Vessels cover roughly 5-15 % of the FOV.
+* ``"polyp"`` — endoscopy-like images: pink/red mucosa with folds, vignetting and specular
+  highlights; 1-3 irregular blob lesions with their own tint and texture (3-30 % of the image).
+
+Each site draws a *scanner style* (per-channel gain, brightness, contrast, gamma, blur, noise) and
+an *anatomy* (vessel width/branching or lesion size/shape) from its own RNG, so sites differ in a
+measurable way (mean colour, foreground fraction, image count) — the feature-shift non-IID setting
+federated segmentation methods are built for.
+
+Everything is a pure function of ``(family, site, seed, profile, image_size, num_images,
+split_fractions)``: the per-site RNG is seeded from ``zlib.crc32`` of ``"family/site/seed"``
+(Python's ``hash()`` is salted per process), so every site process of a federation regenerates
+byte-identical files independently.
+
+Layout written by :func:`generate_site_data`::
+
+    out_dir/<family>/<site>/images/000.png   RGB uint8, (H, W, 3)
+    out_dir/<family>/<site>/labels/000.png   single-channel uint8, values {0, 255}, (H, W)
+    out_dir/<family>/<site>/datalist.json    written last; its presence marks a complete folder
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import zlib
+from collections import deque
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+from PIL import Image, ImageDraw
+from scipy import ndimage
+
+from .datalist import write_json_atomic
+
+__all__ = [
+    "GENERATOR_VERSION",
+    "FAMILIES",
+    "PROFILES",
+    "generate_site_data",
+    "generate_federation",
+    "site_seed",
+]
+
+#: bump whenever the generated pixels or the datalist layout change; part of the cache fingerprint
+GENERATOR_VERSION = 1
+
+FAMILIES: Tuple[str, ...] = ("vessel", "polyp")
+
+#: image_size (square, divisible by 16 for a 5-level U-Net) and the per-site image-count range
+PROFILES: Dict[str, Dict[str, Any]] = {
+    "tiny": {"image_size": 32, "num_images": (8, 14)},
+    "default": {"image_size": 96, "num_images": (24, 48)},
+    "paper": {"image_size": 384, "num_images": (150, 400)},
+}
+
+#: the generated vessel fraction (of the FOV) and lesion fraction (of the image) stay in these bands
+VESSEL_FOV_FRACTION_BAND = (0.05, 0.15)
+POLYP_FRACTION_BAND = (0.03, 0.30)
+
+
+# ----------------------------------------------------------------------------------------------
+# seeding
+# ----------------------------------------------------------------------------------------------
+
+
+def site_seed(family: str, site: str, seed: int) -> int:
+    """Stable 32-bit seed for one site: ``zlib.crc32(f"{family}/{site}/{seed}")``."""
+    return zlib.crc32(f"{family}/{site}/{seed}".encode("utf-8"))
+
+
+def _r(x: float) -> float:
+    """Round a drawn parameter so the value recorded in the datalist is exactly the value used."""
+    return round(float(x), 4)
+
+
+# ----------------------------------------------------------------------------------------------
+# scanner style (shared by both families)
+# ----------------------------------------------------------------------------------------------
+
+
+def _draw_style(rng: np.random.Generator, image_size: int) -> Dict[str, Any]:
+    """A site's acquisition style. Blur sigma is in pixels of the generated size."""
+    return {
+        "gain": [_r(g) for g in rng.uniform(0.75, 1.25, size=3)],
+        "brightness": _r(rng.uniform(-0.08, 0.08)),
+        "contrast": _r(rng.uniform(0.75, 1.3)),
+        "gamma": _r(rng.uniform(0.75, 1.35)),
+        "noise_sigma": _r(rng.uniform(0.004, 0.035)),
+        "blur_sigma": _r(rng.uniform(0.0, 1.0) * image_size / 96.0),
+    }
+
+
+def _apply_style(img: np.ndarray, style: Dict[str, Any], rng: np.random.Generator, pivot: float) -> np.ndarray:
+    """Apply the scanner style to a float RGB image in [0, 1], shape (H, W, 3); returns float32.
+
+    Order mirrors an acquisition chain: optics blur, sensor gain/offset/contrast, tone curve
+    (gamma), then additive sensor noise.
+    """
+    if style["blur_sigma"] > 0:
+        img = ndimage.gaussian_filter(img, sigma=(style["blur_sigma"], style["blur_sigma"], 0), mode="nearest")
+    img = img * np.asarray(style["gain"], dtype=np.float32)
+    img = (img - pivot) * style["contrast"] + pivot + style["brightness"]
+    img = np.clip(img, 0.0, 1.0) ** style["gamma"]
+    img = img + rng.normal(0.0, style["noise_sigma"], size=img.shape)
+    return np.clip(img, 0.0, 1.0).astype(np.float32)
+
+
+def _to_uint8(img: np.ndarray) -> np.ndarray:
+    return np.round(np.clip(img, 0.0, 1.0) * 255.0).astype(np.uint8)
+
+
+def _smooth_noise(rng: np.random.Generator, shape: Tuple[int, int], sigma: float) -> np.ndarray:
+    """Gaussian-smoothed white noise rescaled to zero mean, unit std; shape ``shape``, float32.
+
+    Large sigmas are filtered on a coarser grid and upsampled (bilinear): the field is smooth at
+    that scale anyway, and a full-resolution filter with sigma ~ size/8 dominates the paper profile.
+    """
+    factor = int(sigma // 3) if sigma > 6 else 1
+    if factor > 1:
+        small_shape = (shape[0] // factor + 2, shape[1] // factor + 2)
+        small = ndimage.gaussian_filter(rng.standard_normal(small_shape).astype(np.float32), sigma / factor, mode="wrap")
+        n = ndimage.zoom(small, factor, order=1)[: shape[0], : shape[1]]
+    else:
+        n = ndimage.gaussian_filter(rng.standard_normal(shape).astype(np.float32), sigma=max(sigma, 0.5), mode="wrap")
+    return (n - n.mean()) / (n.std() + 1e-8)
+
+
+# ----------------------------------------------------------------------------------------------
+# family "vessel"
+# ----------------------------------------------------------------------------------------------
+
+
+def _draw_vessel_anatomy(rng: np.random.Generator) -> Dict[str, Any]:
+    """Site-level vessel appearance: width, branching, tortuosity, density, colour."""
+    return {
+        "vessel_width_scale": _r(rng.uniform(0.75, 1.35)),
+        "branch_prob": _r(rng.uniform(0.05, 0.14)),
+        "tortuosity": _r(rng.uniform(0.07, 0.2)),
+        "vessel_fov_fraction": _r(rng.uniform(0.07, 0.13)),
+        "vessel_contrast": _r(rng.uniform(0.5, 0.8)),
+        "fov_scale": _r(rng.uniform(0.9, 1.0)),
+        "fundus_rgb": [_r(rng.uniform(0.7, 0.85)), _r(rng.uniform(0.28, 0.42)), _r(rng.uniform(0.08, 0.2))],
+    }
+
+
+def _grow_trees(
+    draw: ImageDraw.ImageDraw,
+    rng: np.random.Generator,
+    k: int,
+    start: Tuple[float, float],
+    fov: Tuple[float, float, float],
+    size: int,
+    anatomy: Dict[str, Any],
+    area_budget: float,
+    n_trunks: int,
+) -> float:
+    """Grow ``n_trunks`` branching vessel trees from ``start`` and draw them at ``k``x resolution.
+
+    Each branch is a random walk whose heading turns by N(0, tortuosity) per step and whose width
+    tapers geometrically down to a floor; it spawns a thinner, shorter child with probability
+    ``branch_prob`` per step and ends at its drawn length or the FOV edge. Growth is breadth-first
+    (trunks before capillaries) and stops once ``sum(step * width)`` — the drawn area in px^2 —
+    reaches ``area_budget``, which is what keeps the vessel fraction in band.
+
+    Coordinates are pixels of the ``size`` x ``size`` output; ``fov = (cx, cy, radius)``.
+    Returns the area budget left (<= 0 when exhausted).
+    """
+    cx, cy, radius = fov
+    step = max(0.75, size / 64.0)
+    w0 = max(1.5, 0.015 * size * anatomy["vessel_width_scale"])
+    w_min = max(1.1, 0.004 * size * anatomy["vessel_width_scale"])
+    taper = 0.985
+    base_angle = rng.uniform(0.0, 2.0 * math.pi)
+    queue = deque()
+    for t in range(n_trunks):
+        angle = base_angle + 2.0 * math.pi * t / n_trunks + rng.normal(0.0, 0.3)
+        length = rng.uniform(1.3, 2.0) * radius
+        queue.append((start[0], start[1], angle, w0 * rng.uniform(0.8, 1.1), length, 0))
+    while queue and area_budget > 0:
+        x, y, angle, width, length, depth = queue.popleft()
+        n_steps = max(1, int(length / step))
+        turns = rng.normal(0.0, anatomy["tortuosity"], size=n_steps)
+        branch_u = rng.random(n_steps)
+        aux = rng.random((n_steps, 3))
+        for i in range(n_steps):
+            angle += turns[i]
+            nx, ny = x + step * math.cos(angle), y + step * math.sin(angle)
+            if (nx - cx) ** 2 + (ny - cy) ** 2 > (0.97 * radius) ** 2:
+                break
+            w = max(1, int(round(width * k)))
+            draw.line([(x * k, y * k), (nx * k, ny * k)], fill=255, width=w)
+            if w > 2:  # round joints so bends do not show notches
+                draw.ellipse([nx * k - w / 2, ny * k - w / 2, nx * k + w / 2, ny * k + w / 2], fill=255)
+            area_budget -= step * width
+            if area_budget <= 0:
+                break
+            x, y = nx, ny
+            if branch_u[i] < anatomy["branch_prob"] and depth < 6:
+                side = 1.0 if aux[i, 0] < 0.5 else -1.0
+                child_angle = angle + side * (0.4 + 0.7 * aux[i, 1])
+                child_w = max(w_min, width * (0.5 + 0.3 * aux[i, 2]))
+                child_len = (n_steps - i) * step * (0.3 + 0.5 * aux[i, 1])
+                queue.append((x, y, child_angle, child_w, child_len, depth + 1))
+            width = max(w_min, width * taper)
+    return area_budget
+
+
+def _vessel_image(rng: np.random.Generator, size: int, anatomy: Dict[str, Any], style: Dict[str, Any]):
+    """One fundus image and its vessel mask.
+
+    Returns:
+        image: uint8 (size, size, 3); label: uint8 (size, size) in {0, 255}.
+    """
+    s = size
+    yy, xx = np.mgrid[0:s, 0:s].astype(np.float32) + 0.5
+    cx, cy = s / 2 + rng.normal(0, 0.01 * s), s / 2 + rng.normal(0, 0.01 * s)
+    radius = 0.47 * s * anatomy["fov_scale"]
+    dist = np.hypot(xx - cx, yy - cy)
+    rr = dist / radius
+    fov_soft = np.clip(radius - dist + 0.5, 0.0, 1.0)
+    fov = dist <= radius
+
+    # optic disc about 0.55 R from the centre on a random side; macula on the opposite side
+    side = 1.0 if rng.random() < 0.5 else -1.0
+    disc = (cx + side * 0.55 * radius, cy + rng.normal(0, 0.06 * radius))
+    disc_r = 0.15 * radius * rng.uniform(0.85, 1.15)
+    mac = (cx - side * 0.25 * radius, cy + rng.normal(0, 0.05 * radius))
+
+    # vessel trees drawn supersampled, then box-averaged to a coverage map in [0, 1]
+    k = int(max(2, min(8, 512 // s)))
+    canvas = Image.new("L", (s * k, s * k), 0)
+    draw = ImageDraw.Draw(canvas)
+    fov_area = float(fov.sum())
+    target = anatomy["vessel_fov_fraction"] * rng.uniform(0.9, 1.1)
+    budget = target * fov_area
+    coverage = np.zeros((s, s), np.float32)
+    label = np.zeros((s, s), bool)
+    lo, hi = VESSEL_FOV_FRACTION_BAND
+    for attempt in range(4):
+        n_trunks = int(rng.integers(4, 7)) if attempt == 0 else 2
+        _grow_trees(draw, rng, k, disc, (cx, cy, radius), s, anatomy, budget, n_trunks)
+        coverage = np.asarray(canvas, np.float32).reshape(s, k, s, k).mean(axis=(1, 3)) / 255.0
+        label = (coverage >= 0.5) & fov
+        frac = label.sum() / fov_area
+        if frac >= max(lo + 0.01, 0.85 * target):
+            break
+        # overlaps near the disc ate part of the budget: top up with a few more trunks
+        budget = (target - frac) * fov_area
+    if label.sum() / fov_area > hi:
+        # cannot happen with the budgets above unless the image is tiny; thin to stay in band
+        label = label & (coverage >= np.quantile(coverage[label], 1.0 - (hi - 0.01) * fov_area / label.sum()))
+
+    base = np.asarray(anatomy["fundus_rgb"], np.float32) * rng.uniform(0.92, 1.08, size=3).astype(np.float32)
+    illum = (1.0 - 0.45 * rr**2) * (1.0 + 0.08 * _smooth_noise(rng, (s, s), s / 10))
+    texture = 0.04 * _smooth_noise(rng, (s, s), s / 40) + 0.02 * _smooth_noise(rng, (s, s), 1.0)
+    img = base[None, None, :] * (illum + texture)[..., None]
+    d_disc = np.hypot(xx - disc[0], yy - disc[1]) / disc_r
+    disc_map = np.exp(-(d_disc**4))
+    img = img + disc_map[..., None] * np.array([0.22, 0.32, 0.22], np.float32)
+    img = img + np.exp(-((d_disc / 0.45) ** 2))[..., None] * np.array([0.08, 0.12, 0.1], np.float32)  # cup
+    d_mac = np.hypot(xx - mac[0], yy - mac[1]) / (0.22 * radius)
+    img = img * (1.0 - 0.28 * np.exp(-(d_mac**2)))[..., None]
+    vessel_rgb = np.array([0.42, 0.1, 0.05], np.float32) * illum[..., None]
+    alpha = (anatomy["vessel_contrast"] * coverage)[..., None]
+    img = img * (1.0 - alpha) + vessel_rgb * alpha
+    img = img * fov_soft[..., None]
+    img = _apply_style(img, style, rng, pivot=0.35)
+    # fundus cameras record black outside the aperture whatever the tone curve; keeping it exactly
+    # 0 also makes the FOV recoverable from the image (``image.max(-1) > 0``)
+    img = img * fov_soft[..., None]
+    return _to_uint8(img), (label.astype(np.uint8) * 255)
+
+
+# ----------------------------------------------------------------------------------------------
+# family "polyp"
+# ----------------------------------------------------------------------------------------------
+
+
+def _draw_polyp_anatomy(rng: np.random.Generator) -> Dict[str, Any]:
+    """Site-level lesion appearance: size band, irregularity, tint, mucosa colour, highlights."""
+    lo = rng.uniform(0.04, 0.1)
+    return {
+        "lesion_fraction_range": [_r(lo), _r(min(0.26, lo + rng.uniform(0.06, 0.16)))],
+        "irregularity": _r(rng.uniform(0.04, 0.16)),
+        "lesion_tint": [_r(t) for t in rng.uniform(-0.1, 0.1, size=3)],
+        "lesion_texture": _r(rng.uniform(1.5, 3.0)),
+        "mucosa_rgb": [_r(rng.uniform(0.72, 0.88)), _r(rng.uniform(0.36, 0.5)), _r(rng.uniform(0.32, 0.46))],
+        "vignetting": _r(rng.uniform(0.3, 0.65)),
+        "specular_density": _r(rng.uniform(0.004, 0.015)),
+    }
+
+
+def _blob(rng: np.random.Generator, s: int, area: float, irregularity: float, xx, yy):
+    """An ellipse with a Fourier-perturbed radius; returns (mask bool (s, s), rho float (s, s)).
+
+    ``rho`` is the normalised radial coordinate (1 on the boundary), used for dome shading.
+    """
+    aspect = rng.uniform(1.0, 1.8)
+    r_mean = math.sqrt(area / math.pi)
+    ra, rb = r_mean * math.sqrt(aspect), r_mean / math.sqrt(aspect)
+    margin = 0.15 * s
+    cx, cy = rng.uniform(margin, s - margin), rng.uniform(margin, s - margin)
+    theta0 = rng.uniform(0, math.pi)
+    dx, dy = xx - cx, yy - cy
+    u = (dx * math.cos(theta0) + dy * math.sin(theta0)) / ra
+    v = (-dx * math.sin(theta0) + dy * math.cos(theta0)) / rb
+    rho = np.hypot(u, v)
+    phi = np.arctan2(v, u)
+    boundary = np.ones_like(phi)
+    for harmonic in range(2, 6):
+        boundary += rng.normal(0.0, irregularity / harmonic * 2.0) * np.cos(harmonic * phi + rng.uniform(0, 2 * math.pi))
+    rho = rho / np.clip(boundary, 0.5, 1.6)
+    return rho <= 1.0, rho
+
+
+def _polyp_image(rng: np.random.Generator, size: int, anatomy: Dict[str, Any], style: Dict[str, Any]):
+    """One endoscopy-like image and its lesion mask.
+
+    Returns:
+        image: uint8 (size, size, 3); label: uint8 (size, size) in {0, 255}.
+    """
+    s = size
+    yy, xx = np.mgrid[0:s, 0:s].astype(np.float32) + 0.5
+    lo, hi = POLYP_FRACTION_BAND
+    f_lo, f_hi = anatomy["lesion_fraction_range"]
+
+    # lesions first: redraw until the union lands in band (overlaps and borders shrink it)
+    mask = np.zeros((s, s), bool)
+    rho_min = np.full((s, s), np.inf, np.float32)
+    for _attempt in range(10):
+        n = int(rng.integers(1, 4))
+        total = rng.uniform(f_lo, f_hi)
+        shares = rng.dirichlet(np.full(n, 2.0))
+        mask = np.zeros((s, s), bool)
+        rho_min = np.full((s, s), np.inf, np.float32)
+        for share in shares:
+            m, rho = _blob(rng, s, max(share * total, 0.01) * s * s, anatomy["irregularity"], xx, yy)
+            mask |= m
+            rho_min = np.minimum(rho_min, rho)
+        if lo <= mask.mean() <= hi:
+            break
+    else:  # deterministic fallback: one centred ellipse of 10 %
+        rho_min = np.hypot(xx - s / 2, yy - s / 2) / math.sqrt(0.1 * s * s / math.pi)
+        mask = rho_min <= 1.0
+
+    # mucosa: base colour, low-frequency shading, folds (dark ridges where smooth noise crosses 0)
+    base = np.asarray(anatomy["mucosa_rgb"], np.float32) * rng.uniform(0.93, 1.07, size=3).astype(np.float32)
+    lcx, lcy = s / 2 + rng.normal(0, 0.12 * s), s / 2 + rng.normal(0, 0.12 * s)
+    rr = np.hypot(xx - lcx, yy - lcy) / (0.75 * s)
+    illum = np.clip(1.0 - anatomy["vignetting"] * rr**2, 0.15, 1.0) * (1.0 + 0.1 * _smooth_noise(rng, (s, s), s / 8))
+    folds = np.exp(-((_smooth_noise(rng, (s, s), s / 12) / 0.18) ** 2))
+    grain = _smooth_noise(rng, (s, s), max(0.6, s / 96))
+    shade = illum * (1.0 - 0.25 * folds) + 0.03 * grain
+    img = base[None, None, :] * shade[..., None]
+
+    # lesions: own tint, stronger pit-pattern texture, dome shading, soft edge, shadow rim
+    tint = np.asarray(anatomy["lesion_tint"], np.float32) + rng.normal(0, 0.02, size=3).astype(np.float32)
+    dome = np.clip(1.0 - np.minimum(rho_min, 1.0) ** 2, 0.0, 1.0)
+    lesion_rgb = (base + tint)[None, None, :] * (
+        illum * (0.9 + 0.2 * dome) + 0.03 * anatomy["lesion_texture"] * grain
+    )[..., None]
+    soft = ndimage.gaussian_filter(mask.astype(np.float32), sigma=max(0.5, s / 192))
+    img = img * (1.0 - soft[..., None]) + lesion_rgb * soft[..., None]
+    rim = np.exp(-(((rho_min - 1.08) / 0.07) ** 2)) * (~mask)
+    img = img * (1.0 - 0.25 * rim)[..., None]
+
+    # specular highlights: the brightest peaks of fine noise, more likely on the domes
+    spec_noise = _smooth_noise(rng, (s, s), max(0.7, s / 80)) + 1.5 * dome
+    thr = np.quantile(spec_noise, 1.0 - anatomy["specular_density"])
+    spec = np.clip((spec_noise - thr) / 0.3, 0.0, 1.0)[..., None]
+    img = img * (1.0 - spec) + spec * 1.0
+    img = _apply_style(img, style, rng, pivot=0.45)
+    return _to_uint8(img), (mask.astype(np.uint8) * 255)
+
+
+_RENDERERS = {"vessel": (_draw_vessel_anatomy, _vessel_image), "polyp": (_draw_polyp_anatomy, _polyp_image)}
+
+
+# ----------------------------------------------------------------------------------------------
+# files
+# ----------------------------------------------------------------------------------------------
+
+
+def _save_png_atomic(arr: np.ndarray, path: Path) -> None:
+    """Save a uint8 array as PNG via temp file + ``os.replace`` (no half-written PNG is visible)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    Image.fromarray(arr).save(tmp, format="PNG")
+    os.replace(tmp, path)
+
+
+def _split_counts(n: int, fractions: Sequence[float]) -> Tuple[int, int, int]:
+    """(train, val, test) sizes with at least one image in each split."""
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or not math.isclose(sum(fractions), 1.0, abs_tol=1e-6):
+        raise ValueError(f"split_fractions must be three non-negative numbers summing to 1, got {fractions}")
+    if n < 3:
+        raise ValueError(f"need at least 3 images for non-empty training/validation/test splits, got {n}")
+    n_val = max(1, int(round(fractions[1] * n)))
+    n_test = max(1, int(round(fractions[2] * n)))
+    n_train = n - n_val - n_test
+    if n_train < 1:
+        n_train, n_val, n_test = 1, max(1, (n - 1) // 2), n - 1 - max(1, (n - 1) // 2)
+    return n_train, n_val, n_test
+
+
+def _check_site_name(site: str) -> None:
+    """The site name becomes a folder name: any text without path separators works."""
+    if not isinstance(site, str) or not site or site in (".", "..") or "/" in site or "\\" in site or "\0" in site:
+        raise ValueError(f"invalid site name {site!r}: must be a non-empty name without path separators")
+
+
+def _existing_datalist(path: Path, fingerprint: Dict[str, Any]) -> bool:
+    """True when ``path`` is a complete datalist from the same generator fingerprint."""
+    if not path.is_file():
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict) or data.get("fingerprint") != fingerprint:
+        return False
+    for split in ("training", "validation", "test"):
+        for entry in data.get(split, []):
+            for key in ("image", "label"):
+                if not (path.parent / entry[key]).is_file():
+                    return False
+    return True
+
+
+def generate_site_data(
+    family: str,
+    site: str,
+    out_dir: str | os.PathLike,
+    seed: int = 0,
+    profile: str = "default",
+    image_size: Optional[int] = None,
+    num_images: Optional[int] = None,
+    split_fractions: Sequence[float] = (0.7, 0.1, 0.2),
+) -> Path:
+    """Generate (or reuse) one site's synthetic images, masks and datalist.
+
+    Args:
+        family: ``"vessel"`` or ``"polyp"``.
+        site: any name without path separators (``"site-1"``, ``"hospital_a"``).
+        out_dir: root folder; files go to ``out_dir/<family>/<site>/``.
+        seed: federation seed; with ``family`` and ``site`` it determines everything.
+        profile: key of :data:`PROFILES` giving the default size and image-count range.
+        image_size: override the profile's square image size (pixels, >= 16).
+        num_images: override the drawn number of images (>= 3).
+        split_fractions: (training, validation, test) fractions; each split gets at least one image.
+
+    Returns:
+        Path of ``datalist.json``. Paths inside it are relative to its folder.
+
+    The call is idempotent: if a datalist with the same fingerprint exists and all its files are
+    present, nothing is regenerated.
+    """
+    if family not in _RENDERERS:
+        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; expected one of {tuple(PROFILES)}")
+    _check_site_name(site)
+    size = int(image_size if image_size is not None else PROFILES[profile]["image_size"])
+    if size < 16:
+        raise ValueError(f"image_size must be >= 16, got {size}")
+
+    base_seed = site_seed(family, site, seed)
+    site_rng = np.random.default_rng([base_seed, 0])
+    # the count is always drawn first so the style below does not depend on num_images overrides
+    lo, hi = PROFILES[profile]["num_images"]
+    drawn = int(site_rng.integers(lo, hi + 1))
+    n = int(num_images) if num_images is not None else drawn
+    n_train, n_val, n_test = _split_counts(n, split_fractions)
+    style = _draw_style(site_rng, size)
+    draw_anatomy, render = _RENDERERS[family]
+    anatomy = draw_anatomy(site_rng)
+
+    site_dir = Path(out_dir) / family / site
+    datalist_path = site_dir / "datalist.json"
+    fingerprint = {
+        "generator_version": GENERATOR_VERSION,
+        "family": family,
+        "site": site,
+        "seed": int(seed),
+        "profile": profile,
+        "image_size": size,
+        "num_images": n,
+        "split_fractions": [float(f) for f in split_fractions],
+    }
+    if _existing_datalist(datalist_path, fingerprint):
+        return datalist_path
+
+    # a stale datalist must not vouch for a folder that is being rewritten
+    if datalist_path.exists():
+        datalist_path.unlink()
+    (site_dir / "images").mkdir(parents=True, exist_ok=True)
+    (site_dir / "labels").mkdir(parents=True, exist_ok=True)
+    width = max(3, len(str(n - 1)))
+    names = [f"{i:0{width}d}.png" for i in range(n)]
+    for i, name in enumerate(names):
+        # one RNG stream per image: image i is the same whatever n is
+        image, label = render(np.random.default_rng([base_seed, 1, i]), size, anatomy, style)
+        _save_png_atomic(image, site_dir / "images" / name)
+        _save_png_atomic(label, site_dir / "labels" / name)
+    # remove numbered files left over from an earlier, larger generation
+    keep = set(names)
+    for sub in ("images", "labels"):
+        for p in (site_dir / sub).iterdir():
+            if re.fullmatch(r"\d+\.png", p.name) and p.name not in keep:
+                p.unlink()
+
+    order = np.random.default_rng([base_seed, 2]).permutation(n)
+    entries = [{"image": f"images/{names[i]}", "label": f"labels/{names[i]}"} for i in range(n)]
+    pick = lambda idx: [entries[i] for i in sorted(idx.tolist())]  # noqa: E731 - keep file order
+    datalist = {
+        "name": f"fedseg-synthetic-{family}-{site}",
+        "family": family,
+        "site": site,
+        "seed": int(seed),
+        "profile": profile,
+        "image_size": size,
+        "num_images": n,
+        "generator_version": GENERATOR_VERSION,
+        "fingerprint": fingerprint,
+        "style": style,
+        "anatomy": anatomy,
+        "labels": {"0": "background", "1": "vessel" if family == "vessel" else "polyp"},
+        "training": pick(order[:n_train]),
+        "validation": pick(order[n_train : n_train + n_val]),
+        "test": pick(order[n_train + n_val :]),
+    }
+    return write_json_atomic(datalist_path, datalist)
+
+
+def generate_federation(
+    family: str,
+    sites: Sequence[str],
+    out_dir: str | os.PathLike,
+    seed: int = 0,
+    profile: str = "default",
+    **kw: Any,
+) -> Dict[str, Path]:
+    """Generate every site of a federation; returns ``{site: datalist path}`` in ``sites`` order.
+
+    Extra keyword arguments go to :func:`generate_site_data` (``image_size``, ``num_images``,
+    ``split_fractions``).
+    """
+    sites = list(sites)
+    if not sites:
+        raise ValueError("generate_federation needs at least one site")
+    if len(set(sites)) != len(sites):
+        raise ValueError(f"duplicate site names in {sites}")
+    return {site: generate_site_data(family, site, out_dir, seed=seed, profile=profile, **kw) for site in sites}

@@ -1,0 +1,352 @@
+"""Run the bundle's ``inference.json`` / ``evaluate.json`` on a checkpoint from Python.
+
+Both configs are overlays on ``train.json`` (the MONAI pattern
+``--config_file "['configs/train.json','configs/inference.json']"``), so the network, image size and
+pre-processing always come from the one place the training and the federated jobs read them from.
+The functions here go through MONAI's own :class:`~monai.bundle.ConfigWorkflow` — exactly what
+``python -m monai.bundle run`` does — and add what a library caller needs on top: a checkpoint check
+with a readable error, the list of written masks, and the metrics as a dict.
+
+Checkpoints may be NVFlare's ``FL_global_model.pt`` (``{"model": state_dict, "train_conf": ...}``),
+a dict with a ``"model"`` key written by MONAI's ``CheckpointSaver``, or a plain ``state_dict``
+(what ``CheckpointSaver`` writes when it saves a single object). MONAI's ``CheckpointLoader`` in the
+configs accepts all three; :func:`check_checkpoint` runs first so that a wrong architecture is
+reported with the checkpoint's name and the mismatching tensors instead of a bare ``load_state_dict``
+trace from inside the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import torch
+
+from .bundle import BUNDLE_KEYS, default_bundle_dir
+from .data.datalist import DatalistError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "CheckpointMismatchError",
+    "find_images",
+    "datalist_images",
+    "load_state_dict",
+    "check_checkpoint",
+    "run_inference",
+    "evaluate_checkpoint",
+]
+
+#: file endings picked up from an input folder (matched case-insensitively)
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".nii.gz")
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint's weights do not fit the network the bundle config builds; names the checkpoint."""
+
+
+# ----------------------------------------------------------------------------------------------
+# inputs (called from inference.json)
+# ----------------------------------------------------------------------------------------------
+
+
+def find_images(input_dir: str | os.PathLike, suffixes: Sequence[str] = IMAGE_SUFFIXES) -> List[str]:
+    """Sorted image files directly inside ``input_dir`` whose name ends with one of ``suffixes``.
+
+    Matching ignores case (scanners write ``.PNG``/``.TIF``); sub-folders are not searched because
+    the masks are written flat into one output folder, named after the input file.
+
+    Raises:
+        FileNotFoundError: ``input_dir`` is not a folder.
+        ValueError: no matching image in it.
+    """
+    folder = Path(input_dir)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"input_dir {folder} is not a folder")
+    ends = tuple(s.lower() for s in suffixes)
+    files = sorted(str(p.absolute()) for p in folder.iterdir() if p.is_file() and p.name.lower().endswith(ends))
+    if not files:
+        raise ValueError(f"no images ending with {list(suffixes)} in {folder}")
+    return files
+
+
+def datalist_images(datalist: str | os.PathLike, split: str = "test") -> List[str]:
+    """Absolute image paths of ``split`` in a decathlon-style datalist; labels are not needed.
+
+    ``datalist`` may be the JSON file or the folder holding ``datalist.json``. Relative paths are
+    resolved against the datalist's folder, as :func:`fedseg.data.datalist.load_datalist` does.
+
+    Raises:
+        DatalistError: no datalist given, file missing, split missing/empty, entry without an
+            image, or an image file that does not exist — each message names the datalist.
+    """
+    if not datalist:
+        raise DatalistError("inference needs input_dir (a folder of images) or datalist (a datalist JSON file)")
+    path = Path(datalist)
+    if path.is_dir():
+        path = path / "datalist.json"
+    if not path.is_file():
+        raise DatalistError(f"datalist file not found: {path}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DatalistError(f"invalid JSON in datalist {path}: {exc}") from exc
+    entries = data.get(split) if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise DatalistError(f"split '{split}' missing or empty in datalist {path}")
+    files = []
+    for i, entry in enumerate(entries):
+        image = entry.get("image") if isinstance(entry, dict) else entry
+        if not isinstance(image, str) or not image:
+            raise DatalistError(f"{split}[{i}] in {path} has no 'image' path")
+        full = os.path.normpath(os.path.join(str(path.parent.absolute()), image))
+        if not os.path.isfile(full):
+            raise DatalistError(f"image file not found: {full} ({split}[{i}] of {path})")
+        files.append(full)
+    return files
+
+
+# ----------------------------------------------------------------------------------------------
+# checkpoints
+# ----------------------------------------------------------------------------------------------
+
+
+def load_state_dict(checkpoint: str | os.PathLike) -> Dict[str, torch.Tensor]:
+    """The network weights in ``checkpoint``: its ``"model"`` entry, or the file itself if it is a state_dict.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        CheckpointMismatchError: the file holds neither form.
+    """
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    # weights_only: a checkpoint from another site is untrusted input; tensors and plain dicts suffice
+    ckpt = torch.load(str(path), map_location="cpu", weights_only=True)
+    if isinstance(ckpt, Mapping) and isinstance(ckpt.get("model"), Mapping):
+        ckpt = ckpt["model"]
+    if not isinstance(ckpt, Mapping) or not ckpt or not all(torch.is_tensor(v) for v in ckpt.values()):
+        found = list(ckpt)[:8] if isinstance(ckpt, Mapping) else type(ckpt).__name__
+        raise CheckpointMismatchError(
+            f"checkpoint {path} holds no model weights: expected a state_dict or a dict with a 'model' "
+            f"state_dict, found {found}"
+        )
+    return dict(ckpt)
+
+
+def check_checkpoint(checkpoint: str | os.PathLike, network: torch.nn.Module) -> None:
+    """Raise :class:`CheckpointMismatchError` naming ``checkpoint`` if its weights do not fit ``network``.
+
+    Reports missing and unexpected parameter names and shape differences (for example a checkpoint
+    trained with other ``channels`` or ``in_channels`` than the bundle variables in use).
+    """
+    state = load_state_dict(checkpoint)
+    expected = network.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    shapes = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs network {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and tuple(state[k].shape) != tuple(v.shape)
+    ]
+    if not (missing or unexpected or shapes):
+        return
+    parts = []
+    if shapes:
+        parts.append(f"{len(shapes)} shape mismatch(es), e.g. {'; '.join(shapes[:3])}")
+    if missing:
+        parts.append(f"{len(missing)} missing key(s), e.g. {missing[:3]}")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected key(s), e.g. {unexpected[:3]}")
+    arch = {k: getattr(network, k) for k in ("in_channels", "out_channels", "channels") if hasattr(network, k)}
+    raise CheckpointMismatchError(
+        f"checkpoint {checkpoint} does not match the bundle network {type(network).__name__}({arch}): "
+        + "; ".join(parts)
+        + ". Pass the overrides (channels, in_channels, num_classes, ...) the model was trained with."
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# workflows
+# ----------------------------------------------------------------------------------------------
+
+
+def _workflow(
+    config: str,
+    bundle_dir: Optional[os.PathLike],
+    settings: Dict[str, Any],
+    overrides: Optional[Mapping[str, Any]],
+):
+    """``ConfigWorkflow`` over ``train.json`` + ``config`` with ``overrides`` then ``settings`` applied.
+
+    ``overrides`` may name the bundle variables of :data:`fedseg.bundle.BUNDLE_KEYS` or any other id
+    the merged config defines (``"max_epochs"``, ``"network_def#norm"``, ...). Other keys are skipped
+    with a warning instead of failing, so a federated job's whole ``train_config`` (which also holds
+    ``local_epochs``, ``num_rounds``, ...) can be passed as it is, the way :func:`fedseg.bundle.load_bundle`
+    takes it; the warning still shows a mistyped name.
+    """
+    from monai.bundle import ConfigWorkflow
+
+    root = Path(bundle_dir) if bundle_dir else default_bundle_dir()
+    configs = [str(root / "configs" / "train.json"), str(root / "configs" / config)]
+    workflow = ConfigWorkflow(
+        config_file=configs,
+        meta_file=str(root / "configs" / "metadata.json"),
+        logging_file=False,
+        workflow_type=None,
+    )
+    parser = workflow.parser
+    parser["bundle_root"] = str(root)
+    skipped = []
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key not in BUNDLE_KEYS and key not in parser:
+            skipped.append(key)
+            continue
+        parser[key] = list(value) if isinstance(value, tuple) else value
+    if skipped:
+        names = [Path(c).name for c in configs]
+        logger.warning("overrides %s are not variables of %s; ignored", sorted(skipped), names)
+    # the function's explicit arguments (checkpoint, folders, split) win over a same-named override
+    for key, value in settings.items():
+        parser[key] = value
+    return workflow
+
+
+def _check_ckpt_against(workflow, checkpoint: Path) -> None:
+    """Build a throw-away copy of ``network_def`` and compare it with the checkpoint's weights."""
+    network = workflow.parser.get_parsed_content("network_def", lazy=False)
+    check_checkpoint(checkpoint, network)
+    image_size = workflow.parser.get_parsed_content("image_size")
+    factor = 2 ** (len(getattr(network, "channels", [0])) - 1)
+    if int(image_size) % factor:
+        raise ValueError(f"image_size {image_size} must be divisible by {factor} for {len(network.channels)} levels")
+
+
+def run_inference(
+    checkpoint: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    input_dir: Optional[str | os.PathLike] = None,
+    datalist: Optional[str | os.PathLike] = None,
+    split: str = "test",
+    bundle_dir: Optional[os.PathLike] = None,
+    overrides: Optional[Mapping[str, Any]] = None,
+) -> List[Path]:
+    """Segment new images with ``checkpoint`` through the bundle's ``inference.json``.
+
+    Args:
+        checkpoint: NVFlare ``FL_global_model.pt``, a ``{"model": state_dict}`` file or a plain state_dict.
+        output_dir: folder for the masks (created); one ``<input name>_seg.png`` per image, single
+            channel, 0/255, the input's size and orientation.
+        input_dir: folder of images (png/jpg/jpeg/tif/tiff/nii.gz); takes precedence over ``datalist``.
+        datalist: decathlon-style datalist whose ``split`` entries' ``image`` files are segmented.
+        split: datalist split to use.
+        bundle_dir: bundle folder; default :func:`fedseg.bundle.default_bundle_dir`.
+        overrides: bundle variables the model was trained with (``channels``, ``image_size``, ...)
+            or other config ids.
+
+    Returns:
+        The written mask paths, in input order.
+
+    Raises:
+        CheckpointMismatchError: the checkpoint does not fit the configured network.
+        ValueError: two inputs would be written to the same mask file (same name, other suffix/folder).
+    """
+    if not input_dir and not datalist:
+        raise ValueError("run_inference needs input_dir (a folder of images) or datalist (a datalist JSON file)")
+    checkpoint = Path(checkpoint).absolute()
+    out = Path(output_dir).absolute()
+    settings = {
+        "ckpt_path": str(checkpoint),
+        "output_dir": str(out),
+        "input_dir": str(Path(input_dir).absolute()) if input_dir else "",
+        "datalist": str(Path(datalist).absolute()) if datalist else "",
+        "split": split,
+    }
+    workflow = _workflow("inference.json", bundle_dir, settings, overrides)
+    _check_ckpt_against(workflow, checkpoint)
+
+    from monai.data.folder_layout import FolderLayout
+
+    parser = workflow.parser
+    try:
+        inputs = parser.get_parsed_content("input_files")
+    except RuntimeError as exc:
+        # MONAI wraps errors raised inside a "$" expression; surface the one that names the bad input
+        if isinstance(exc.__cause__, (OSError, ValueError)):
+            raise exc.__cause__ from None
+        raise
+    # the same naming SaveImaged applies (flat folder, "<stem>_<postfix><ext>"), computed up front so a
+    # clash is refused before anything is written rather than one mask silently overwriting another
+    layout = FolderLayout(
+        str(out),
+        postfix=parser.get_parsed_content("output_postfix"),
+        extension=parser.get_parsed_content("output_ext"),
+        parent=False,
+        makedirs=False,
+    )
+    targets = [Path(layout.filename(subject=f)) for f in inputs]
+    seen: Dict[Path, str] = {}
+    for src, dst in zip(inputs, targets):
+        if dst in seen:
+            raise ValueError(f"{seen[dst]} and {src} would both be written to {dst}; rename one of them")
+        seen[dst] = src
+    out.mkdir(parents=True, exist_ok=True)
+
+    workflow.initialize()
+    workflow.run()
+    workflow.finalize()
+    missing = [str(t) for t in targets if not t.is_file()]
+    if missing:
+        raise RuntimeError(f"inference finished but these masks were not written: {missing[:5]}")
+    return targets
+
+
+def evaluate_checkpoint(
+    checkpoint: str | os.PathLike,
+    datalist: str | os.PathLike | Sequence[str | os.PathLike],
+    split: str = "test",
+    output_dir: Optional[str | os.PathLike] = None,
+    bundle_dir: Optional[os.PathLike] = None,
+    overrides: Optional[Mapping[str, Any]] = None,
+) -> Dict[str, float]:
+    """Score ``checkpoint`` on a datalist split through the bundle's ``evaluate.json``.
+
+    Args:
+        checkpoint: any of the checkpoint forms :func:`run_inference` accepts.
+        datalist: one datalist (file or folder) or several, whose ``split`` entries are pooled.
+        split: ``"test"``, ``"validation"`` or ``"training"``.
+        output_dir: where ``MetricsSaver`` writes its CSV reports (per-image and summary); a temporary
+            folder that is removed afterwards when not given.
+        bundle_dir: bundle folder; default :func:`fedseg.bundle.default_bundle_dir`.
+        overrides: bundle variables the model was trained with, or other config ids.
+
+    Returns:
+        ``{"mean_dice": ..., "hausdorff95": ..., "surface_distance": ...}`` — foreground-class means
+        over the split at the network's input resolution (``image_size``); distances are in pixels
+        of that grid and NaN when every image has an empty prediction or label.
+    """
+    checkpoint = Path(checkpoint).absolute()
+    lists = [datalist] if isinstance(datalist, (str, os.PathLike)) else list(datalist)
+    with tempfile.TemporaryDirectory(prefix="fedseg_eval_") as tmp:
+        settings = {
+            "ckpt_path": str(checkpoint),
+            "output_dir": str(Path(output_dir).absolute()) if output_dir else tmp,
+            "eval_datalists": [str(Path(d).absolute()) for d in lists],
+            "split": split,
+        }
+        workflow = _workflow("evaluate.json", bundle_dir, settings, overrides)
+        _check_ckpt_against(workflow, checkpoint)
+        workflow.initialize()
+        workflow.run()
+        evaluator = workflow.parser.get_parsed_content("validate#evaluator")
+        metrics = {k: float(v) for k, v in evaluator.state.metrics.items()}
+        workflow.finalize()
+    return metrics

@@ -1,0 +1,301 @@
+"""The MONAI bundle ``bundles/unet2d_seg`` as MONAI's own tooling sees it.
+
+Covers the metadata (offline schema check), network I/O check, TorchScript export, one epoch of
+``train.json``, ``inference.json`` on new images (mask size, values, alignment) and ``evaluate.json``.
+Everything is written under pytest's tmp folders; a module fixture asserts the bundle folder is
+unchanged afterwards. Small ``channels`` and 32-pixel images keep the module at tens of seconds on CPU;
+only ``verify_metadata`` runs in a separate (offline) interpreter, the other CLI commands go through
+the same fire front end in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fedseg.bundle import load_bundle
+from fedseg.data.synthetic import generate_site_data
+from fedseg.inference import CheckpointMismatchError, evaluate_checkpoint, run_inference
+
+REPO = Path(__file__).resolve().parents[1]
+BUNDLE = REPO / "bundles" / "unet2d_seg"
+CONFIGS = BUNDLE / "configs"
+META = CONFIGS / "metadata.json"
+SCHEMA = CONFIGS / "metadata_schema.json"
+TRAIN = CONFIGS / "train.json"
+
+#: a small network and image size: same code paths as the defaults, a fraction of the CPU time
+SMALL = {"channels": [4, 8, 16, 32, 64], "image_size": 32}
+
+#: train.json's "imports" holds "$import fedseg.data.transforms", which MONAI binds under the dotted
+#: name only, so its ``fedseg.data.datalist`` expression needs the package itself in scope. An extra
+#: import id is harmless once train.json imports "fedseg" itself.
+TRAIN_IMPORT_FIX = {"extra_imports": ["$import fedseg"]}
+
+
+def _offline_env() -> dict:
+    """Environment whose proxies point at a closed local port: any download attempt fails fast."""
+    env = dict(os.environ)
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+        env[var] = "http://127.0.0.1:9"
+    env.pop("NO_PROXY", None)
+    env.pop("no_proxy", None)
+    return env
+
+
+def _monai_bundle_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m monai.bundle <args>`` in a fresh interpreter, offline; fails the test on a non-zero exit."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "monai.bundle", *args],
+        cwd=str(cwd),
+        env=_offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"monai.bundle {args[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def _fire_cli(command: str, argv: list) -> None:
+    """``python -m monai.bundle <command> <argv>`` without a new interpreter.
+
+    ``monai/bundle/__main__.py`` is ``fire.Fire()`` over these functions, so handing the same argv to
+    fire here runs the same argument parsing and code; it saves a ~10 s MONAI import per command.
+    """
+    import fire
+    import monai.bundle.__main__ as cli
+
+    fire.Fire(getattr(cli, command), command=list(argv), name=command)
+
+
+def _files(root: Path) -> dict:
+    return {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def bundle_untouched():
+    """Tests must never write into the repository's bundle folder."""
+    before = _files(BUNDLE)
+    yield
+    assert _files(BUNDLE) == before, "a test wrote into the bundle folder"
+
+
+@pytest.fixture(scope="module")
+def datalist(tmp_path_factory) -> Path:
+    return generate_site_data("vessel", "site-1", tmp_path_factory.mktemp("data"), seed=0, profile="tiny")
+
+
+@pytest.fixture(scope="module")
+def trained_ckpt(tmp_path_factory, datalist) -> Path:
+    """One epoch of the bundle's own ``train.json`` workflow; returns the ``CheckpointSaver`` output."""
+    from monai.bundle import run
+
+    out = tmp_path_factory.mktemp("train")
+    run(
+        config_file=str(TRAIN),
+        meta_file=str(META),
+        logging_file=False,
+        bundle_root=str(BUNDLE),
+        ckpt_dir=str(out / "models"),
+        output_dir=str(out / "eval"),
+        datalist=str(datalist),
+        max_epochs=1,
+        batch_size=4,
+        **SMALL,
+        **TRAIN_IMPORT_FIX,
+    )
+    return out / "models" / "model.pt"
+
+
+def _small_network(state_dict=None) -> torch.nn.Module:
+    net = load_bundle(BUNDLE, SMALL).get_parsed_content("network_def", lazy=False)
+    if state_dict is not None:
+        net.load_state_dict(state_dict)
+    return net.eval()
+
+
+# ----------------------------------------------------------------------------------------------
+# metadata
+# ----------------------------------------------------------------------------------------------
+
+
+def test_verify_metadata_offline():
+    proc = _monai_bundle_cli("verify_metadata", "--meta_file", str(META), "--filepath", str(SCHEMA), cwd=BUNDLE)
+    assert "metadata is verified with no error" in proc.stdout + proc.stderr
+    # the official URL stays in the file: a fresh --filepath validates against the model-zoo schema
+    assert json.loads(META.read_text())["schema"].endswith("/meta_schema_20240725.json")
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        "drop:version",
+        "drop:network_data_format",
+        "drop:required_packages_version",
+        "drop_output_field:channel_def",
+        "bad_value_range",
+        "deprecated_optional_packages",
+    ],
+)
+def test_verify_metadata_rejects_broken_copy(tmp_path, breakage):
+    from monai.bundle import verify_metadata
+
+    meta = json.loads(META.read_text())
+    kind, _, field = breakage.partition(":")
+    if kind == "drop":
+        del meta[field]
+    elif kind == "drop_output_field":
+        del meta["network_data_format"]["outputs"]["pred"][field]
+    elif kind == "bad_value_range":
+        meta["network_data_format"]["inputs"]["image"]["value_range"] = [0]
+    else:  # MONAI renames this key onto required_packages_version, clobbering it
+        meta["optional_packages_version"] = {"nibabel": "5.0.0"}
+    broken = tmp_path / "metadata.json"
+    broken.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="against schema"):
+        verify_metadata(meta_file=str(broken), filepath=str(SCHEMA))
+
+
+# ----------------------------------------------------------------------------------------------
+# network checks and export
+# ----------------------------------------------------------------------------------------------
+
+
+def test_verify_net_in_out():
+    # n=2 -> 32 x 32 input; "16*n" with n=1 leaves a 1x1 bottleneck, which instance norm refuses
+    argv = ["network_def", "--meta_file", str(META), "--config_file", str(TRAIN), "--n", "2", "--device", "cpu"]
+    _fire_cli("verify_net_in_out", argv)
+
+
+def test_ckpt_export_torchscript_matches_eager(tmp_path, trained_ckpt):
+    # NVFlare's global-model layout; the CheckpointSaver's plain state_dict is exercised by inference
+    state = torch.load(trained_ckpt, weights_only=True)
+    nvflare_ckpt = tmp_path / "FL_global_model.pt"
+    torch.save({"model": state, "train_conf": {"train": {"model": "network_def"}}}, nvflare_ckpt)
+    ts_path = tmp_path / "model.ts"
+    argv = [
+        "network_def",
+        "--filepath", str(ts_path),
+        "--ckpt_file", str(nvflare_ckpt),
+        "--meta_file", str(META),
+        "--config_file", str(TRAIN),
+        "--key_in_ckpt", "model",
+        "--channels", json.dumps(SMALL["channels"]),
+    ]  # fmt: skip
+    _fire_cli("ckpt_export", argv)
+    scripted = torch.jit.load(str(ts_path))
+    eager = _small_network(state)
+    x = torch.rand(2, 3, 48, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(x), eager(x), rtol=1e-5, atol=1e-5)
+
+    from monai.data import load_net_with_metadata
+
+    _, meta, extra = load_net_with_metadata(str(ts_path), more_extra_files=["train.json"])
+    assert meta["network_data_format"]["outputs"]["pred"]["num_channels"] == 2
+    assert json.loads(extra["train.json"])["network_def"]["_target_"] == "fedseg.networks.FeatureUNet"
+
+
+# ----------------------------------------------------------------------------------------------
+# train / infer / evaluate
+# ----------------------------------------------------------------------------------------------
+
+
+def test_train_one_epoch_writes_checkpoint(trained_ckpt):
+    state = torch.load(trained_ckpt, weights_only=True)
+    _small_network(state)  # loads strictly: the checkpoint is the bundle network's state_dict
+
+
+def test_inference_on_folder(tmp_path, trained_ckpt):
+    rng = np.random.default_rng(0)
+    src = tmp_path / "new"
+    src.mkdir()
+    sizes = {  # name -> (H, W) as PIL writes it
+        "wide.png": (40, 72),
+        "tall_grey.PNG": (50, 30),
+        "square.jpg": (32, 32),
+        "rgba.tif": (36, 44),
+    }
+    for name, (h, w) in sizes.items():
+        channels = {"tall_grey.PNG": 1, "rgba.tif": 4}.get(name, 3)
+        arr = (rng.random((h, w, channels)) * 255).astype(np.uint8)
+        Image.fromarray(arr.squeeze(-1) if channels == 1 else arr).save(src / name)
+    (src / "notes.txt").write_text("not an image")
+
+    masks = run_inference(trained_ckpt, tmp_path / "out", input_dir=src, overrides=SMALL)
+
+    expected = {f"{Path(n).stem}_seg.png" for n in sizes}
+    assert {m.name for m in masks} == expected
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(expected)  # flat, nothing else
+    for name, (h, w) in sizes.items():
+        img = Image.open(tmp_path / "out" / f"{Path(name).stem}_seg.png")
+        assert img.mode == "L" and img.size == (w, h), name
+        assert set(np.unique(np.asarray(img)).tolist()) <= {0, 255}, name
+
+
+def test_inference_mask_aligns_with_input(tmp_path):
+    """A known 'network' (1x1 conv: foreground where red > 0.5) pins orientation and the inverse resize.
+
+    The image is non-square and the object sits in one corner, so a transposed or flipped mask, or one
+    left at the network's 32 x 32 grid, cannot match.
+    """
+    h, w = 40, 72
+    img = np.zeros((h, w, 3), dtype=np.uint8)
+    img[4:20, 48:68, 0] = 255  # top-right red block
+    img[..., 1] = 90
+    (tmp_path / "new").mkdir()
+    Image.fromarray(img).save(tmp_path / "new" / "corner.png")
+    truth = img[..., 0] > 127
+
+    oracle = torch.nn.Conv2d(3, 2, kernel_size=1)
+    with torch.no_grad():
+        oracle.weight.zero_()
+        oracle.bias.zero_()
+        oracle.weight[1, 0] = 1.0
+        oracle.bias[1] = -0.5
+    ckpt = tmp_path / "FL_global_model.pt"
+    torch.save({"model": oracle.state_dict(), "train_conf": {}}, ckpt)
+    net_def = {"_target_": "torch.nn.Conv2d", "in_channels": 3, "out_channels": 2, "kernel_size": 1}
+
+    (mask_path,) = run_inference(
+        ckpt, tmp_path / "out", input_dir=tmp_path / "new", overrides={"image_size": 32, "network_def": net_def}
+    )
+    mask = np.asarray(Image.open(mask_path)) > 0
+    assert mask.shape == truth.shape
+    agreement = (mask == truth).mean()
+    assert agreement > 0.97, agreement
+    rows, cols = np.nonzero(mask)
+    assert rows.mean() < h / 2 and cols.mean() > w / 2  # still top-right
+
+
+def test_inference_on_datalist_split(tmp_path, trained_ckpt, datalist):
+    n_test = len(json.loads(Path(datalist).read_text())["test"])
+    masks = run_inference(trained_ckpt, tmp_path / "out", datalist=datalist, split="test", overrides=SMALL)
+    assert len(masks) == n_test and all(m.is_file() for m in masks)
+
+
+def test_inference_rejects_mismatched_checkpoint(tmp_path, trained_ckpt):
+    (tmp_path / "new").mkdir()
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "new" / "a.png")
+    # default channels (16..256) against a checkpoint trained with SMALL channels
+    with pytest.raises(CheckpointMismatchError, match=re.escape(str(trained_ckpt))):
+        run_inference(trained_ckpt, tmp_path / "out", input_dir=tmp_path / "new", overrides={"image_size": 32})
+    assert not (tmp_path / "out").exists()
+
+
+def test_evaluate_checkpoint(tmp_path, trained_ckpt, datalist):
+    metrics = evaluate_checkpoint(trained_ckpt, datalist, split="test", output_dir=tmp_path, overrides=SMALL)
+    assert set(metrics) == {"mean_dice", "hausdorff95", "surface_distance"}
+    assert math.isfinite(metrics["mean_dice"]) and 0.0 <= metrics["mean_dice"] <= 1.0
+    assert (tmp_path / "metrics.csv").is_file() and (tmp_path / "mean_dice_raw.csv").is_file()
