@@ -37,10 +37,13 @@ BUNDLE_KEYS = (
     "num_classes",
     "channels",
     "dropout",
+    "optimizer_name",
     "learning_rate",
     "weight_decay",
+    "adam_betas",
     "batch_size",
     "augment",
+    "augment_level",
     "seed",
 )
 

@@ -21,10 +21,16 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     "num_classes": 2,
     "channels": [16, 32, 64, 128, 256],
     "dropout": 0.0,
+    "optimizer_name": "Adam",
     "learning_rate": 1e-3,
     "weight_decay": 0.0,
+    "adam_betas": [0.9, 0.999],
+    # learning rate at round r = learning_rate * lr_decay_per_round ** r (ExponentialLR stepped per round)
+    "lr_decay_per_round": 1.0,
     "batch_size": 4,
     "augment": True,
+    # "basic": flips and 90-degree rotations; "strong": + random crop, rotation, colour jitter, gamma
+    "augment_level": "basic",
     "seed": 0,
     # federated schedule
     "local_epochs": 1,

@@ -106,6 +106,10 @@ class SegEngine:
         (mean over all local iterations) and ``steps``."""
         objective.set_seg_loss(self.build_loss())
         optimizer = self.make_optimizer(model)
+        # derived from the round index, so a restarted site resumes the same schedule
+        lr = float(self.train_config.get("learning_rate", 1e-3)) * float(self.train_config.get("lr_decay_per_round", 1.0)) ** ctx.round
+        for group in optimizer.param_groups:
+            group["lr"] = lr
         epochs = int(self.train_config.get("local_epochs", 1))
         augment = bool(self.train_config.get("augment", True))
         losses = []

@@ -81,6 +81,8 @@ class SiteRunner:
         metrics = self.engine.train(self.model, self.objective, ctx)
         metrics["val_dice"] = self.engine.evaluate(self.model, "validation", metrics=("dice",))["dice"]
         statistics = self._declared(self.objective.end_round(ctx, self.model, self.engine))
+        if ctx.round == ctx.total_rounds - 1:
+            self.objective.save_site_figures(str(self.output_dir), ctx)
         params = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         return {"params": params, "metrics": metrics, "meta": {"n_samples": self.engine.n_train, **statistics}}
 

@@ -4,6 +4,7 @@ The engine calls, per round:
     begin_round(ctx, model)                      once, after the received weights are loaded
     loss(batch_out) -> scalar tensor             every training iteration
     end_round(ctx, model, engine) -> dict        once, after local training: declared statistics
+    save_site_figures(out_dir, ctx)              after the last round's training: site-local figures
     handle_task(name, ctx, model, engine)        for method-specific extra tasks (e.g. FedEvi's
                                                  ``evaluate_surrogate``); returns metrics/meta scalars
 
@@ -96,6 +97,12 @@ class ClientObjective:
     def end_round(self, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:
         """Declared statistics to send with the trained weights (keys from ``declared_statistics``)."""
         return {}
+
+    def save_site_figures(self, out_dir: str, ctx: RoundContext) -> None:
+        """Write method-specific figures into the site's own workspace (called after the last round).
+
+        These may show images; they never leave the site.
+        """
 
     def handle_task(
         self, task_name: str, ctx: RoundContext, model: nn.Module, engine: "SegEngine"

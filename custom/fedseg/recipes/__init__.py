@@ -7,6 +7,8 @@ from typing import Dict
 
 _RECIPES: Dict[str, str] = {
     "fedavg": "fedseg.recipes.fedavg:FedAvgRecipe",
+    "fedevi": "fedseg.recipes.fedevi:FedEviRecipe",
+    "fvac": "fedseg.recipes.fvac:FVACRecipe",
 }
 
 

@@ -1,0 +1,153 @@
+"""FedEvi client: evidential training and the surrogate-evaluation task.
+
+Train task: the loss is evidential Dice + annealed KL (``EvidentialSegLoss``); it replaces the bundle's
+segmentation loss. ``end_round`` keeps the trained local weights, in memory and in
+``ctx.state_dir/fedevi_local_model.pt``, because the server's second task ("evaluate_surrogate")
+arrives separately and the simulator may restart the client process in between.
+
+Surrogate task: with the received surrogate weights, G = mean over validation images of the pixel-mean
+epistemic uncertainty; with the kept local weights, A = mean over images of the pixel-mean aleatoric
+uncertainty and R_paper = mean over images of 1 / (pixel-mean aleatoric uncertainty). Only these three
+scalars leave the site. "Image-level" here follows the paper's Eqs. 6-7 (a sum over images of an
+uncertainty per image) and the reference code (pixel mean per image); a pixel-wise 1/U_ale would be
+dominated by confident pixels, whose aleatoric uncertainty is ~1e-30.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+import torch
+from torch import nn
+
+from fedseg.uncertainty.evidential import aleatoric_uncertainty, dirichlet_alpha, epistemic_uncertainty
+
+from .base import BatchOutput, ClientObjective, RoundContext
+from .evidential_losses import EvidentialSegLoss
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedseg.engine.engine import SegEngine
+
+SURROGATE_TASK = "evaluate_surrogate"
+LOCAL_STATE_FILE = "fedevi_local_model.pt"
+#: floor on an image's mean aleatoric uncertainty before taking 1/U (keeps R_paper finite)
+MIN_ALEATORIC = 1e-12
+
+
+def _per_image_mean(pixel_map: torch.Tensor) -> torch.Tensor:
+    """``(B, 1, *spatial)`` -> ``(B,)`` float64 mean over pixels."""
+    return pixel_map.flatten(1).to(torch.float64).mean(dim=1)
+
+
+class FedEviObjective(ClientObjective):
+    """Evidential loss + G / A / R_paper for the server's weight update.
+
+    Args:
+        kl_weight: lambda of the KL regulariser (paper: 0.01).
+        anneal_rounds: KL ramp length in rounds (paper: 10).
+        dice_form: "dice" (reference code) or "bayes_risk" (expected-moment form).
+        eps: Dice smoothing.
+        seg_loss: accepted for the common interface; FedEvi trains with its evidential loss instead.
+    """
+
+    name = "fedevi"
+    declared_statistics = ("G", "A", "R_paper")
+
+    def __init__(
+        self,
+        kl_weight: float = 0.01,
+        anneal_rounds: int = 10,
+        dice_form: str = "dice",
+        eps: float = 1e-5,
+        seg_loss: Optional[nn.Module] = None,
+    ):
+        super().__init__(seg_loss=seg_loss)
+        self.kl_weight = kl_weight
+        self.anneal_rounds = anneal_rounds
+        self.dice_form = dice_form
+        self.eps = eps
+        self.evidential_loss = EvidentialSegLoss(
+            dice_form=dice_form, kl_weight=kl_weight, anneal_rounds=anneal_rounds, eps=eps
+        )
+        self._ctx: Optional[RoundContext] = None
+        self._local: Optional[Dict[str, Any]] = None  # {"round", "site", "state_dict"}
+
+    # --- train task -----------------------------------------------------------------------------
+
+    def begin_round(self, ctx: RoundContext, model: nn.Module) -> None:
+        self._ctx = ctx
+
+    def loss(self, out: BatchOutput) -> torch.Tensor:
+        """Evidential Dice + ``kl_annealing_weight(round + 1)`` * KL; labels are ``(B, 1, H, W)`` class indices."""
+        if self._ctx is None:
+            raise RuntimeError("FedEviObjective.loss needs the round: call begin_round(ctx, model) first")
+        return self.evidential_loss(out.logits, out.labels, self._ctx.round + 1)
+
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:
+        """Keep the trained local weights for the surrogate task; no statistics go with the weights."""
+        self._local = {
+            "round": int(ctx.round),
+            "site": ctx.site,
+            "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        }
+        if ctx.state_dir:
+            os.makedirs(ctx.state_dir, exist_ok=True)
+            path = os.path.join(ctx.state_dir, LOCAL_STATE_FILE)
+            tmp = path + ".tmp"
+            torch.save(self._local, tmp)
+            os.replace(tmp, path)  # a restart mid-write must not leave a truncated file behind
+        return {}
+
+    def local_state(self, ctx: RoundContext) -> Dict[str, Any]:
+        """The kept local weights record, from memory or (after a restart) from ``ctx.state_dir``."""
+        if self._local is None and ctx.state_dir:
+            path = os.path.join(ctx.state_dir, LOCAL_STATE_FILE)
+            if os.path.exists(path):
+                self._local = torch.load(path, map_location="cpu", weights_only=True)
+        if self._local is None:
+            raise RuntimeError(
+                f"site {ctx.site}: no local model kept from the train task (state_dir={ctx.state_dir!r})"
+            )
+        return self._local
+
+    # --- surrogate task -------------------------------------------------------------------------
+
+    def handle_task(self, task_name: str, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:
+        """``"evaluate_surrogate"``: ``model`` holds the surrogate; returns ``{"G", "A", "R_paper"}`` floats.
+
+        Raises RuntimeError when no local model of this round was kept; the server's FedEviStrategy
+        leaves a site that does not answer out of that round's average.
+        """
+        if task_name != SURROGATE_TASK:
+            return super().handle_task(task_name, ctx, model, engine)
+        local = self.local_state(ctx)
+        # A from a model of another round would silently distort the weights
+        expected_round = (ctx.server_meta or {}).get("fedevi", {}).get("round", ctx.round)
+        if int(local["round"]) != int(expected_round):
+            raise RuntimeError(
+                f"site {ctx.site}: kept local model is from round {local['round']}, "
+                f"surrogate is for round {expected_round}"
+            )
+        gap = float(self._per_image(engine, model, epistemic_uncertainty).mean())
+
+        local_model = copy.deepcopy(model)
+        local_model.load_state_dict(local["state_dict"])
+        aleatoric = self._per_image(engine, local_model, aleatoric_uncertainty)
+        return {
+            "G": gap,
+            "A": float(aleatoric.mean()),
+            "R_paper": float((1.0 / aleatoric.clamp_min(MIN_ALEATORIC)).mean()),
+        }
+
+    @staticmethod
+    def _per_image(engine: "SegEngine", model: nn.Module, uncertainty) -> torch.Tensor:
+        """Pixel-mean uncertainty of every validation image, ``(N_val,)`` float64 on the CPU."""
+        values = []
+        for _inputs, _labels, logits, _features in engine.iterate_logits(model, "validation"):
+            alpha = dirichlet_alpha(logits.float())
+            values.append(_per_image_mean(uncertainty(alpha)).cpu())
+        if not values:
+            raise RuntimeError("the validation split is empty: FedEvi needs validation images")
+        return torch.cat(values)

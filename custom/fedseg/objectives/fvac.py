@@ -1,0 +1,183 @@
+"""FVAC client objective (Federated Vessel-Aware Calibration, IJCAI 2025).
+
+Per batch, with a frozen copy of the global model received this round:
+    L = L_FMUG + beta * L_FVDA
+where L_FMUG is cross-entropy weighted per pixel by the label-aware uncertainty of the local and the
+global model (Eqs. 6-9) and L_FVDA aligns the foreground and background mean features of the local
+model with the global model's (Eqs. 10-11). The server side is plain uniform averaging
+(``FedAvgStrategy(weighting="uniform")``); nothing extra leaves the site.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from typing import Any, Deque, Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedseg.uncertainty.morphology import as_class_index, pixel_uncertainty, pixel_weight_map
+
+from .base import BatchOutput, ClientObjective, RoundContext
+from .fvac_losses import fmug_loss, fvda_loss
+
+
+class FVACObjective(ClientObjective):
+    """``L = (L_FMUG or mean CE) + beta * L_FVDA`` against a frozen copy of the round's global model.
+
+    Args:
+        seg_loss: unused by the FVAC loss itself (FVAC replaces the bundle's Dice-CE with its own
+            cross-entropy); accepted so the engine's hand-over works like for every objective.
+        beta: weight of the alignment term (paper: 2, best of {0.5, 1, 2, 3, 4}).
+        use_fmug: uncertainty-weighted CE (Eq. 9); ``False`` uses plain mean pixel CE (ablation).
+        use_fvda: add ``beta * L_FVDA`` (Eq. 11); ``False`` drops it (ablation).
+        feature_layer: name of the ``FeatureUNet.forward_features`` map to align. The paper does not
+            name the layer. The default ``"decoder_last"`` is the last decoder map before the 1x1 head:
+            it is at full input resolution, so the label mask needs no down-sampling (no thin vessel
+            disappears from ``S``), and it is the map the head classifies linearly, where foreground
+            and background are best separated.
+        mix: weight of the global uncertainty in ``alpha = mix * U_g + (1 - mix) * U_k`` (paper: 0.5).
+        keep_weight_maps: how many (image, label, alpha) triples to keep for the site-local Fig. 4
+            figure — one image (the first) from each of the most recent batches. 0 keeps none.
+
+    The frozen copy is taken in :meth:`begin_round` in eval mode with ``requires_grad=False``: eval mode
+    so it never updates normalisation running statistics and its dropout (if any) is off, making ``U_g``
+    and ``F^g`` deterministic functions of the received weights. With the bundle's instance norm
+    (no running statistics) eval and train mode compute the same outputs; the choice only matters for
+    batch norm or dropout. Cost: one extra no-grad forward pass per batch and one extra model in memory.
+    """
+
+    name = "fvac"
+    needs_features = True
+    declared_statistics: Tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        seg_loss: Optional[nn.Module] = None,
+        beta: float = 2.0,
+        use_fmug: bool = True,
+        use_fvda: bool = True,
+        feature_layer: str = "decoder_last",
+        mix: float = 0.5,
+        keep_weight_maps: int = 4,
+        **kwargs: Any,
+    ):
+        super().__init__(seg_loss=seg_loss, **kwargs)
+        if beta < 0:
+            raise ValueError(f"beta must be >= 0, got {beta}")
+        if not 0.0 <= mix <= 1.0:
+            raise ValueError(f"mix must be in [0, 1], got {mix}")
+        if keep_weight_maps < 0:
+            raise ValueError(f"keep_weight_maps must be >= 0, got {keep_weight_maps}")
+        self.beta = float(beta)
+        self.use_fmug = bool(use_fmug)
+        self.use_fvda = bool(use_fvda)
+        self.feature_layer = str(feature_layer)
+        self.mix = float(mix)
+        self._global: Optional[nn.Module] = None
+        self._weight_maps: Deque[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = deque(maxlen=int(keep_weight_maps))
+
+    # ------------------------------------------------------------------------------------- round hooks
+    @property
+    def global_model(self) -> Optional[nn.Module]:
+        """The frozen copy of this round's received global model (``None`` outside a round)."""
+        return self._global
+
+    def begin_round(self, ctx: RoundContext, model: nn.Module) -> None:
+        """Freeze a deep copy of ``model``, which holds the just-received global weights."""
+        if not hasattr(model, "forward_features"):
+            raise TypeError(f"FVAC needs a network with forward_features (FeatureUNet), got {type(model).__name__}")
+        frozen = copy.deepcopy(model)
+        frozen.eval()
+        for p in frozen.parameters():
+            p.requires_grad_(False)
+            p.grad = None
+        self._global = frozen
+
+    def save_site_figures(self, out_dir: str, ctx: RoundContext) -> None:
+        """The paper's Fig. 4 for this site: image / truth / pixel weight map alpha (site-local)."""
+        from pathlib import Path
+
+        from fedseg.plots.fvac_figures import save_weight_map_figure
+
+        try:
+            images, labels, alpha = self.last_weight_maps()
+        except LookupError:  # FMUG switched off: there is no weight map to show
+            return
+        save_weight_map_figure(images, labels, alpha, Path(out_dir) / "fvac_weight_maps.png")
+
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: Any) -> Dict[str, Any]:
+        """Drop the frozen copy (frees one model's memory between rounds); nothing is sent."""
+        self._global = None
+        return {}
+
+    # -------------------------------------------------------------------------------------------- loss
+    def _needs_global(self) -> bool:
+        return self.use_fmug or (self.use_fvda and self.beta > 0)
+
+    def loss(self, out: BatchOutput) -> torch.Tensor:
+        """Scalar FVAC loss of one batch; ``out.features`` must hold ``feature_layer`` when FVDA is on."""
+        logits, labels = out.logits, out.labels
+        logits_g: Optional[torch.Tensor] = None
+        feats_g: Dict[str, torch.Tensor] = {}
+        if self._needs_global():
+            if self._global is None:
+                raise RuntimeError("FVACObjective.loss called before begin_round: no frozen global model")
+            with torch.no_grad():
+                logits_g, feats_g = self._global.forward_features(out.inputs)
+
+        if self.use_fmug:
+            alpha = self._weight_map(logits, logits_g, labels)
+            total = fmug_loss(logits, labels, alpha)
+            self._remember(out.inputs, labels, alpha)
+        else:
+            total = F.cross_entropy(logits.float(), as_class_index(labels)[:, 0])
+
+        if self.use_fvda and self.beta > 0:
+            feat_local, feat_global = self._layer(out.features, "local"), self._layer(feats_g, "global")
+            total = total + self.beta * fvda_loss(feat_local, feat_global, labels)
+        return total
+
+    def _weight_map(self, logits: torch.Tensor, logits_g: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """alpha (B, 1, H, W) from the local and global softmax uncertainties, no gradient."""
+        u_local = pixel_uncertainty(torch.softmax(logits.detach().float(), dim=1), labels)
+        u_global = pixel_uncertainty(torch.softmax(logits_g.float(), dim=1), labels)
+        return pixel_weight_map(u_local, u_global, mix=self.mix)
+
+    def _layer(self, features: Dict[str, torch.Tensor], side: str) -> torch.Tensor:
+        if self.feature_layer not in features:
+            raise KeyError(
+                f"FVAC feature_layer {self.feature_layer!r} missing from the {side} model's features "
+                f"(available: {sorted(features)}); the engine must call forward_features (needs_features=True)"
+            )
+        return features[self.feature_layer]
+
+    # ---------------------------------------------------------------------------- site-local figure data
+    def _remember(self, inputs: torch.Tensor, labels: torch.Tensor, alpha: torch.Tensor) -> None:
+        if self._weight_maps.maxlen == 0:
+            return
+        # one image per batch keeps the copy to the host small; these tensors never leave the site
+        self._weight_maps.append(
+            (inputs[0].detach().float().cpu(), labels[0].detach().float().cpu(), alpha[0].detach().float().cpu())
+        )
+
+    def last_weight_maps(self, n: int = 4) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The ``n`` most recent kept triples, oldest first, as CPU tensors.
+
+        Returns:
+            ``(images (n, C_in, H, W), labels (n, 1, H, W), alpha (n, 1, H, W))`` with ``n`` capped at
+            what is kept. For a site-local figure only (:func:`fedseg.plots.fvac_figures.save_weight_map_figure`);
+            never put these in a message to the server.
+
+        Raises:
+            LookupError: nothing kept yet (no FMUG batch has run, or ``keep_weight_maps=0``).
+        """
+        kept = list(self._weight_maps)[-n:] if n > 0 else []
+        if not kept:
+            raise LookupError(
+                "no FVAC weight maps kept yet (needs use_fmug=True, keep_weight_maps > 0 and a training batch)"
+            )
+        images, labels, alpha = zip(*kept)
+        return torch.stack(images), torch.stack(labels), torch.stack(alpha)

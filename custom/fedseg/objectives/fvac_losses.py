@@ -1,0 +1,91 @@
+"""FVAC's two loss terms: uncertainty-weighted cross-entropy (FMUG, Eq. 9) and foreground/background
+decoupled feature alignment (FVDA, Eqs. 10-11).
+
+Shapes are written for 2D; all functions also accept 3D maps ``(B, C, D, H, W)``.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+
+from fedseg.uncertainty.morphology import as_class_index
+
+
+def fmug_loss(logits: torch.Tensor, labels: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """Eq. 9: ``-sum_{h,w} alpha(h,w) * log softmax(logits)_{Y(h,w)}(h,w)`` per image, mean over the batch.
+
+    Args:
+        logits: ``(B, C, H, W)``.
+        labels: integer-valued ``(B, 1, H, W)``.
+        alpha: pixel weights ``(B, 1, H, W)``, normally summing to 1 per image
+            (:func:`fedseg.uncertainty.morphology.pixel_weight_map`); used as given, without gradient.
+
+    Returns:
+        scalar. With uniform ``alpha = 1 / (H W)`` it equals the mean pixel cross-entropy.
+    """
+    # log_softmax rather than log(softmax): finite even for saturated logits
+    log_probs = F.log_softmax(logits.float(), dim=1)
+    log_p_true = log_probs.gather(1, as_class_index(labels))  # (B, 1, H, W)
+    per_image = -(alpha.detach() * log_p_true).flatten(1).sum(dim=1)
+    return per_image.mean()
+
+
+def resize_mask_nearest(labels: torch.Tensor, size: Tuple[int, ...]) -> torch.Tensor:
+    """``(B, 1, H, W)`` -> ``(B, 1, *size)`` with torch's ``"nearest"`` rule.
+
+    Output index ``i`` reads input index ``floor(i * in_size / out_size)`` (per axis), so an 8x8 mask
+    read at 4x4 keeps rows/columns 0, 2, 4, 6. Nearest keeps the mask binary; no thresholding needed.
+    """
+    if tuple(labels.shape[2:]) == tuple(size):
+        return labels
+    return F.interpolate(labels.float(), size=tuple(size), mode="nearest")
+
+
+def foreground_background_means(features: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 10: foreground and background feature vectors of each image.
+
+    ``S`` = ``labels`` resized to the feature map's size (nearest, :func:`resize_mask_nearest`);
+    ``F_fg = (1 / (H' W')) sum_{h,w} F[:, h, w] * [S(h, w) = 1]``, ``F_bg`` likewise with ``[S = 0]``.
+
+    The sum is divided by ``H' W'`` — all pixels of the map — not by the number of foreground
+    (background) pixels, exactly as printed in the paper. ``F_fg`` is therefore the foreground mean
+    scaled by the foreground fraction, and ``F_fg + F_bg`` is the mean of the whole map for binary
+    masks. A mask with no foreground gives ``F_fg = 0`` rather than a division by zero. As printed,
+    the foreground is class 1 only: in a multi-class mask, pixels of classes >= 2 fall in neither term.
+
+    Args:
+        features: ``(B, C, H', W')``.
+        labels: integer-valued ``(B, 1, H, W)``; any spatial size (usually the input size).
+
+    Returns:
+        ``(F_fg, F_bg)``, each ``(B, C)``.
+    """
+    mask = as_class_index(resize_mask_nearest(labels, tuple(features.shape[2:])))
+    n_pixels = features[0, 0].numel()
+    feats = features.flatten(2)  # (B, C, N)
+    fg = (mask == 1).flatten(2).to(feats.dtype)  # (B, 1, N)
+    bg = (mask == 0).flatten(2).to(feats.dtype)
+    return (feats * fg).sum(dim=2) / n_pixels, (feats * bg).sum(dim=2) / n_pixels
+
+
+def fvda_loss(feat_local: torch.Tensor, feat_global: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Eq. 11: ``(1/C)||F_fg^k - F_fg^g||^2 + (1/C)||F_bg^k - F_bg^g||^2`` per image, mean over the batch.
+
+    Args:
+        feat_local: local model's feature map ``(B, C, H', W')``; gradients flow into it.
+        feat_global: frozen global model's map at the same layer, same shape; detached here so the
+            global side is a fixed target.
+        labels: integer-valued ``(B, 1, H, W)``.
+
+    Returns:
+        scalar (mean over batch and channels of the squared differences, summed over fg and bg).
+    """
+    if feat_local.shape != feat_global.shape:
+        raise ValueError(f"feature maps differ in shape: {tuple(feat_local.shape)} vs {tuple(feat_global.shape)}")
+    fg_k, bg_k = foreground_background_means(feat_local, labels)
+    fg_g, bg_g = foreground_background_means(feat_global.detach(), labels)
+    # mean over (B, C) == batch mean of (1/C) * squared L2 norm
+    return ((fg_k - fg_g) ** 2).mean() + ((bg_k - bg_g) ** 2).mean()

@@ -1,0 +1,128 @@
+"""GraphFedSeg client: similarity-regularised local training and the client uncertainty U_i.
+
+Loss (paper Eq. 5, sign as in the paper: similarity is maximised)
+    L = L_seg - (lambda1 / 2) * sum_{j != i} W_ij cos(theta_i, theta_j)
+      = L_seg - (lambda1 / 2) * <theta_i / ||theta_i||, d_i>
+with ``d_i = sum_{j != i} W_ij theta_j / ||theta_j||`` precomputed by the server from the previous
+round's graph and local models (``GraphFedSegStrategy.payload``), and theta_i the model's current
+parameters over the keys of ``d_i``. No direction (round 0) or lambda1 = 0: L = L_seg.
+
+Statistic sent to the server: ``uncertainty`` = U_i on the local training images with the trained model,
+evidential (Eqs. 3-4, one forward pass) or MC-dropout (T passes); see
+``fedseg.uncertainty.client_uncertainty``. The server's meta chooses the estimator; the constructor
+options are the fallback when the server sends none.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
+
+import torch
+from torch import nn
+
+from fedseg.strategies.collaboration_graph import similarity_regulariser
+from fedseg.uncertainty.client_uncertainty import (
+    client_uncertainty,
+    evidential_image_uncertainty,
+    mc_dropout_image_uncertainty,
+)
+
+from .base import BatchOutput, ClientObjective, RoundContext
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedseg.engine.engine import SegEngine
+
+logger = logging.getLogger(__name__)
+
+META_KEY = "graphfedseg"
+UNCERTAINTY_METHODS = ("evidential", "mc_dropout")
+#: Opacus' GradSampleModule prefixes parameter names with this
+_WRAPPER_PREFIX = "_module."
+
+
+class GraphFedSegObjective(ClientObjective):
+    """Segmentation loss + neighbour-similarity regulariser; sends the client uncertainty.
+
+    Args:
+        seg_loss: the bundle's segmentation loss (DiceCE) unless given.
+        uncertainty: "evidential" or "mc_dropout", used when the server's meta does not say.
+        mc_samples: T for "mc_dropout", used when the server's meta does not say.
+    """
+
+    name = "graphfedseg"
+    declared_statistics = ("uncertainty",)
+
+    def __init__(
+        self, seg_loss: Optional[nn.Module] = None, uncertainty: str = "evidential", mc_samples: int = 5, **kwargs: Any
+    ):
+        super().__init__(seg_loss=seg_loss, **kwargs)
+        _check_estimator(uncertainty, mc_samples)
+        self.uncertainty = uncertainty
+        self.mc_samples = int(mc_samples)
+        self.lambda1 = 0.0
+        self._round_uncertainty = uncertainty
+        self._round_mc_samples = self.mc_samples
+        self._params: List[torch.Tensor] = []
+        self._direction: Optional[torch.Tensor] = None
+
+    @property
+    def regulariser_active(self) -> bool:
+        """Whether ``loss`` adds the similarity term this round."""
+        return self._direction is not None
+
+    def begin_round(self, ctx: RoundContext, model: nn.Module) -> None:
+        meta = ctx.server_meta.get(META_KEY) or {}
+        self.lambda1 = float(meta.get("lambda1", 0.0))
+        self._round_uncertainty = meta.get("uncertainty", self.uncertainty)
+        self._round_mc_samples = int(meta.get("mc_samples", self.mc_samples))
+        _check_estimator(self._round_uncertainty, self._round_mc_samples)
+        direction = meta.get("direction")
+        self._params, self._direction = [], None
+        if direction and self.lambda1 > 0:
+            self._params, self._direction = _bind_direction(model, direction)
+
+    def loss(self, out: BatchOutput) -> torch.Tensor:
+        seg = super().loss(out)
+        if self._direction is None:
+            return seg
+        # one concatenation of parameter views per step; gradients flow back into every parameter
+        theta = torch.cat([p.reshape(-1) for p in self._params])
+        return seg + similarity_regulariser(theta, self._direction, self.lambda1)
+
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:
+        self._params, self._direction = [], None  # do not hold the model past the round
+        if self._round_uncertainty == "evidential":
+            values = [evidential_image_uncertainty(logits) for _, _, logits, _ in engine.iterate_logits(model, "training")]
+        else:
+            if not any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+                logger.warning("mc_dropout uncertainty on a model without active dropout: U will be 0")
+            values = []
+            for batch in engine.loader("training", shuffle=False, augment=False):
+                images = batch["image"].to(engine.device)
+                values.append(mc_dropout_image_uncertainty(model, images, self._round_mc_samples))
+        return {"uncertainty": client_uncertainty(values)}
+
+
+def _check_estimator(uncertainty: str, mc_samples: int) -> None:
+    if uncertainty not in UNCERTAINTY_METHODS:
+        raise ValueError(f"uncertainty must be one of {UNCERTAINTY_METHODS}, got {uncertainty!r}")
+    if int(mc_samples) < 1:
+        raise ValueError(f"mc_samples must be >= 1, got {mc_samples}")
+
+
+def _bind_direction(model: nn.Module, direction: Mapping[str, Any]) -> tuple:
+    """The model's parameters in the direction's key order and the direction as one ``(D,)`` tensor."""
+    named = {n[len(_WRAPPER_PREFIX) :] if n.startswith(_WRAPPER_PREFIX) else n: p for n, p in model.named_parameters()}
+    missing = [k for k in direction if k not in named]
+    if missing:
+        raise ValueError(f"neighbour direction has keys that are not model parameters: {missing[:5]}")
+    params = [named[k] for k in direction]
+    ref = params[0]
+    chunks = []
+    for key, param in zip(direction, params):
+        value = torch.as_tensor(direction[key])
+        if value.numel() != param.numel():
+            raise ValueError(f"direction[{key!r}] has {value.numel()} entries, the parameter {param.numel()}")
+        chunks.append(value.reshape(-1).to(device=ref.device, dtype=ref.dtype))
+    return params, torch.cat(chunks)

@@ -1,0 +1,58 @@
+"""FVAC recipe (IJCAI 2025): morphology-uncertainty guided loss + fg/bg decoupled feature alignment
+on the client, plain uniform (1/K) averaging on the server. Built-in data: the vessel family."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from fedseg.config import resolve_profile
+from fedseg.recipes.base import FedSegRecipe
+
+PAPER_PROFILES = {
+    "paper": {
+        "num_rounds": 100,
+        "train_config": {
+            "data_family": "vessel",
+            "data_profile": "paper",
+            "image_size": 384,
+            "optimizer_name": "AdamW",
+            "learning_rate": 1e-4,
+            "batch_size": 4,
+            "local_epochs": 5,
+            "augment_level": "strong",
+        },
+    }
+}
+
+
+class FVACRecipe(FedSegRecipe):
+    def __init__(
+        self,
+        *,
+        name: str = "fvac",
+        profile: str = "default",
+        num_rounds: Optional[int] = None,
+        min_clients: int = 2,
+        beta: float = 2.0,
+        use_fmug: bool = True,
+        use_fvda: bool = True,
+        feature_layer: str = "decoder_last",
+        task_timeout: int = 0,
+        script_args: str = "",
+        **train_overrides: Any,
+    ):
+        train_overrides.setdefault("data_family", "vessel")
+        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
+        super().__init__(
+            name=name,
+            method="fvac",
+            strategy="fedavg",
+            strategy_args={"weighting": "uniform"},
+            objective="fvac",
+            objective_args={"beta": beta, "use_fmug": use_fmug, "use_fvda": use_fvda, "feature_layer": feature_layer},
+            num_rounds=resolved["num_rounds"],
+            train_config=resolved["train_config"],
+            min_clients=min_clients,
+            task_timeout=task_timeout,
+            script_args=script_args,
+        )

@@ -1,0 +1,168 @@
+"""FedEvi (Chen et al., MICCAI 2024): evidential weight aggregation.
+
+Round r, after the train task returns the local models theta_k^r:
+    1. surrogate  theta_hat = sum_k beta_k^{r-1} theta_k^r
+    2. task "evaluate_surrogate": every site returns three scalars computed on its validation split,
+       G (epistemic uncertainty of theta_hat), A (aleatoric uncertainty of its own theta_k^r) and
+       R_paper (mean over images of 1 / aleatoric uncertainty of theta_k^r)
+    3. beta^r = update_beta(beta^{r-1}, G, R)   (see ``evidential_weights``)
+    4. theta^r = sum_k beta_k^r theta_k^r
+beta^0 = n_k / sum(n) ("samples", paper default) or 1/K ("uniform", the paper's ablation).
+
+Sites missing from a round. The weights live in ``self.beta`` ({site: w}, summing to 1 over every site
+seen so far). A round uses the weights of the sites that trained, renormalised over them. A site that
+trained but did not answer the surrogate task (dropped, or sent malformed statistics) has no G/R
+evidence for its model, so it is left out of this round's average and its stored weight is kept as it
+was; the answering sites share the weight mass they held before. When it comes back, it starts from
+its previous weight. A site seen for the first time after round 0 enters with its beta^0 share among
+this round's sites, and the stored weights are renormalised. If no site answers, theta^r is the
+surrogate and the weights stay unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Dict, List, Tuple
+
+from .aggregation import sample_weights, weighted_average
+from .base import ClientUpdate, Exchange, ServerStrategy, SitePayload
+from .evidential_weights import RELIABILITY_FORMS, reliability, update_beta
+
+logger = logging.getLogger(__name__)
+
+SURROGATE_TASK = "evaluate_surrogate"
+
+
+class FedEviStrategy(ServerStrategy):
+    """Re-weights sites every round from the surrogate's epistemic and the local models' aleatoric uncertainty.
+
+    Args:
+        delta: weight-adjustment magnitude (paper: 1.0).
+        weight_form: reliability R used in the update; "code" (default) -> R = 1 / A as in the reference
+            code (the run the reference log and the paper's tables come from; also robust to a single
+            near-certain image), "paper" -> R = mean(1 / U_ale) as in Eq. 7.
+        beta0: "samples" (n_k / sum n) or "uniform" (1/K).
+        clip: lower bound on a weight after normalising (reference code: 1e-3).
+    """
+
+    name = "fedevi"
+    objective = "fedevi"
+    extra_tasks = (SURROGATE_TASK,)
+
+    def __init__(self, delta: float = 1.0, weight_form: str = "code", beta0: str = "samples", clip: float = 1e-3):
+        super().__init__()
+        if weight_form not in RELIABILITY_FORMS:
+            raise ValueError(f"weight_form must be one of {RELIABILITY_FORMS}, got {weight_form!r}")
+        if beta0 not in ("samples", "uniform"):
+            raise ValueError(f"beta0 must be 'samples' or 'uniform', got {beta0!r}")
+        if delta < 0 or not 0 <= clip < 1:
+            raise ValueError(f"need delta >= 0 and 0 <= clip < 1, got delta={delta}, clip={clip}")
+        # stored under the constructor's names: recipe export keeps only self.<argname> attributes
+        self.delta = float(delta)
+        self.weight_form = weight_form
+        self.beta0 = beta0
+        self.clip = float(clip)
+        #: current aggregation weights over every site seen so far (sum 1)
+        self.beta: Dict[str, float] = {}
+
+    def config(self) -> Dict[str, Any]:
+        return {
+            "strategy": self.name,
+            "delta": self.delta,
+            "weight_form": self.weight_form,
+            "beta0": self.beta0,
+            "clip": self.clip,
+        }
+
+    def start(self, clients: List[str], initial_params) -> None:
+        super().start(clients, initial_params)
+        self.beta = {}
+
+    def _previous_weights(self, sites: List[str], updates: Dict[str, ClientUpdate]) -> Dict[str, float]:
+        """beta^{r-1} over ``sites``, renormalised; sites never seen before get their beta^0 share."""
+        new = [s for s in sites if s not in self.beta]
+        if new:
+            if self.beta0 == "samples":
+                share = dict(zip(sites, sample_weights({s: updates[s].n_samples for s in sites}, sites)))
+            else:
+                share = {s: 1.0 / len(sites) for s in sites}
+            for s in new:
+                self.beta[s] = share[s]
+            total = sum(self.beta.values())
+            self.beta = {s: w / total for s, w in self.beta.items()}
+        total = sum(self.beta[s] for s in sites)
+        return {s: self.beta[s] / total for s in sites}
+
+    def _read_statistics(self, update: ClientUpdate) -> Dict[str, float]:
+        """G, A (and R_paper when present or needed) from a surrogate-task reply; ValueError if unusable."""
+        meta = update.meta or {}
+        needed = ("G", "A", "R_paper") if self.weight_form == "paper" else ("G", "A")
+        missing = [k for k in needed if k not in meta]
+        if missing:
+            raise ValueError(f"missing {missing}")
+        stats = {k: float(meta[k]) for k in ("G", "A", "R_paper") if k in meta}
+        if not all(math.isfinite(v) for v in stats.values()):
+            raise ValueError(f"non-finite statistics {stats}")
+        if stats["G"] < 0 or stats["A"] <= 0 or stats.get("R_paper", 0.0) < 0:
+            raise ValueError(f"need G >= 0, A > 0, R_paper >= 0, got {stats}")
+        return stats
+
+    def _collect(
+        self, sites: List[str], replies: Dict[str, ClientUpdate]
+    ) -> Tuple[Dict[str, Dict[str, float]], Dict[str, str]]:
+        stats: Dict[str, Dict[str, float]] = {}
+        dropped: Dict[str, str] = {}
+        for s in sites:
+            if s not in replies:
+                dropped[s] = "no reply to the surrogate task"
+                continue
+            try:
+                stats[s] = self._read_statistics(replies[s])
+            except ValueError as err:
+                dropped[s] = f"unusable statistics: {err}"
+        for s, why in dropped.items():
+            logger.warning("fedevi: site %s left out of this round's average (%s)", s, why)
+        return stats, dropped
+
+    def aggregate(self, round_: int, updates: Dict[str, ClientUpdate], exchange: Exchange) -> Dict[str, Any]:
+        sites = sorted(updates)
+        prev = self._previous_weights(sites, updates)
+        surrogate = weighted_average([updates[s].params for s in sites], [prev[s] for s in sites])
+
+        # the second task carries only the surrogate weights and the round index
+        payloads = {s: SitePayload(params=surrogate, meta={"fedevi": {"round": int(round_)}}) for s in sites}
+        stats, dropped = self._collect(sites, exchange(SURROGATE_TASK, payloads))
+        answered = [s for s in sites if s in stats]
+        if not answered:
+            self._global = surrogate
+            return {"beta": prev, "G": {}, "R": {}, "A": {}, "dropped": sorted(dropped)}
+
+        held = sum(prev[s] for s in answered)
+        gaps = {s: stats[s]["G"] for s in answered}
+        rel = {
+            s: reliability(A=stats[s]["A"], form=self.weight_form, inv_mean=stats[s].get("R_paper"))
+            for s in answered
+        }
+        beta = update_beta(
+            {s: prev[s] / held for s in answered}, gaps, rel, delta=self.delta, clip=self.clip,
+            renormalise_after_clip=True,  # weighted_average needs a convex combination
+        )
+        # answering sites share the stored mass they held; a dropped site keeps its stored weight
+        stored_mass = sum(self.beta[s] for s in answered)
+        for s in answered:
+            self.beta[s] = stored_mass * beta[s]
+
+        self._global = weighted_average([updates[s].params for s in answered], [beta[s] for s in answered])
+        report: Dict[str, Any] = {
+            "beta_prev": dict(prev),
+            "beta": dict(beta),
+            "G": gaps,
+            "R": rel,
+            "A": {s: stats[s]["A"] for s in answered},
+            "dropped": sorted(dropped),
+        }
+        r_paper = {s: stats[s]["R_paper"] for s in answered if "R_paper" in stats[s]}
+        if r_paper:
+            report["R_paper"] = r_paper
+        return report
