@@ -38,7 +38,23 @@ def export_job(method: str, out_dir: os.PathLike, profile: str = "default", **re
     if target.exists():
         shutil.rmtree(target)
     recipe.export(str(out_dir))
+    for config in target.rglob("*.json"):
+        _canonicalise(config)
     return target
+
+
+def _canonicalise(path: Path) -> None:
+    """NVFlare writes filter task lists from a set (order varies per process): sort them so that
+    exports are byte-stable and the committed jobs can be checked for drift."""
+
+    def sort_tasks(node):
+        if isinstance(node, dict):
+            return {k: (sorted(v) if k == "tasks" and isinstance(v, list) else sort_tasks(v)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [sort_tasks(v) for v in node]
+        return node
+
+    path.write_text(json.dumps(sort_tasks(json.loads(path.read_text())), indent=4))
 
 
 def _cmd_data(args: argparse.Namespace) -> None:
