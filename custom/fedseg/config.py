@@ -34,6 +34,10 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     "seed": 0,
     # federated schedule
     "local_epochs": 1,
+    # differential privacy in local training (Opacus DP-SGD); None = off
+    "dp_target_epsilon": None,
+    "dp_delta": 1e-5,
+    "dp_max_grad_norm": 1.0,
 }
 
 PROFILES: Dict[str, Dict[str, Any]] = {

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -77,13 +78,17 @@ class SiteRunner:
         return {"params": {}, "metrics": {}, "meta": self._declared(statistics)}
 
     def _train(self, ctx: RoundContext) -> Dict[str, Any]:
+        started = time.perf_counter()
         self.objective.begin_round(ctx, self.model)
         metrics = self.engine.train(self.model, self.objective, ctx)
         metrics["val_dice"] = self.engine.evaluate(self.model, "validation", metrics=("dice",))["dice"]
         statistics = self._declared(self.objective.end_round(ctx, self.model, self.engine))
         if ctx.round == ctx.total_rounds - 1:
             self.objective.save_site_figures(str(self.output_dir), ctx)
-        params = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        # a copy: the sent tensors must not alias the live model the next task trains in place
+        params = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        # seconds of site compute this task (lets the benchmark separate framework overhead)
+        metrics["compute_time"] = time.perf_counter() - started
         return {"params": params, "metrics": metrics, "meta": {"n_samples": self.engine.n_train, **statistics}}
 
     def _evaluate(self, model_name: str) -> Dict[str, Any]:
@@ -118,6 +123,8 @@ def main(argv=None) -> None:
     from nvflare.client.tracking import SummaryWriter
 
     args = parse_args(argv)
+    if os.environ.get("FEDSEG_NUM_THREADS"):  # several sites sharing one machine (simulator, POC)
+        torch.set_num_threads(int(os.environ["FEDSEG_NUM_THREADS"]))
     flare.init()
     site = flare.get_site_name()
     runner = SiteRunner(site, args)

@@ -36,6 +36,8 @@ class FedSegController(ModelController):
         min_clients: fewest valid results a round may continue with; fewer stops the job with an error.
         task_timeout: seconds a site may take for one task (0 = wait forever). A site that does not
             answer in time is left out of that round.
+        task_check_period: how often NVFlare's controller checks task status (seconds); part of the
+            per-round framework overhead (see docs/benchmarks.md).
         final_evaluation: evaluate the final global (and personalised) models on every site's test split.
     """
 
@@ -51,9 +53,11 @@ class FedSegController(ModelController):
         min_clients: int = 2,
         task_timeout: int = 0,
         final_evaluation: bool = True,
+        task_check_period: float = 0.5,
         persistor_id: str = "persistor",
     ):
-        super().__init__(persistor_id=persistor_id, ignore_result_error=True)
+        super().__init__(persistor_id=persistor_id, ignore_result_error=True, task_check_period=task_check_period)
+        self.task_check_period = float(task_check_period)
         self.method = method
         self.num_rounds = int(num_rounds)
         self.strategy = strategy
@@ -169,7 +173,7 @@ class FedSegController(ModelController):
 
         for sites in groups.values():
             first = payloads[sites[0]]
-            if any(payloads[s].meta != first.meta for s in sites):
+            if not all(_same_meta(payloads[s].meta, first.meta) for s in sites):
                 sub_groups = [[s] for s in sites]
             else:
                 sub_groups = [sites]
@@ -185,7 +189,7 @@ class FedSegController(ModelController):
         while self.get_num_standing_tasks() > 0:
             if self.abort_signal.triggered:
                 raise RuntimeError("job aborted")
-            time.sleep(0.05)
+            time.sleep(min(0.05, self.task_check_period))
         if len(results) < self.min_clients:
             raise RuntimeError(
                 f"task {task_name} round {round_}: only {len(results)} valid results "
@@ -206,3 +210,13 @@ class FedSegController(ModelController):
         if require_params and n_samples <= 0:
             raise InvalidUpdateError(f"{site}: result does not say how many training images it used")
         return ClientUpdate(site=site, params=params, n_samples=n_samples, metrics=metrics, meta=statistics)
+
+
+def _same_meta(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
+    """Whether two sites can share one task; metas holding arrays are treated as different."""
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except (ValueError, RuntimeError):  # element-wise comparison of arrays/tensors
+        return False

@@ -9,6 +9,7 @@ _RECIPES: Dict[str, str] = {
     "fedavg": "fedseg.recipes.fedavg:FedAvgRecipe",
     "fedevi": "fedseg.recipes.fedevi:FedEviRecipe",
     "fvac": "fedseg.recipes.fvac:FVACRecipe",
+    "graphfedseg": "fedseg.recipes.graphfedseg:GraphFedSegRecipe",
 }
 
 

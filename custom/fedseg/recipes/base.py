@@ -47,6 +47,16 @@ class SiteScript:
         return {}
 
 
+#: recipe options that configure the job rather than training (everything else is a train_config override)
+JOB_OPTIONS = ("min_clients", "task_timeout", "task_check_period", "script_args")
+
+
+def split_options(options: Dict[str, Any]) -> tuple:
+    """``(job_options, train_overrides)`` from a method recipe's ``**options``."""
+    job = {k: v for k, v in options.items() if k in JOB_OPTIONS}
+    return job, {k: v for k, v in options.items() if k not in JOB_OPTIONS}
+
+
 def build_initial_network(train_config: Dict[str, Any]):
     """The bundle's network with the job's overrides — the same constructor (and ``init_seed``) the sites use."""
     return load_bundle(None, train_config).get_parsed_content("network_def", instantiate=True)
@@ -80,6 +90,7 @@ class FedSegRecipe(Recipe):
         objective_args: Optional[Dict[str, Any]] = None,
         min_clients: int = 2,
         task_timeout: int = 0,
+        task_check_period: float = 0.5,
         script_args: str = "",
     ):
         self.name = name
@@ -102,6 +113,7 @@ class FedSegRecipe(Recipe):
             train_config=self.train_config,
             min_clients=min_clients,
             task_timeout=task_timeout,
+            task_check_period=task_check_period,
         )
         # fedseg is an installed package at every site: reference it, don't copy its source into the job
         job.set_app_packages(["fedseg"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from fedseg.config import resolve_profile
-from fedseg.recipes.base import FedSegRecipe
+from fedseg.recipes.base import FedSegRecipe, split_options
 
 # McMahan et al. report no segmentation setting; "paper" here mirrors the GraphFedSeg comparison
 # (Adam 5e-4, batch 4, E = 2, 250 rounds) so FedAvg numbers line up with the headline method.
@@ -24,12 +24,10 @@ class FedAvgRecipe(FedSegRecipe):
         name: str = "fedavg",
         profile: str = "default",
         num_rounds: Optional[int] = None,
-        min_clients: int = 2,
         weighting: str = "samples",
-        task_timeout: int = 0,
-        script_args: str = "",
-        **train_overrides: Any,
+        **options: Any,
     ):
+        job_options, train_overrides = split_options(options)
         resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
         super().__init__(
             name=name,
@@ -39,7 +37,5 @@ class FedAvgRecipe(FedSegRecipe):
             objective="fedavg",
             num_rounds=resolved["num_rounds"],
             train_config=resolved["train_config"],
-            min_clients=min_clients,
-            task_timeout=task_timeout,
-            script_args=script_args,
+            **job_options,
         )

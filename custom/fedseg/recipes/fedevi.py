@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from fedseg.config import resolve_profile
-from fedseg.recipes.base import FedSegRecipe
+from fedseg.recipes.base import FedSegRecipe, split_options
 
 # reference code defaults (spec: shared/methods/fedevi.md)
 PAPER_PROFILES = {
@@ -36,7 +36,6 @@ class FedEviRecipe(FedSegRecipe):
         name: str = "fedevi",
         profile: str = "default",
         num_rounds: Optional[int] = None,
-        min_clients: int = 2,
         delta: float = 1.0,
         weight_form: str = "code",
         beta0: str = "samples",
@@ -44,10 +43,9 @@ class FedEviRecipe(FedSegRecipe):
         kl_weight: float = 0.01,
         anneal_rounds: int = 10,
         dice_form: str = "dice",
-        task_timeout: int = 0,
-        script_args: str = "",
-        **train_overrides: Any,
+        **options: Any,
     ):
+        job_options, train_overrides = split_options(options)
         resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
         super().__init__(
             name=name,
@@ -58,7 +56,5 @@ class FedEviRecipe(FedSegRecipe):
             objective_args={"kl_weight": kl_weight, "anneal_rounds": anneal_rounds, "dice_form": dice_form},
             num_rounds=resolved["num_rounds"],
             train_config=resolved["train_config"],
-            min_clients=min_clients,
-            task_timeout=task_timeout,
-            script_args=script_args,
+            **job_options,
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from fedseg.config import resolve_profile
-from fedseg.recipes.base import FedSegRecipe
+from fedseg.recipes.base import FedSegRecipe, split_options
 
 PAPER_PROFILES = {
     "paper": {
@@ -32,15 +32,13 @@ class FVACRecipe(FedSegRecipe):
         name: str = "fvac",
         profile: str = "default",
         num_rounds: Optional[int] = None,
-        min_clients: int = 2,
         beta: float = 2.0,
         use_fmug: bool = True,
         use_fvda: bool = True,
         feature_layer: str = "decoder_last",
-        task_timeout: int = 0,
-        script_args: str = "",
-        **train_overrides: Any,
+        **options: Any,
     ):
+        job_options, train_overrides = split_options(options)
         train_overrides.setdefault("data_family", "vessel")
         resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
         super().__init__(
@@ -52,7 +50,5 @@ class FVACRecipe(FedSegRecipe):
             objective_args={"beta": beta, "use_fmug": use_fmug, "use_fvda": use_fvda, "feature_layer": feature_layer},
             num_rounds=resolved["num_rounds"],
             train_config=resolved["train_config"],
-            min_clients=min_clients,
-            task_timeout=task_timeout,
-            script_args=script_args,
+            **job_options,
         )
