@@ -56,3 +56,44 @@ def test_fvac_uniform_average_and_site_figure(tmp_path):
     for s in SITES:
         assert all(math.isfinite(v) for v in report["final"]["global"][s].values())
         assert (tmp_path / "ws" / s / "fedseg_outputs" / s / "fvac_weight_maps.png").is_file()
+
+
+def _qp_row_scipy(p, cos_row, u, alpha, gamma):
+    """Graph row by a generic constrained optimiser (independent of the project's two solvers)."""
+    from scipy.optimize import minimize
+
+    objective = lambda w: np.sum((w - p) ** 2) - alpha * w @ cos_row + gamma * w @ u  # noqa: E731
+    res = minimize(
+        objective, np.full(len(p), 1 / len(p)), method="SLSQP", bounds=[(0, 1)] * len(p),
+        constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1}], options={"ftol": 1e-12, "maxiter": 500},
+    )
+    return res.x
+
+
+def test_graphfedseg_graph_and_personalised_models(tmp_path):
+    job = export_job("graphfedseg", tmp_path / "jobs", profile="tiny")
+    report = run_simulator(job, tmp_path / "ws", n_clients=3)
+    cfg = report["config"]
+    assert cfg["alpha"] == pytest.approx(0.08 * 3) and cfg["gamma"] == 0.4 and cfg["lam"] == 0.2
+    assert cfg["lambda1"] == 0.01 and cfg["similarity"] == "update"
+    for r in report["rounds"]:
+        p = np.array(r["p"])
+        cos = np.array(r["cos"])
+        u = np.array([r["uncertainty"][s] for s in SITES])
+        w = np.array(r["graph"])
+        assert p.sum() == pytest.approx(1) and w.shape == (3, 3)
+        for i in range(3):
+            expected = _qp_row_scipy(p, cos[i], u, cfg["alpha"], cfg["gamma"])
+            assert w[i] == pytest.approx(expected, abs=1e-4)
+        eff = cfg["lam"] * p + (1 - cfg["lam"]) * w.mean(axis=0)
+        assert [r["effective_weight"][s] for s in SITES] == pytest.approx(eff.tolist(), abs=1e-9)
+        assert all(0 < r["uncertainty"][s] <= 1 for s in SITES)
+    run_dir = tmp_path / "ws" / "server" / "simulate_job"
+    for s in SITES:
+        assert set(report["final"]["personalized"][s]) == {"dice", "hd95", "assd"}
+        assert (run_dir / report["final"]["personalized_checkpoints"][s]).is_file()
+    assert (run_dir / "plots" / "graph_heatmaps.png").is_file()
+    assert (run_dir / "plots" / "effective_weight.png").is_file()
+    # the uncertainty statistic is the only extra thing a site sent
+    for rec in read_audit(report):
+        assert set(rec["meta"]) <= {"initial_metrics", "n_samples", "uncertainty"}

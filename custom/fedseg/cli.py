@@ -66,6 +66,11 @@ def _cmd_data(args: argparse.Namespace) -> None:
         from fedseg.data.retina import import_retina
 
         paths = import_retina(args.src, args.out, seed=args.seed)
+    if args.participants:
+        from fedseg.data.retina import participant_split
+
+        counts = dict((k, int(v)) for k, v in (item.split("=") for item in args.participants.split(",")))
+        paths = participant_split(paths, counts, Path(args.out) / "participants", seed=args.seed)
     mapping = {site: str(Path(p).resolve()) for site, p in paths.items()}
     index = Path(args.out) / "site_datalists.json"
     index.write_text(json.dumps(mapping, indent=1))
@@ -87,6 +92,10 @@ def _cmd_run(args: argparse.Namespace) -> None:
     overrides = {}
     if args.family:
         overrides["data_family"] = args.family
+    if args.image_size:
+        overrides["image_size"] = args.image_size
+    if args.local_epochs:
+        overrides["local_epochs"] = args.local_epochs
     script_args = f"--site_datalists {Path(args.site_datalists).resolve()}" if args.site_datalists else ""
     sites = None
     if args.site_datalists:
@@ -160,6 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     retina.add_argument("--src", required=True, help="folder with manifest.csv (e.g. ../shared/data/retina_vessels)")
     retina.add_argument("--out", required=True)
     retina.add_argument("--seed", type=int, default=0)
+    for p in (synth, retina):
+        p.add_argument(
+            "--participants", default=None,
+            help="split domains into participants with disjoint training shares, e.g. DRIVE=3,STARE=1,CHASE_DB1=1 (FVAC setting)",
+        )
     data.set_defaults(func=_cmd_data)
 
     export = sub.add_parser("export", help="export recipes into NVFlare job folders")
@@ -176,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--profile", default="default")
     run.add_argument("--rounds", type=int, default=None)
     run.add_argument("--family", default=None, choices=["polyp", "vessel"], help="built-in data family")
+    run.add_argument("--image-size", type=int, default=None, help="network input size (images are resized on load)")
+    run.add_argument("--local-epochs", type=int, default=None)
     run.add_argument("--site-datalists", default=None, help="JSON map site -> datalist (real data)")
     run.set_defaults(func=_cmd_run)
 

@@ -54,7 +54,7 @@ PROFILES: Dict[str, Dict[str, Any]] = {
         },
     },
     # the README's main job: a few minutes on a 2-core laptop
-    "default": {"num_rounds": 5, "train_config": {}},
+    "default": {"num_rounds": 10, "train_config": {}},
 }
 
 

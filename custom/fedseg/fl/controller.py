@@ -8,6 +8,7 @@ a markdown summary and plots into the run directory.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -114,6 +115,7 @@ class FedSegController(ModelController):
             personalised = self._strategy.personalized_params()
             if personalised:
                 report.final["personalized"] = self._evaluate(personalised, "personalized")
+                report.final["personalized_checkpoints"] = self._save_personalised(personalised)
         path = report.write(self.get_run_dir(), plots=True)
         self.info(f"report written to {path}")
 
@@ -142,6 +144,17 @@ class FedSegController(ModelController):
             },
             **extra,
         }
+
+    def _save_personalised(self, models: Dict[str, Dict[str, torch.Tensor]]) -> Dict[str, str]:
+        """One checkpoint per site, in the bundle's format ({"model": state_dict}), for ``fedseg infer``."""
+        out = Path(self.get_run_dir()) / "personalized_models"
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {}
+        for site, params in models.items():
+            path = out / f"{site}.pt"
+            torch.save({"model": {k: v.detach().cpu() for k, v in params.items()}}, path)
+            paths[site] = str(path.relative_to(self.get_run_dir()))
+        return paths
 
     def _evaluate(self, models: Dict[str, Dict[str, torch.Tensor]], model_name: str) -> Dict[str, Dict[str, float]]:
         payloads = {s: SitePayload(params=p, meta={"model_name": model_name}) for s, p in models.items()}

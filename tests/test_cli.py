@@ -1,0 +1,42 @@
+"""The fedseg command line: data generation with the FVAC participant split, export, summary."""
+
+from __future__ import annotations
+
+import json
+
+from fedseg.cli import main
+from fedseg.data.datalist import load_datalist
+
+
+def test_synth_with_domain_to_participant_split(tmp_path, capsys):
+    main(["data", "synth", "--family", "vessel", "--sites", "DRIVE", "STARE", "CHASE_DB1", "--out", str(tmp_path),
+          "--profile", "tiny", "--participants", "DRIVE=3,STARE=1,CHASE_DB1=1"])
+    mapping = json.loads((tmp_path / "site_datalists.json").read_text())
+    assert sorted(mapping) == ["CHASE_DB1", "DRIVE_1", "DRIVE_2", "DRIVE_3", "STARE"]
+    drive = [load_datalist(mapping[f"DRIVE_{i}"], check_files=False) for i in (1, 2, 3)]
+    train_sets = [{e["image"] for e in d["training"]} for d in drive]
+    assert all(train_sets) and not (train_sets[0] & train_sets[1] or train_sets[0] & train_sets[2] or train_sets[1] & train_sets[2])
+    assert drive[0]["test"] == drive[1]["test"] == drive[2]["test"]  # each participant is tested on its domain's test split
+    assert "site_datalists.json" in capsys.readouterr().out
+
+
+def test_summarise_prints_table_and_writes_summary(tmp_path, capsys):
+    report = {
+        "method": "fedavg", "config": {"num_rounds": 1}, "clients": ["a", "b"],
+        "rounds": [{"round": 0, "metrics": {"a": {"train_loss": 1.0, "val_dice": 0.5}, "b": {"train_loss": 1.0, "val_dice": 0.7}}}],
+        "final": {"global": {"a": {"dice": 0.6, "hd95": 3.0, "assd": 1.0}, "b": {"dice": 0.8, "hd95": 5.0, "assd": 2.0}}},
+    }
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "report.json").write_text(json.dumps(report))
+    main(["summarise", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "0.7000" in out and "4.0000" in out  # mean Dice and mean HD95
+    assert (run / "summary.md").is_file() and (run / "plots" / "val_dice.png").is_file()
+
+
+def test_export_all_writes_every_job(tmp_path):
+    main(["export", "--all", "--out", str(tmp_path)])
+    for method in ("fedavg", "fedevi", "fvac", "graphfedseg"):
+        assert (tmp_path / method / "meta.json").is_file()
+        assert (tmp_path / method / "app" / "custom" / "site_script.py").is_file()
