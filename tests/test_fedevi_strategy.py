@@ -321,3 +321,30 @@ def test_objective_loss_uses_round_plus_one():
     assert kl_annealing_weight(1) == pytest.approx(0.001)
     assert losses[4] - losses[0] == pytest.approx((0.005 - 0.001) * terms["kl"].item(), rel=1e-4)
     assert losses[0] == pytest.approx(terms["dice"].item() + 0.001 * terms["kl"].item(), rel=1e-6)
+
+
+def test_ablation_switches_replace_factors_by_one():
+    """Without G (or R) the update uses 1 for that factor; delta = 0 keeps beta^0 (EMT only)."""
+    import torch
+
+    from fedseg.strategies.base import ClientUpdate, SitePayload
+    from fedseg.strategies.fedevi import FedEviStrategy
+
+    sites = ["a", "b"]
+    stats = {"a": {"G": 0.2, "A": 0.5, "R_paper": 3.0}, "b": {"G": 0.6, "A": 0.25, "R_paper": 5.0}}
+
+    def exchange(task, payloads):
+        return {s: ClientUpdate(site=s, params={}, meta=stats[s]) for s in payloads}
+
+    def run(**kw):
+        strategy = FedEviStrategy(**kw)
+        strategy.start(sites, {"w": torch.zeros(1)})
+        updates = {s: ClientUpdate(site=s, params={"w": torch.tensor([float(i)])}, n_samples=n) for i, (s, n) in enumerate(zip(sites, [1, 3]))}
+        return strategy.aggregate(0, updates, exchange)["beta"]
+
+    prior = [0.25, 0.75]
+    def normalise(x):
+        return [v / sum(x) for v in x]
+    assert list(run(use_gap=False).values()) == pytest.approx(normalise([prior[0] + 1 / 0.5, prior[1] + 1 / 0.25]))
+    assert list(run(use_reliability=False).values()) == pytest.approx(normalise([prior[0] + 0.2, prior[1] + 0.6]))
+    assert list(run(delta=0.0).values()) == pytest.approx(prior)

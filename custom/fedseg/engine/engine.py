@@ -4,11 +4,40 @@ Training is MONAI's ``SupervisedTrainer`` (an ignite engine) with a custom itera
 method's ``ClientObjective`` for the loss, so methods change *what* is optimised, never *how* the loop
 runs. Network, transforms, loss and optimiser come from the MONAI bundle; hyper-parameters from the
 server's ``train_config``. See ``api.md`` beside this file for the contract objectives rely on.
+
+Differential privacy (``train_config["dp_target_epsilon"]`` set; ``None`` = off, the default)
+--------------------------------------------------------------------------------------------
+Local training becomes Opacus DP-SGD, for every method alike (glue in ``privacy.py``):
+
+* **Private**: the objective's data term ``objective.data_loss(batch)`` (for most methods the whole
+  ``loss``). Batches are Poisson-sampled (rate ``1 / ceil(N / batch_size)``); each sample's gradient of
+  the data term is clipped to ``dp_max_grad_norm``; Gaussian noise of std ``noise_multiplier *
+  dp_max_grad_norm`` is added to the sum. The noise multiplier is calibrated once per job
+  (``make_private_with_epsilon``) so that ``total_rounds * local_epochs`` local epochs spend exactly the
+  budget ``(dp_target_epsilon, dp_delta)`` (PRV accountant); the accountant spans all rounds (and
+  survives a site restart through ``ctx.state_dir``).
+* **Not privatised, and why**: ``objective.parameter_loss(model)``, a term that depends only on the
+  current weights and on information the server sent (GraphFedSeg's similarity regulariser). It reads
+  no training record, so its exact gradient is added *after* clipping and noise — post-processing, no
+  budget spent. Whatever the server sends is outside this site's guarantee (it is not this site's data).
+* **Reported**: ``dp_epsilon`` = epsilon spent so far by this site's weights release, at ``dp_delta``
+  (``accountant.get_epsilon(dp_delta)``; reaches at most ``dp_target_epsilon`` after the planned rounds)
+  and ``dp_delta``, as train metrics.
+* **Not covered by the epsilon**: everything else computed from the training data and sent besides the
+  weights — ``train_loss``, the objective's declared statistics (e.g. GraphFedSeg's uncertainty U_i) —
+  and ``val_dice`` (validation split). The guarantee also assumes ``data_loss`` is a mean of per-image
+  terms (true for DiceCE with ``batch=False``, FVAC's and FedEvi's losses): a term mixing images of a
+  batch would make per-sample clipping meaningless.
+* The model stays the plain network: Opacus' hooks are attached to it (``wrap_model=False``) only
+  inside ``train``; its ``state_dict`` keys and parameter tensors are unchanged.
+
+With DP off the training loop is exactly the one without the feature (``objective.loss`` as before).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
@@ -19,6 +48,7 @@ from monai.utils import set_determinism
 from torch import nn
 
 from fedseg.bundle import load_bundle
+from fedseg.engine.privacy import PrivateTraining
 from fedseg.data.datalist import load_datalist
 from fedseg.metrics import SegmentationMetrics
 from fedseg.objectives.base import BatchOutput, ClientObjective, RoundContext
@@ -42,6 +72,9 @@ class SegEngine:
             ``image_size``, ...); bundle variables among them override the bundle's defaults.
         bundle_dir: the MONAI bundle folder (default: ``bundles/unet2d_seg``).
         device: defaults to CUDA when available, else CPU.
+        dp_seed: seeds DP-SGD's sampling and noise generators — for tests only. ``None`` (default)
+            draws them from OS entropy, as a deployment must: noise derived from a seed the server
+            knows (``train_config["seed"]``) could be subtracted.
     """
 
     def __init__(
@@ -51,6 +84,7 @@ class SegEngine:
         train_config: Dict[str, Any],
         bundle_dir: Optional[os.PathLike] = None,
         device: Optional[torch.device] = None,
+        dp_seed: Optional[int] = None,
     ):
         self.site = site
         self.train_config = dict(train_config)
@@ -65,6 +99,8 @@ class SegEngine:
         self._eval_transform = self.parser.get_parsed_content("val_preprocessing")
         self._datasets: Dict[Tuple[str, bool], CacheDataset] = {}
         self._optimizers: Dict[int, torch.optim.Optimizer] = {}
+        self.dp_seed = dp_seed
+        self._private: Dict[int, PrivateTraining] = {}
 
     # ----------------------------------------------------------------------------------- components
     def build_network(self) -> nn.Module:
@@ -100,10 +136,43 @@ class SegEngine:
         generator = torch.Generator().manual_seed(self.seed)
         return DataLoader(self._dataset(split, augment), batch_size=bs, shuffle=shuffle, num_workers=0, generator=generator)
 
+    # ------------------------------------------------------------------------------------- privacy
+    @property
+    def dp_enabled(self) -> bool:
+        """Whether local training is DP-SGD (``train_config["dp_target_epsilon"]`` is set)."""
+        return self.train_config.get("dp_target_epsilon") is not None
+
+    def private_training(self, model: nn.Module, ctx: RoundContext) -> PrivateTraining:
+        """The Opacus state of ``model`` (privacy engine, DP optimiser, Poisson loader), built on first use
+        and kept for the job: its accountant composes every round. Budget planned for
+        ``ctx.total_rounds * local_epochs`` epochs."""
+        if not self.dp_enabled:
+            raise RuntimeError("differential privacy is off (train_config['dp_target_epsilon'] is None)")
+        key = id(model)
+        if key not in self._private:
+            cfg = self.train_config
+            epochs = int(ctx.total_rounds) * int(cfg.get("local_epochs", 1))
+            self._private[key] = PrivateTraining(
+                model,
+                self.make_optimizer(model),
+                self._dataset("training", bool(cfg.get("augment", True))),
+                batch_size=int(cfg.get("batch_size", 4)),
+                target_epsilon=float(cfg["dp_target_epsilon"]),
+                delta=float(cfg.get("dp_delta", 1e-5)),
+                epochs=epochs,
+                max_grad_norm=float(cfg.get("dp_max_grad_norm", 1.0)),
+                seed=self.dp_seed,
+                device=self.device,
+            )
+        private = self._private[key]
+        private.restore(ctx.state_dir, ctx.round)
+        return private
+
     # ------------------------------------------------------------------------------------- training
     def train(self, model: nn.Module, objective: ClientObjective, ctx: RoundContext) -> Dict[str, float]:
         """Run ``local_epochs`` epochs of ``objective.loss`` on the training split. Returns ``train_loss``
-        (mean over all local iterations) and ``steps``."""
+        (mean over all local iterations) and ``steps``; with DP on (module docstring) DP-SGD on
+        ``objective.data_loss`` + ``objective.parameter_loss``, and also ``dp_epsilon`` / ``dp_delta``."""
         objective.set_seg_loss(self.build_loss())
         optimizer = self.make_optimizer(model)
         # derived from the round index, so a restarted site resumes the same schedule
@@ -111,6 +180,8 @@ class SegEngine:
         for group in optimizer.param_groups:
             group["lr"] = lr
         epochs = int(self.train_config.get("local_epochs", 1))
+        if self.dp_enabled:
+            return self._train_private(model, objective, ctx, epochs)
         augment = bool(self.train_config.get("augment", True))
         losses = []
 
@@ -144,6 +215,58 @@ class SegEngine:
         trainer.run()
         return {"train_loss": float(sum(losses) / max(len(losses), 1)), "steps": float(len(losses))}
 
+    def _train_private(self, model: nn.Module, objective: ClientObjective, ctx: RoundContext, epochs: int) -> Dict[str, float]:
+        """``train`` with DP-SGD: same trainer, Poisson batches, privatised data term (module docstring)."""
+        _check_dp_objective(objective)
+        private = self.private_training(model, ctx)
+        losses = []
+        steps = [0]
+
+        def iteration(engine: SupervisedTrainer, batch) -> Dict[str, Any]:
+            inputs = batch[0].to(self.device)
+            labels = batch[1].to(self.device)
+            model.train()
+            private.zero_grad()
+            data_loss: Optional[torch.Tensor] = None
+            if inputs.shape[0] == 0:  # Poisson sampling drew nobody: a noise-only step
+                private.empty_batch()
+            else:
+                if objective.needs_features:
+                    logits, features = model.forward_features(inputs)
+                else:
+                    logits, features = model(inputs), {}
+                data_loss = objective.data_loss(BatchOutput(inputs, labels, logits, features, epoch=engine.state.epoch - 1))
+                data_loss.backward()  # per-sample gradients land in p.grad_sample (Opacus hooks)
+            parameter_loss = objective.parameter_loss(model)
+            total = sum(float(t.detach()) for t in (data_loss, parameter_loss) if t is not None)
+            if not math.isfinite(total):
+                raise FloatingPointError(f"{self.site}: non-finite training loss {total} at round {ctx.round}")
+            private.step(parameter_loss)
+            steps[0] += 1
+            if data_loss is not None:
+                losses.append(total)
+            return {"loss": total}
+
+        with private.training():
+            trainer = SupervisedTrainer(
+                device=self.device,
+                max_epochs=epochs,
+                train_data_loader=private.data_loader,
+                network=model,
+                optimizer=private.optimizer,
+                loss_function=objective.seg_loss,
+                iteration_update=iteration,
+                amp=False,
+            )
+            trainer.run()
+        private.save(ctx.state_dir, ctx.round)
+        return {
+            "train_loss": float(sum(losses) / max(len(losses), 1)),
+            "steps": float(steps[0]),
+            "dp_epsilon": private.epsilon,
+            "dp_delta": private.delta,
+        }
+
     # ----------------------------------------------------------------------------------- evaluation
     @torch.no_grad()
     def iterate_logits(
@@ -170,3 +293,13 @@ class SegEngine:
         for _, labels, logits, _ in self.iterate_logits(model, split):
             meter.update(logits.argmax(dim=1, keepdim=True).cpu(), labels.cpu())
         return meter.aggregate()
+
+
+def _check_dp_objective(objective: ClientObjective) -> None:
+    """An objective with a parameter-only term must also split it out of its data term."""
+    cls = type(objective)
+    if cls.parameter_loss is not ClientObjective.parameter_loss and cls.data_loss is ClientObjective.data_loss:
+        raise TypeError(
+            f"objective {objective.name!r} implements parameter_loss but not data_loss: under DP its loss() "
+            "would be privatised whole and the parameter term's gradient discarded; implement data_loss"
+        )

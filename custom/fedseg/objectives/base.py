@@ -3,6 +3,12 @@
 The engine calls, per round:
     begin_round(ctx, model)                      once, after the received weights are loaded
     loss(batch_out) -> scalar tensor             every training iteration
+      with differential privacy on (``train_config["dp_target_epsilon"]``), instead:
+    data_loss(batch_out) -> scalar tensor        the data term, privatised (per-sample clip + noise)
+    parameter_loss(model) -> tensor or None      a term of the weights and server-sent information
+                                                 only; its gradient is added after privatisation
+      (contract: ``loss(out) == data_loss(out) + parameter_loss(model)``; by default ``data_loss`` is
+      ``loss`` and there is no parameter term)
     end_round(ctx, model, engine) -> dict        once, after local training: declared statistics
     save_site_figures(out_dir, ctx)              after the last round's training: site-local figures
     handle_task(name, ctx, model, engine)        for method-specific extra tasks (e.g. FedEvi's
@@ -93,6 +99,19 @@ class ClientObjective:
         if self.seg_loss is None:
             raise RuntimeError("no segmentation loss configured")
         return self.seg_loss(out.logits, out.labels)
+
+    def data_loss(self, out: BatchOutput) -> torch.Tensor:
+        """The part of :meth:`loss` that reads the batch; what DP-SGD privatises. Must be a mean of
+        per-image terms (per-sample gradient clipping bounds each image's influence). Objectives that
+        implement :meth:`parameter_loss` return the rest of their loss here."""
+        return self.loss(out)
+
+    def parameter_loss(self, model: nn.Module) -> Optional[torch.Tensor]:
+        """Optional scalar term that depends only on ``model``'s current parameters and on what the
+        server sent — never on training data. ``None``: no such term. Under DP its gradient is added to the
+        privatised gradient of :meth:`data_loss` (no privacy cost); without DP the engine uses
+        :meth:`loss`, which must equal ``data_loss + parameter_loss``."""
+        return None
 
     def end_round(self, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:
         """Declared statistics to send with the trained weights (keys from ``declared_statistics``)."""

@@ -6,6 +6,8 @@ Loss (paper Eq. 5, sign as in the paper: similarity is maximised)
 with ``d_i = sum_{j != i} W_ij theta_j / ||theta_j||`` precomputed by the server from the previous
 round's graph and local models (``GraphFedSegStrategy.payload``), and theta_i the model's current
 parameters over the keys of ``d_i``. No direction (round 0) or lambda1 = 0: L = L_seg.
+With differential privacy on (``fedseg.engine.engine``), only L_seg (``data_loss``) is privatised; the
+regulariser (``parameter_loss``) reads no training data and its gradient is added after clipping and noise.
 
 Statistic sent to the server: ``uncertainty`` = U_i on the local training images with the trained model,
 evidential (Eqs. 3-4, one forward pass) or MC-dropout (T passes); see
@@ -83,12 +85,23 @@ class GraphFedSegObjective(ClientObjective):
             self._params, self._direction = _bind_direction(model, direction)
 
     def loss(self, out: BatchOutput) -> torch.Tensor:
-        seg = super().loss(out)
+        seg = self.data_loss(out)
+        reg = self.parameter_loss(None)
+        return seg if reg is None else seg + reg
+
+    def data_loss(self, out: BatchOutput) -> torch.Tensor:
+        """L_seg: the only term that reads training data (privatised under DP)."""
+        return super().loss(out)
+
+    def parameter_loss(self, model: Optional[nn.Module]) -> Optional[torch.Tensor]:
+        """The similarity regulariser ``-(lambda1 / 2) <theta_i / ||theta_i||, d_i>``, or ``None`` when
+        inactive. It reads only the parameters bound in ``begin_round`` and the server's direction ``d_i``
+        (built from the other sites' models), so under DP its gradient is added after privatisation."""
         if self._direction is None:
-            return seg
+            return None
         # one concatenation of parameter views per step; gradients flow back into every parameter
         theta = torch.cat([p.reshape(-1) for p in self._params])
-        return seg + similarity_regulariser(theta, self._direction, self.lambda1)
+        return similarity_regulariser(theta, self._direction, self.lambda1)
 
     def end_round(self, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:
         self._params, self._direction = [], None  # do not hold the model past the round

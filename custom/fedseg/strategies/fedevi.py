@@ -50,7 +50,15 @@ class FedEviStrategy(ServerStrategy):
     objective = "fedevi"
     extra_tasks = (SURROGATE_TASK,)
 
-    def __init__(self, delta: float = 1.0, weight_form: str = "code", beta0: str = "samples", clip: float = 1e-3):
+    def __init__(
+        self,
+        delta: float = 1.0,
+        weight_form: str = "code",
+        beta0: str = "samples",
+        clip: float = 1e-3,
+        use_gap: bool = True,
+        use_reliability: bool = True,
+    ):
         super().__init__()
         if weight_form not in RELIABILITY_FORMS:
             raise ValueError(f"weight_form must be one of {RELIABILITY_FORMS}, got {weight_form!r}")
@@ -63,6 +71,10 @@ class FedEviStrategy(ServerStrategy):
         self.weight_form = weight_form
         self.beta0 = beta0
         self.clip = float(clip)
+        # ablation switches (paper Table 4): without G the gap factor is 1, without R the reliability is 1;
+        # delta = 0 keeps beta at beta^0 (evidential model training only, "EMT")
+        self.use_gap = bool(use_gap)
+        self.use_reliability = bool(use_reliability)
         #: current aggregation weights over every site seen so far (sum 1)
         self.beta: Dict[str, float] = {}
 
@@ -73,6 +85,8 @@ class FedEviStrategy(ServerStrategy):
             "weight_form": self.weight_form,
             "beta0": self.beta0,
             "clip": self.clip,
+            "use_gap": self.use_gap,
+            "use_reliability": self.use_reliability,
         }
 
     def start(self, clients: List[str], initial_params) -> None:
@@ -139,9 +153,9 @@ class FedEviStrategy(ServerStrategy):
             return {"beta": prev, "G": {}, "R": {}, "A": {}, "dropped": sorted(dropped)}
 
         held = sum(prev[s] for s in answered)
-        gaps = {s: stats[s]["G"] for s in answered}
+        gaps = {s: (stats[s]["G"] if self.use_gap else 1.0) for s in answered}
         rel = {
-            s: reliability(A=stats[s]["A"], form=self.weight_form, inv_mean=stats[s].get("R_paper"))
+            s: (reliability(A=stats[s]["A"], form=self.weight_form, inv_mean=stats[s].get("R_paper")) if self.use_reliability else 1.0)
             for s in answered
         }
         beta = update_beta(
