@@ -110,7 +110,8 @@ def test_paper_form_and_uniform_start():
     assert [report["beta"][s] for s in SITES] == pytest.approx(list(raw / raw.sum()))
     assert report["R"] == pytest.approx({s: STATS[s]["R_paper"] for s in SITES})
     assert strategy.config() == {
-        "strategy": "fedevi", "delta": 0.5, "weight_form": "paper", "beta0": "uniform", "clip": 1e-3
+        "strategy": "fedevi", "delta": 0.5, "weight_form": "paper", "beta0": "uniform", "clip": 1e-3,
+        "use_gap": True, "use_reliability": True,
     }
 
 

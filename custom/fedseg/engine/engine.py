@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 from monai.data import CacheDataset, DataLoader
@@ -48,10 +48,12 @@ from monai.utils import set_determinism
 from torch import nn
 
 from fedseg.bundle import load_bundle
-from fedseg.engine.privacy import PrivateTraining
 from fedseg.data.datalist import load_datalist
 from fedseg.metrics import SegmentationMetrics
 from fedseg.objectives.base import BatchOutput, ClientObjective, RoundContext
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedseg.engine.privacy import PrivateTraining
 
 logger = logging.getLogger(__name__)
 
@@ -100,12 +102,13 @@ class SegEngine:
         self._datasets: Dict[Tuple[str, bool], CacheDataset] = {}
         self._optimizers: Dict[int, torch.optim.Optimizer] = {}
         self.dp_seed = dp_seed
-        self._private: Dict[int, PrivateTraining] = {}
+        self._private: Dict[int, "PrivateTraining"] = {}
 
     # ----------------------------------------------------------------------------------- components
     def build_network(self) -> nn.Module:
         """A fresh network from the bundle's ``network_def``, on ``self.device``."""
-        return self.parser.get_parsed_content("network_def", instantiate=True).to(self.device)
+        # lazy=False: the parser would otherwise hand back the instance it built on the first call
+        return self.parser.get_parsed_content("network_def", instantiate=True, lazy=False).to(self.device)
 
     def build_loss(self) -> nn.Module:
         return self.parser.get_parsed_content("loss", instantiate=True)
@@ -142,7 +145,7 @@ class SegEngine:
         """Whether local training is DP-SGD (``train_config["dp_target_epsilon"]`` is set)."""
         return self.train_config.get("dp_target_epsilon") is not None
 
-    def private_training(self, model: nn.Module, ctx: RoundContext) -> PrivateTraining:
+    def private_training(self, model: nn.Module, ctx: RoundContext) -> "PrivateTraining":
         """The Opacus state of ``model`` (privacy engine, DP optimiser, Poisson loader), built on first use
         and kept for the job: its accountant composes every round. Budget planned for
         ``ctx.total_rounds * local_epochs`` epochs."""
@@ -150,6 +153,8 @@ class SegEngine:
             raise RuntimeError("differential privacy is off (train_config['dp_target_epsilon'] is None)")
         key = id(model)
         if key not in self._private:
+            from fedseg.engine.privacy import PrivateTraining  # Opacus is imported only when DP is on
+
             cfg = self.train_config
             epochs = int(ctx.total_rounds) * int(cfg.get("local_epochs", 1))
             self._private[key] = PrivateTraining(

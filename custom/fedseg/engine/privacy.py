@@ -168,8 +168,13 @@ class PrivateTraining:
 
     @property
     def epsilon(self) -> float:
-        """Epsilon spent so far at ``delta`` (0 before the first step)."""
-        return float(self.accountant.get_epsilon(self.delta)) if self.accountant.history else 0.0
+        """Epsilon spent so far at ``delta`` (0 before the first step; infinite after a noiseless step)."""
+        history = self.accountant.history
+        if not history:
+            return 0.0
+        if any(entry[0] <= 0 for entry in history):
+            return math.inf
+        return float(self.accountant.get_epsilon(self.delta))
 
     def _plan(self) -> Dict[str, Any]:
         return {
