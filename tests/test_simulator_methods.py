@@ -97,3 +97,13 @@ def test_graphfedseg_graph_and_personalised_models(tmp_path):
     # the uncertainty statistic is the only extra thing a site sent
     for rec in read_audit(report):
         assert set(rec["meta"]) <= {"initial_metrics", "n_samples", "uncertainty"}
+
+
+def test_graphfedseg_with_differential_privacy_reports_epsilon(tmp_path):
+    job = export_job("graphfedseg", tmp_path / "jobs", profile="tiny", dp_target_epsilon=10.0)
+    report = run_simulator(job, tmp_path / "ws", n_clients=3)
+    assert report["config"]["train_config"]["dp_target_epsilon"] == 10.0
+    for s in SITES:
+        eps = [r["metrics"][s]["dp_epsilon"] for r in report["rounds"]]
+        assert eps[0] < eps[-1] <= 10.0 + 0.05, eps
+        assert report["rounds"][-1]["metrics"][s]["dp_delta"] == pytest.approx(1e-5)
