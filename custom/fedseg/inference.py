@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import torch
 
 from .bundle import BUNDLE_KEYS, default_bundle_dir
-from .data.datalist import DatalistError
+from .data.datalist import DatalistError, read_datalist_json
 
 logger = logging.getLogger(__name__)
 
@@ -87,17 +87,8 @@ def datalist_images(datalist: str | os.PathLike, split: str = "test") -> List[st
     """
     if not datalist:
         raise DatalistError("inference needs input_dir (a folder of images) or datalist (a datalist JSON file)")
-    path = Path(datalist)
-    if path.is_dir():
-        path = path / "datalist.json"
-    if not path.is_file():
-        raise DatalistError(f"datalist file not found: {path}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DatalistError(f"invalid JSON in datalist {path}: {exc}") from exc
-    entries = data.get(split) if isinstance(data, dict) else None
+    path, data = read_datalist_json(datalist)
+    entries = data.get(split)
     if not isinstance(entries, list) or not entries:
         raise DatalistError(f"split '{split}' missing or empty in datalist {path}")
     files = []

@@ -194,6 +194,13 @@ def _resolve_datalist_path(path: str | os.PathLike) -> Path:
     return path
 
 
+def read_datalist_json(path: str | os.PathLike) -> Tuple[Path, Dict[str, Any]]:
+    """``(absolute path, parsed JSON object)`` of a datalist file or of the folder holding ``datalist.json``;
+    DatalistError naming the file when it is missing or not a JSON object."""
+    path = _resolve_datalist_path(path).absolute()
+    return path, _read_json(path)
+
+
 def _read_json(path: Path) -> Dict[str, Any]:
     if not path.is_file():
         raise DatalistError(f"datalist file not found: {path}")

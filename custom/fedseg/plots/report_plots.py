@@ -30,33 +30,28 @@ def plot_metric_over_rounds(data: Dict[str, Any], metric: str, path: Path):
     rounds = data.get("rounds") or []
     if not rounds:
         return None
-    fig, ax = plt.subplots(figsize=(6, 4))
+    curves = {}
     for site in data["clients"]:
-        xs = [r["round"] + 1 for r in rounds if (r["metrics"].get(site) or {}).get(metric) is not None]
-        ys = [r["metrics"][site][metric] for r in rounds if (r["metrics"].get(site) or {}).get(metric) is not None]
-        ax.plot(xs, ys, marker="o", label=site)
-    ax.set_xlabel("round")
-    ax.set_ylabel(metric)
-    ax.set_title(f"{data['method']}: {metric} per site")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+        points = [(r["round"] + 1, (r["metrics"].get(site) or {}).get(metric)) for r in rounds]
+        curves[site] = [(x, y) for x, y in points if y is not None]
+    return _save_curves(curves, metric, f"{data['method']}: {metric} per site", path)
 
 
 def plot_site_field(data: Dict[str, Any], field: str, path: Path):
     """A per-round {site: value} field (aggregation weights, FedEvi's beta, ...) as curves."""
     rounds = [r for r in data.get("rounds") or [] if isinstance(r.get(field), dict)]
+    curves = {site: [(r["round"] + 1, r[field][site]) for r in rounds if site in r[field]] for site in data["clients"]}
+    return _save_curves(curves, field, f"{data['method']}: {field}", path)
+
+
+def _save_curves(curves: Dict[str, List], ylabel: str, title: str, path: Path) -> Path:
+    """One line per site from ``{site: [(round, value), ...]}``."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    for site in data["clients"]:
-        xs = [r["round"] + 1 for r in rounds if site in r[field]]
-        ys = [r[field][site] for r in rounds if site in r[field]]
-        ax.plot(xs, ys, marker=".", label=site)
+    for site, points in curves.items():
+        ax.plot([x for x, _ in points], [y for _, y in points], marker=".", label=site)
     ax.set_xlabel("round")
-    ax.set_ylabel(field)
-    ax.set_title(f"{data['method']}: {field}")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
