@@ -76,7 +76,7 @@ def test_only_parameters_and_declared_statistics_left_the_sites(fedavg_run):
         assert all(v["type"] in ("float", "int") for v in metrics.values()), metrics
         if r["task"] == "train":
             assert set(r["params"]) == model_keys
-            assert set(metrics) == {"train_loss", "val_dice", "steps", "compute_time"}
+            assert set(metrics) == {"train_loss", "val_dice", "steps", "compute_time", "peak_memory_mb"}
             assert r["meta"]["n_samples"]["type"] == "int"
         else:
             assert r["params"] == {} and set(metrics) == {"dice", "hd95", "assd"}

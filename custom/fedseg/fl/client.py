@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -89,6 +90,8 @@ class SiteRunner:
         params = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         # seconds of site compute this task (lets the benchmark separate framework overhead)
         metrics["compute_time"] = time.perf_counter() - started
+        # peak resident memory of this site process so far (MiB; Linux reports KiB) for the benchmarks
+        metrics["peak_memory_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return {"params": params, "metrics": metrics, "meta": {"n_samples": self.engine.n_train, **statistics}}
 
     def _evaluate(self, model_name: str) -> Dict[str, Any]:
