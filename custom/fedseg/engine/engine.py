@@ -130,7 +130,10 @@ class SegEngine:
             transform = self._train_transform if augment else self._eval_transform
             # CacheDataset caches everything up to the first random transform: decoding and resizing
             # happen once per process, augmentation every epoch.
-            self._datasets[key] = CacheDataset(self.data[split], transform=transform, progress=False, num_workers=0)
+            # only image/label go through the transforms: optional extras (DRIVE's "fov") differ
+            # between datalists and would break batch collation when lists are pooled
+            entries = [{"image": e["image"], "label": e["label"]} for e in self.data[split]]
+            self._datasets[key] = CacheDataset(entries, transform=transform, progress=False, num_workers=0)
         return self._datasets[key]
 
     def loader(self, split: str, shuffle: bool = False, augment: bool = False, batch_size: Optional[int] = None):
