@@ -108,7 +108,11 @@ def _cmd_run(args: argparse.Namespace) -> None:
         cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-t", str(len(sites) if sites else args.n_clients)]
         cmd += ["-c", ",".join(sites)] if sites else ["-n", str(args.n_clients)]
         print(" ".join(cmd), flush=True)
-        rc = subprocess.call(cmd)
+        # several site processes share this machine: one torch thread each unless told otherwise
+        env = {**os.environ}
+        env.setdefault("FEDSEG_NUM_THREADS", "1")
+        env.setdefault("OMP_NUM_THREADS", env["FEDSEG_NUM_THREADS"])
+        rc = subprocess.call(cmd, env=env)
     if rc != 0:
         sys.exit(rc)
     reports = find_reports(workspace)

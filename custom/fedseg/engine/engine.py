@@ -101,6 +101,7 @@ class SegEngine:
         self._eval_transform = self.parser.get_parsed_content("val_preprocessing")
         self._datasets: Dict[Tuple[str, bool], CacheDataset] = {}
         self._optimizers: Dict[int, torch.optim.Optimizer] = {}
+        self._shuffle_generator = torch.Generator().manual_seed(self.seed)
         self.dp_seed = dp_seed
         self._private: Dict[int, "PrivateTraining"] = {}
 
@@ -139,8 +140,8 @@ class SegEngine:
     def loader(self, split: str, shuffle: bool = False, augment: bool = False, batch_size: Optional[int] = None):
         """DataLoader of dicts ``{"image": (B, C, H, W), "label": (B, 1, H, W) in {0, 1}}``."""
         bs = int(batch_size or self.train_config.get("batch_size", 4))
-        generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(self._dataset(split, augment), batch_size=bs, shuffle=shuffle, num_workers=0, generator=generator)
+        # one generator per engine: seeded, yet each epoch (and round) gets a new shuffle order
+        return DataLoader(self._dataset(split, augment), batch_size=bs, shuffle=shuffle, num_workers=0, generator=self._shuffle_generator)
 
     # ------------------------------------------------------------------------------------- privacy
     @property

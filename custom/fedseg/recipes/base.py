@@ -47,6 +47,9 @@ class SiteScript:
         return {}
 
 
+#: seconds a site waits before asking the server for its next task
+TASK_REQUEST_INTERVAL = 0.2
+
 #: recipe options that configure the job rather than training (everything else is a train_config override)
 JOB_OPTIONS = ("min_clients", "task_timeout", "task_check_period", "script_args")
 
@@ -115,6 +118,9 @@ class FedSegRecipe(Recipe):
             task_timeout=task_timeout,
             task_check_period=task_check_period,
         )
+        # sites ask for their next task every task_request_interval seconds (NVFlare default 2 s): the
+        # largest cut in per-round framework overhead we measured (docs/benchmarks.md, section b)
+        job.to_server({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}})
         # fedseg is an installed package at every site: reference it, don't copy its source into the job
         job.set_app_packages(["fedseg"])
         job.to_server(controller, id="controller")
