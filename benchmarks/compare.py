@@ -46,7 +46,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from framework_overhead import machine_info, patch_job, round_timings, run_simulator  # noqa: E402
@@ -170,25 +170,46 @@ def run_pooled(mapping: Dict[str, str], cfg: Dict[str, Any], rounds: int, out: P
 
 
 # ----------------------------------------------------------------------------------------- methods
-def run_method(method: str, args: argparse.Namespace, mapping: Dict[str, str], out: Path) -> Dict[str, Any]:
+def parse_variant(spec: str) -> Tuple[str, str, Dict[str, Any]]:
+    """``fedavg`` or ``LABEL=METHOD:key=value,key=value`` (an ablation row) -> (label, method, recipe kwargs).
+
+    Values are read as JSON where possible (numbers, true/false, null), else kept as strings, e.g.
+    ``graph_only=graphfedseg:gamma=0,lam=0`` or ``fvac_beta0.5=fvac:beta=0.5``.
+    """
+    label, _, rest = spec.partition("=") if "=" in spec.split(":")[0] else (spec.split(":")[0], "", spec)
+    method, _, options = (rest or spec).partition(":")
+    kwargs: Dict[str, Any] = {}
+    for item in filter(None, options.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            kwargs[key] = json.loads(value)
+        except json.JSONDecodeError:
+            kwargs[key] = value
+    return label or method, method, kwargs
+
+
+def run_method(spec: str, args: argparse.Namespace, mapping: Dict[str, str], out: Path) -> Dict[str, Any]:
     from fedseg.cli import export_job
 
+    label, method, variant_args = parse_variant(spec)
     sites = list(mapping)
-    overrides = {"image_size": args.image_size, "local_epochs": args.local_epochs, "seed": args.seed}
+    overrides = {"image_size": args.image_size, "local_epochs": args.local_epochs, "seed": args.seed, **variant_args}
     if args.scenario != "retina":
         overrides["data_family"] = args.scenario
     job = export_job(
-        method, out / "jobs", args.profile, num_rounds=args.rounds,
+        method, out / "jobs" / label, args.profile, num_rounds=args.rounds,
         script_args=f"--site_datalists {out / 'site_datalists.json'}", min_clients=len(sites),
         task_check_period=args.task_check_period, **overrides,
     )
     patch_job(job, args.task_request_interval)
-    res = run_simulator(job, out / "workspaces" / method, sites, threads=len(sites), omp_threads=args.omp_threads,
-                        log_path=out / "logs" / f"{method}.log")
+    res = run_simulator(job, out / "workspaces" / label, sites, threads=len(sites), omp_threads=args.omp_threads,
+                        log_path=out / "logs" / f"{label}.log")
     report = res["report"]
     timings = round_timings(report)
     walls = [r["wall"] for r in timings]
     entry: Dict[str, Any] = {
+        "method": method,
+        "variant_args": variant_args,
         "command": res["command"],
         "report_path": res["report_path"],
         "job_total_seconds": res["total_wall_s"],
@@ -205,7 +226,7 @@ def run_method(method: str, args: argparse.Namespace, mapping: Dict[str, str], o
         if final:
             entry[which] = {s: {k: _clean(final[s].get(k)) for k in METRICS} for s in sites if s in final}
     g = entry.get("global", {})
-    print(f"    {method}: mean dice {_mean([m['dice'] for m in g.values()]):.3f}, round wall "
+    print(f"    {label}: mean dice {_mean([m['dice'] for m in g.values()]):.3f}, round wall "
           f"{entry['median_round_wall']:.2f}s, job {res['total_wall_s']:.1f}s", flush=True)
     return entry
 
@@ -252,7 +273,8 @@ def markdown(results: Dict[str, Any]) -> str:
 
 def main(argv=None) -> Dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", nargs="*", default=["fedavg"])
+    parser.add_argument("--methods", nargs="*", default=["fedavg"],
+                        help="methods or ablation rows LABEL=METHOD:key=value,... (see parse_variant)")
     parser.add_argument("--scenario", choices=["polyp", "vessel", "retina"], default="polyp")
     parser.add_argument("--retina-root", default=os.environ.get("FEDSEG_RETINA_ROOT", "/work/shared/data/retina_vessels"))
     parser.add_argument("--sites", nargs="+", default=["site-1", "site-2", "site-3"], help="synthetic scenarios only")
@@ -287,9 +309,10 @@ def main(argv=None) -> Dict[str, Any]:
         "methods": {}, "references": {},
     }
     save = lambda: (out / "results.json").write_text(json.dumps(results, indent=1))  # noqa: E731 - partial results survive a failure
-    for method in args.methods:
-        print(f"[{_dt.datetime.now():%H:%M:%S}] {method} ...", flush=True)
-        results["methods"][method] = run_method(method, args, mapping, out)
+    for spec in args.methods:
+        label = parse_variant(spec)[0]
+        print(f"[{_dt.datetime.now():%H:%M:%S}] {label} ...", flush=True)
+        results["methods"][label] = run_method(spec, args, mapping, out)
         save()
     if args.references:
         import torch
