@@ -75,6 +75,11 @@ def prepare_data(args: argparse.Namespace, out: Path) -> Dict[str, str]:
         from fedseg.data.retina import import_retina
 
         paths = import_retina(args.retina_root, data_dir, seed=args.seed)
+        if getattr(args, "participants", None):  # e.g. FVAC's DRIVE x3, STARE x1, CHASE_DB1 x1
+            from fedseg.data.retina import participant_split
+
+            counts = {k: int(v) for k, _, v in (item.partition("=") for item in args.participants.split(","))}
+            paths = participant_split(paths, counts, data_dir / "participants", seed=args.seed)
     else:
         from fedseg.data.synthetic import generate_federation
 
@@ -277,6 +282,9 @@ def main(argv=None) -> Dict[str, Any]:
                         help="methods or ablation rows LABEL=METHOD:key=value,... (see parse_variant)")
     parser.add_argument("--scenario", choices=["polyp", "vessel", "retina"], default="polyp")
     parser.add_argument("--retina-root", default=os.environ.get("FEDSEG_RETINA_ROOT", "/work/shared/data/retina_vessels"))
+    parser.add_argument("--participants", default=None,
+                        help="retina only: split domains among participants, e.g. DRIVE=3,STARE=1,CHASE_DB1=1 "
+                             "(fedseg.data.retina.participant_split after import_retina)")
     parser.add_argument("--sites", nargs="+", default=["site-1", "site-2", "site-3"], help="synthetic scenarios only")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--local-epochs", type=int, default=1)
