@@ -524,13 +524,8 @@ def generate_site_data(
     pick = lambda idx: [entries[i] for i in sorted(idx.tolist())]  # noqa: E731 - keep file order
     datalist = {
         "name": f"fedseg-synthetic-{family}-{site}",
-        "family": family,
-        "site": site,
-        "seed": int(seed),
-        "profile": profile,
-        "image_size": size,
-        "num_images": n,
-        "generator_version": GENERATOR_VERSION,
+        # the generator settings, readable at the top level (and once more as the cache fingerprint)
+        **{k: v for k, v in fingerprint.items() if k != "split_fractions"},
         "fingerprint": fingerprint,
         "style": style,
         "anatomy": anatomy,
