@@ -193,6 +193,12 @@ def parse_variant(spec: str) -> Tuple[str, str, Dict[str, Any]]:
     return label or method, method, kwargs
 
 
+def _median_task_times(rounds: List[Dict[str, Any]]) -> Dict[str, float]:
+    """Median over rounds of ``report.json``'s per-round ``task_times`` (absent in older reports)."""
+    names = sorted({t for r in rounds for t in (r.get("task_times") or {})})
+    return {t: statistics.median([r["task_times"][t] for r in rounds if t in (r.get("task_times") or {})]) for t in names}
+
+
 def run_method(spec: str, args: argparse.Namespace, mapping: Dict[str, str], out: Path) -> Dict[str, Any]:
     from fedseg.cli import export_job
 
@@ -222,6 +228,8 @@ def run_method(spec: str, args: argparse.Namespace, mapping: Dict[str, str], out
         "median_round_max_compute": statistics.median(
             [r["max_compute"] for r in timings[1:] if "max_compute" in r] or [float("nan")]),
         "round_walls": walls,
+        # per task (train, and a method's extra task such as evaluate_surrogate): sending to last answer
+        "median_task_times": _median_task_times(report["rounds"][1:] or report["rounds"]),
         "val_dice_per_round": [
             _mean([_clean(m.get("val_dice")) for m in r["metrics"].values()]) for r in report["rounds"]
         ],
@@ -264,15 +272,16 @@ def markdown(results: Dict[str, Any]) -> str:
         mean = {k: _mean([per_site.get(s, {}).get(k) for s in sites]) for k in METRICS}
         lines.append(f"| {name} | " + " | ".join(_cell(per_site.get(s, {})) for s in sites) + f" | {_cell(mean)} |")
     lines += ["", "| approach | median round wall (s) | relative to FedAvg | median max site compute / round (s) | "
-              "mean val Dice round 1 -> last | total (s) |", "|---|---|---|---|---|---|"]
+              "mean val Dice round 1 -> last | total (s) | median time per task (s) |", "|---|---|---|---|---|---|---|"]
     base = results["methods"].get("fedavg", {}).get("median_round_wall")
     for method, entry in results["methods"].items():
         rel = f"{entry['median_round_wall'] / base:.2f}x" if base else "-"
         vd = entry["val_dice_per_round"]
         lines.append(f"| {method} | {entry['median_round_wall']:.2f} | {rel} | {entry['median_round_max_compute']:.2f} | "
-                     f"{vd[0]:.3f} -> {vd[-1]:.3f} | {entry['job_total_seconds']:.1f} (simulator job) |")
+                     f"{vd[0]:.3f} -> {vd[-1]:.3f} | {entry['job_total_seconds']:.1f} (simulator job) | "
+                     + ", ".join(f"{t} {v:.2f}" for t, v in entry.get("median_task_times", {}).items()) + " |")
     for ref, entry in results["references"].items():
-        lines.append(f"| {ref} | - | - | - | - | {entry['total_train_seconds']:.1f} (training, in-process, sequential) |")
+        lines.append(f"| {ref} | - | - | - | - | {entry['total_train_seconds']:.1f} (training, in-process, sequential) | - |")
     return "\n".join(lines) + "\n"
 
 

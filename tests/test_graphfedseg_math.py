@@ -21,8 +21,10 @@ from fedseg.strategies.collaboration_graph import (
     flatten_params,
     graph_rows_closed_form,
     neighbour_direction,
+    neighbour_direction_from_flat,
     pairwise_cosine,
     project_to_simplex,
+    row_norms,
     similarity_keys,
     similarity_regulariser,
 )
@@ -310,6 +312,51 @@ def test_similarity_regulariser_matches_sum_of_cosines(exclude_self):
     (grad_ref,) = torch.autograd.grad(expected, theta_ref)
     assert reg.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-9)
     torch.testing.assert_close(grad, grad_ref, rtol=1e-4, atol=1e-9)
+
+
+def test_neighbour_direction_with_shared_norms_matches_numpy():
+    # the server computes the K norms once per round and reuses them for every site's direction
+    rng = np.random.default_rng(7)
+    vectors = rng.normal(size=(5, 300)).astype(np.float32)
+    vectors[3] = 0.0  # a zero model contributes nothing
+    W_row = rng.dirichlet(np.ones(5))
+    norms = row_norms(torch.from_numpy(vectors))
+    np.testing.assert_allclose(norms.numpy(), np.linalg.norm(vectors.astype(np.float64), axis=1), rtol=1e-12)
+    for exclude in (None, 1):
+        w = W_row.copy()
+        if exclude is not None:
+            w[exclude] = 0.0
+        safe = np.where(norms.numpy() > 0, norms.numpy(), 1.0)
+        expected = ((w / safe) * (norms.numpy() > 0)) @ vectors.astype(np.float64)
+        for given in (None, norms):
+            got = neighbour_direction_from_flat(torch.from_numpy(vectors), W_row, exclude=exclude, norms=given)
+            np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="norms"):
+        neighbour_direction_from_flat(torch.from_numpy(vectors), W_row, norms=norms[:3])
+
+
+def test_similarity_regulariser_per_parameter_form_matches_cosine_and_closed_form_gradient():
+    # the form training uses: one tensor per parameter, never concatenated
+    gen = torch.Generator().manual_seed(4)
+    shapes = [(3, 2, 3, 3), (3,), (5, 3), (1,)]
+    params = [torch.randn(s, generator=gen, dtype=torch.float64, requires_grad=True) for s in shapes]
+    direction = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+    lambda1 = 0.3
+    reg = similarity_regulariser(params, direction, lambda1)
+    grads = torch.autograd.grad(reg, params)
+
+    theta = torch.cat([p.detach().reshape(-1) for p in params])
+    d = torch.cat([x.reshape(-1) for x in direction])
+    # -(l/2) <theta/|theta|, d> = -(l/2) |d| cos(theta, d)
+    expected = -0.5 * lambda1 * d.norm() * F.cosine_similarity(theta, d, dim=0)
+    assert reg.item() == pytest.approx(expected.item(), rel=1e-12)
+    # d/dtheta = -(l/2) (d / |theta| - <theta, d> theta / |theta|^3)
+    n = theta.norm()
+    grad_closed = -0.5 * lambda1 * (d / n - torch.dot(theta, d) * theta / n**3)
+    torch.testing.assert_close(torch.cat([g.reshape(-1) for g in grads]), grad_closed, rtol=1e-12, atol=1e-15)
+
+    with pytest.raises(ValueError, match="tensors"):
+        similarity_regulariser(params, direction[:2], lambda1)
 
 
 # ---------------------------------------------------------------------------------------------------

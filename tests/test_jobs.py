@@ -36,3 +36,12 @@ def test_job_has_no_machine_specific_paths(method):
         text = cfg.read_text()
         assert "/work/" not in text and "/tmp/" not in text and "/root/" not in text, cfg
         json.loads(text)
+
+
+def test_fvac_default_profile_trains_five_local_epochs_unless_told_otherwise():
+    # FVAC's cross-entropy-only loss needs more local steps than Dice+CE (docs/benchmarks.md (e))
+    from fedseg.recipes.fvac import DEFAULT_LOCAL_EPOCHS, FVACRecipe
+
+    assert FVACRecipe().train_config["local_epochs"] == DEFAULT_LOCAL_EPOCHS == 5
+    assert FVACRecipe(local_epochs=2).train_config["local_epochs"] == 2
+    assert FVACRecipe(profile="tiny").train_config["local_epochs"] == 3  # the tiny profile's own value

@@ -39,6 +39,7 @@ def test_report_structure(fedavg_run):
             m = r["metrics"][site]
             assert math.isfinite(m["train_loss"]) and 0.0 <= m["val_dice"] <= 1.0
         assert sum(r["aggregation_weight"].values()) == pytest.approx(1.0)
+        assert set(r["task_times"]) == {"train"} and 0 < r["task_times"]["train"] <= r["wall_time"]
     for site in SITES:
         final = report["final"]["global"][site]
         assert set(final) == {"dice", "hd95", "assd"} and all(math.isfinite(v) for v in final.values())

@@ -32,6 +32,9 @@ def test_fedevi_two_phase_round(tmp_path):
         expected /= expected.sum()
         assert [r["beta"][s] for s in SITES] == pytest.approx(expected.tolist(), abs=1e-9)
         assert [r["R"][s] for s in SITES] == pytest.approx([1 / r["A"][s] for s in SITES])
+        # both phases are timed, inside the round's wall time
+        assert set(r["task_times"]) == {"train", "evaluate_surrogate"}
+        assert sum(r["task_times"].values()) <= r["wall_time"]
         previous = r["beta"]
     for s in SITES:
         assert all(math.isfinite(v) for v in report["final"]["global"][s].values())

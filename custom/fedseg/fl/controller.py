@@ -74,6 +74,7 @@ class FedSegController(ModelController):
         self._allowed_statistics = build_objective(self.objective, **self.objective_args).declared_statistics
         self._reference: Dict[str, torch.Tensor] = {}
         self._rejected: Dict[str, str] = {}
+        self._task_times: Dict[str, float] = {}
 
     # ---------------------------------------------------------------------------------- workflow
     def run(self) -> None:
@@ -92,7 +93,7 @@ class FedSegController(ModelController):
             if self.abort_signal.triggered:
                 return
             started = time.perf_counter()
-            self._rejected = {}
+            self._rejected, self._task_times = {}, {}
             payloads = {site: self._strategy.payload(site, round_) for site in clients}
             updates = self._exchange(TRAIN_TASK, payloads, round_)
             fields = self._strategy.aggregate(
@@ -104,6 +105,9 @@ class FedSegController(ModelController):
                 missing=[s for s in clients if s not in updates],
                 rejected=dict(self._rejected),
                 wall_time=time.perf_counter() - started,
+                # seconds from sending each task to the last answer: lets a benchmark see what a
+                # method's extra task (e.g. FedEvi's evaluate_surrogate) costs within the round
+                task_times=dict(self._task_times),
                 **fields,
             )
             self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
@@ -169,6 +173,7 @@ class FedSegController(ModelController):
         Sites that receive the same parameter object share one task, so a broadcast costs one
         serialisation; personalised payloads go out as one task per site.
         """
+        started = time.perf_counter()
         groups: Dict[int, List[str]] = {}
         for site, payload in payloads.items():
             groups.setdefault(id(payload.params), []).append(site)
@@ -203,6 +208,7 @@ class FedSegController(ModelController):
             if self.abort_signal.triggered:
                 raise RuntimeError("job aborted")
             time.sleep(min(0.05, self.task_check_period))
+        self._task_times[task_name] = self._task_times.get(task_name, 0.0) + time.perf_counter() - started
         if len(results) < self.min_clients:
             raise RuntimeError(
                 f"task {task_name} round {round_}: only {len(results)} valid results "

@@ -2,7 +2,8 @@
 
 Schema (fields every method writes; methods add their own per-round fields):
     method, config, clients,
-    rounds: [{round, metrics: {site: {train_loss, val_dice, ...}}, missing: [site], wall_time, ...}],
+    rounds: [{round, metrics: {site: {train_loss, val_dice, ...}}, missing: [site], wall_time,
+              task_times: {task: seconds from sending it to the last answer}, ...}],
     final: {global: {site: {dice, hd95, assd}}, personalized: {...} (personalised methods only)}
 Only numbers the sites chose to send are here — no images, labels or predictions.
 """

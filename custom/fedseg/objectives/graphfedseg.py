@@ -66,7 +66,7 @@ class GraphFedSegObjective(ClientObjective):
         self._round_uncertainty = uncertainty
         self._round_mc_samples = self.mc_samples
         self._params: List[torch.Tensor] = []
-        self._direction: Optional[torch.Tensor] = None
+        self._direction: Optional[List[torch.Tensor]] = None
 
     @property
     def regulariser_active(self) -> bool:
@@ -99,9 +99,9 @@ class GraphFedSegObjective(ClientObjective):
         (built from the other sites' models), so under DP its gradient is added after privatisation."""
         if self._direction is None:
             return None
-        # one concatenation of parameter views per step; gradients flow back into every parameter
-        theta = torch.cat([p.reshape(-1) for p in self._params])
-        return similarity_regulariser(theta, self._direction, self.lambda1)
+        # per-parameter dot products on the live parameters: no (D,) concatenation to build and
+        # back-propagate through every step (docs/benchmarks.md, GraphFedSeg site cost)
+        return similarity_regulariser(self._params, self._direction, self.lambda1)
 
     def end_round(self, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:
         self._params, self._direction = [], None  # do not hold the model past the round
@@ -125,17 +125,17 @@ def _check_estimator(uncertainty: str, mc_samples: int) -> None:
 
 
 def _bind_direction(model: nn.Module, direction: Mapping[str, Any]) -> tuple:
-    """The model's parameters in the direction's key order and the direction as one ``(D,)`` tensor."""
+    """The model's parameters in the direction's key order and the direction as one tensor per parameter,
+    shaped, typed and placed like that parameter."""
     named = {n[len(_WRAPPER_PREFIX) :] if n.startswith(_WRAPPER_PREFIX) else n: p for n, p in model.named_parameters()}
     missing = [k for k in direction if k not in named]
     if missing:
         raise ValueError(f"neighbour direction has keys that are not model parameters: {missing[:5]}")
     params = [named[k] for k in direction]
-    ref = params[0]
     chunks = []
     for key, param in zip(direction, params):
         value = torch.as_tensor(direction[key])
         if value.numel() != param.numel():
             raise ValueError(f"direction[{key!r}] has {value.numel()} entries, the parameter {param.numel()}")
-        chunks.append(value.reshape(-1).to(device=ref.device, dtype=ref.dtype))
-    return params, torch.cat(chunks)
+        chunks.append(value.reshape(param.shape).to(device=param.device, dtype=param.dtype))
+    return params, chunks

@@ -336,13 +336,23 @@ def _check_convex(rows: np.ndarray, what: str, atol: float = 1e-6) -> None:
 # ----------------------------------------------------------------------------------------------------
 
 
-def neighbour_direction_from_flat(vectors: torch.Tensor, W_row: ArrayLike, exclude: Optional[int] = None) -> torch.Tensor:
+def row_norms(vectors: torch.Tensor) -> torch.Tensor:
+    """``(K,)`` float64 Euclidean norms of the rows of ``(K, D)`` ``vectors``, one row at a time (no
+    float64 copy of the whole matrix)."""
+    return torch.stack([torch.linalg.vector_norm(row.to(torch.float64)) for row in vectors])
+
+
+def neighbour_direction_from_flat(
+    vectors: torch.Tensor, W_row: ArrayLike, exclude: Optional[int] = None, norms: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """``sum_j W_ij theta_j / ||theta_j||`` from stacked flattened models.
 
     Args:
         vectors: ``(K, D)`` flattened neighbour models.
         W_row: ``(K,)`` row i of the graph.
         exclude: index left out of the sum (client i itself; see ``neighbour_direction``).
+        norms: ``(K,)`` ``row_norms(vectors)`` when already known (the server builds one direction per
+            site from the same models, so it computes them once per round).
 
     Returns:
         ``(D,)`` in the dtype of ``vectors``. A zero model contributes nothing (its cosine is 0).
@@ -352,7 +362,9 @@ def neighbour_direction_from_flat(vectors: torch.Tensor, W_row: ArrayLike, exclu
         raise ValueError(f"W_row must be ({vectors.shape[0]},), got {tuple(weights.shape)}")
     if exclude is not None:
         weights[exclude] = 0.0
-    norms = torch.linalg.vector_norm(vectors.to(torch.float64), dim=1)
+    norms = row_norms(vectors) if norms is None else torch.as_tensor(norms, dtype=torch.float64)
+    if norms.shape != weights.shape:
+        raise ValueError(f"norms must be ({vectors.shape[0]},), got {tuple(norms.shape)}")
     scale = torch.where(norms > 0, weights / torch.where(norms > 0, norms, torch.ones_like(norms)), torch.zeros_like(norms))
     return (scale.to(vectors.dtype)[None, :] @ vectors).reshape(-1)
 
@@ -380,16 +392,30 @@ def neighbour_direction(
     return neighbour_direction_from_flat(vectors, W_row, exclude)
 
 
-def similarity_regulariser(theta_flat: torch.Tensor, direction: torch.Tensor, lambda1: float) -> torch.Tensor:
+def similarity_regulariser(
+    theta: Union[torch.Tensor, Sequence[torch.Tensor]],
+    direction: Union[torch.Tensor, Sequence[torch.Tensor]],
+    lambda1: float,
+) -> torch.Tensor:
     """``-(lambda1 / 2) * <theta / ||theta||, direction>``, a differentiable scalar.
 
     Args:
-        theta_flat: ``(D,)`` the client's current flattened parameters (requires grad during training).
-        direction: ``(D,)`` from ``neighbour_direction`` (constant).
+        theta: the client's current parameters, either flattened ``(D,)`` or as a sequence of parameter
+            tensors (requires grad during training). The sequence form is what training uses: it reads
+            the parameters in place, so no ``(D,)`` copy is made (and back-propagated through) every step.
+        direction: from ``neighbour_direction`` (constant), with the same structure as ``theta``:
+            ``(D,)``, or one tensor per parameter with that parameter's number of entries.
         lambda1: regulariser weight; the minus sign maximises similarity, as in the paper's Eq. (5).
     """
-    norm = torch.linalg.vector_norm(theta_flat).clamp_min(torch.finfo(theta_flat.dtype).tiny)
-    return -0.5 * lambda1 * torch.dot(theta_flat, direction.to(theta_flat.dtype)) / norm
+    thetas = [theta] if isinstance(theta, torch.Tensor) else list(theta)
+    directions = [direction] if isinstance(direction, torch.Tensor) else list(direction)
+    if len(thetas) != len(directions) or not thetas:
+        raise ValueError(f"theta has {len(thetas)} tensors, direction {len(directions)}")
+    flat = [(t.reshape(-1), d.reshape(-1).to(t.dtype)) for t, d in zip(thetas, directions)]
+    dot = torch.stack([torch.dot(t, d) for t, d in flat]).sum()
+    squared_norm = torch.stack([torch.dot(t, t) for t, _ in flat]).sum()
+    norm = squared_norm.sqrt().clamp_min(torch.finfo(squared_norm.dtype).tiny)
+    return -0.5 * lambda1 * dot / norm
 
 
 __all__ = [
@@ -404,6 +430,7 @@ __all__ = [
     "neighbour_direction_from_flat",
     "pairwise_cosine",
     "project_to_simplex",
+    "row_norms",
     "similarity_keys",
     "similarity_regulariser",
     "unflatten_params",

@@ -50,6 +50,7 @@ from .collaboration_graph import (
     graph_rows_closed_form,
     neighbour_direction_from_flat,
     pairwise_cosine,
+    row_norms,
     similarity_keys,
     unflatten_params,
 )
@@ -156,6 +157,7 @@ class GraphFedSegStrategy(ServerStrategy):
         self.graph_sites = list(self.clients)
         self._personal = {}
         self._neighbour_flat = None
+        self._neighbour_norms = None
 
     def payload(self, site: str, round_: int) -> SitePayload:
         """theta_global plus ``meta["graphfedseg"]`` = {lambda1, uncertainty, mc_samples, direction}.
@@ -197,7 +199,9 @@ class GraphFedSegStrategy(ServerStrategy):
         self._global = theta_global
         self._personal.update(zip(sites, neigh))
         self.graph, self.graph_sites = W, sites
-        self._neighbour_flat = raw if self.lambda1 > 0 else None  # only the regulariser needs them
+        # only the regulariser needs them; the norms are shared by every site's direction
+        self._neighbour_flat = raw if self.lambda1 > 0 else None
+        self._neighbour_norms = row_norms(raw) if self.lambda1 > 0 else None
         weights = effective_weight(p, W, self.lam)
         return {
             "graph_sites": sites,
@@ -238,7 +242,7 @@ class GraphFedSegStrategy(ServerStrategy):
         if not np.any(np.delete(row, i) > 0):
             return None  # no weight on other clients: the regulariser would be identically 0
         # j != i: the paper's "other clients"
-        direction = neighbour_direction_from_flat(self._neighbour_flat, row, exclude=i)
+        direction = neighbour_direction_from_flat(self._neighbour_flat, row, exclude=i, norms=self._neighbour_norms)
         return {k: v.numpy() for k, v in unflatten_params(direction, self._template, self._keys).items()}
 
 
