@@ -126,7 +126,13 @@ def test_payload_round_zero_has_no_direction():
     strategy.start(SITES, initial)
     payload = strategy.payload("site-a", 0)
     meta = payload.meta["graphfedseg"]
-    assert meta == {"lambda1": 0.01, "uncertainty": "mc_dropout", "mc_samples": 10, "direction": None}
+    assert meta == {
+        "lambda1": 0.01,
+        "uncertainty": "mc_dropout",
+        "mc_samples": 10,
+        "uncertainty_pass": "after_training",
+        "direction": None,
+    }
     torch.testing.assert_close(payload.params["conv.weight"], initial["conv.weight"])
 
 
@@ -320,3 +326,49 @@ def test_objective_rejects_a_direction_for_another_architecture():
     objective = build_objective("graphfedseg")
     with pytest.raises(ValueError):
         objective.begin_round(RoundContext("site-a", 1, 3, server_meta=payload.meta), other)
+
+
+def test_last_epoch_uncertainty_equals_the_extra_pass_when_the_model_does_not_change(tiny_datalist, tiny_train_config):
+    """Real engine, learning rate 0 and no augmentation: the model is the same in every step, and the
+    U-Net has instance norm and no dropout (train and eval forward agree), so U from the last epoch's
+    training logits must equal U from the after-training pass. With learning rate > 0 they differ."""
+    from fedseg.engine import SegEngine
+
+    cfg = dict(tiny_train_config, learning_rate=0.0, augment=False, local_epochs=2)
+    engine = SegEngine("site-a", tiny_datalist, cfg)
+    results = {}
+    for mode in ("after_training", "last_epoch"):
+        torch.manual_seed(0)
+        model = engine.build_network()
+        objective = build_objective("graphfedseg", uncertainty_pass=mode)
+        ctx = RoundContext("site-a", 0, 3, server_meta={}, train_config=cfg)
+        objective.begin_round(ctx, model)
+        engine.train(model, objective, ctx)
+        if mode == "last_epoch":  # one image value per training image, from the last epoch only
+            assert sum(v.numel() for v in objective._training_values) == len(engine._dataset("training", False))
+        results[mode] = objective.end_round(ctx, model, engine)["uncertainty"]
+    assert results["last_epoch"] == pytest.approx(results["after_training"], rel=1e-6)
+
+    cfg_learning = dict(cfg, learning_rate=1e-2)
+    torch.manual_seed(0)
+    model = engine.build_network()
+    objective = build_objective("graphfedseg", uncertainty_pass="last_epoch")
+    ctx = RoundContext("site-a", 0, 3, server_meta={}, train_config=cfg_learning)
+    objective.begin_round(ctx, model)
+    SegEngine("site-a", tiny_datalist, cfg_learning).train(model, objective, ctx)
+    during = objective.end_round(ctx, model, engine)["uncertainty"]
+    objective.begin_round(RoundContext("site-a", 0, 3, server_meta={}, train_config=cfg), model)
+    after = objective.end_round(ctx, model, engine)["uncertainty"]  # nothing collected: the extra pass
+    assert during != pytest.approx(after, rel=1e-6)
+
+
+def test_uncertainty_pass_is_sent_and_reported_and_validated():
+    strategy = build_strategy("graphfedseg", uncertainty_pass="last_epoch")
+    strategy.start(SITES, FeatureUNet(channels=(4, 8)).state_dict())
+    assert strategy.config()["uncertainty_pass"] == "last_epoch"
+    assert strategy.payload("site-a", 0).meta["graphfedseg"]["uncertainty_pass"] == "last_epoch"
+    for bad in ({"uncertainty_pass": "sometimes"}, {"uncertainty_pass": "last_epoch", "uncertainty": "mc_dropout"}):
+        with pytest.raises(ValueError):
+            build_strategy("graphfedseg", **bad)
+        with pytest.raises(ValueError):
+            build_objective("graphfedseg", **bad)

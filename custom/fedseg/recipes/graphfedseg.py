@@ -37,6 +37,9 @@ class GraphFedSegRecipe(FedSegRecipe):
         similarity: "update" (theta - theta_round0, default) or "weights" (raw parameters).
         solver: "cvxpy" (default; cross-checked against the closed form every round) or "closed_form".
         uncertainty: "evidential" (C / S) or "mc_dropout" (``mc_samples`` stochastic passes).
+        uncertainty_pass: "after_training" (default: an extra forward pass over the training images with
+            the trained model) or "last_epoch" (evidential only: U from the last local epoch's training
+            logits, no extra pass; see docs/methods.md).
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class GraphFedSegRecipe(FedSegRecipe):
         solver: str = "cvxpy",
         uncertainty: str = "evidential",
         mc_samples: int = 5,
+        uncertainty_pass: str = "after_training",
         **options: Any,
     ):
         job_options, train_overrides = split_options(options)
@@ -72,9 +76,10 @@ class GraphFedSegRecipe(FedSegRecipe):
                 "solver": solver,
                 "uncertainty": uncertainty,
                 "mc_samples": mc_samples,
+                "uncertainty_pass": uncertainty_pass,
             },
             objective="graphfedseg",
-            objective_args={"uncertainty": uncertainty, "mc_samples": mc_samples},
+            objective_args={"uncertainty": uncertainty, "mc_samples": mc_samples, "uncertainty_pass": uncertainty_pass},
             num_rounds=resolved["num_rounds"],
             train_config=resolved["train_config"],
             **job_options,

@@ -40,6 +40,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from fedseg.uncertainty.client_uncertainty import check_uncertainty_pass
+
 from .aggregation import sample_weights
 from .base import ClientUpdate, Exchange, Params, ServerStrategy, SitePayload
 from .collaboration_graph import (
@@ -76,6 +78,10 @@ class GraphFedSegStrategy(ServerStrategy):
         solver: "cvxpy" (default; cross-checked against the closed form every round) or "closed_form".
         uncertainty: client estimator, "evidential" (paper) or "mc_dropout" (Sec. 3.7 comparison).
         mc_samples: T for "mc_dropout" (paper: 5 or 10).
+        uncertainty_pass: when the evidential U_i is measured on the training images: "after_training"
+            (default: one extra forward pass with the trained model, as the paper describes) or
+            "last_epoch" (from the logits of the last local epoch's training steps: no extra pass, but
+            the model still changes during that epoch and the images are augmented).
     """
 
     name = "graphfedseg"
@@ -91,6 +97,7 @@ class GraphFedSegStrategy(ServerStrategy):
         solver: str = "cvxpy",
         uncertainty: str = "evidential",
         mc_samples: int = 5,
+        uncertainty_pass: str = "after_training",
     ):
         super().__init__()
         if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
@@ -109,6 +116,7 @@ class GraphFedSegStrategy(ServerStrategy):
             raise ValueError(f"uncertainty must be 'evidential' or 'mc_dropout', got {uncertainty!r}")
         if int(mc_samples) < 1:
             raise ValueError(f"mc_samples must be >= 1, got {mc_samples}")
+        check_uncertainty_pass(uncertainty, uncertainty_pass)
         # stored under the constructor's names: recipe export keeps only self.<argname> attributes
         self.alpha = None if alpha is None else float(alpha)
         self.gamma = float(gamma)
@@ -118,6 +126,7 @@ class GraphFedSegStrategy(ServerStrategy):
         self.solver = solver
         self.uncertainty = uncertainty
         self.mc_samples = int(mc_samples)
+        self.uncertainty_pass = uncertainty_pass
         #: alpha actually used (set by ``start``)
         self.alpha_used: Optional[float] = self.alpha
         #: latest graph (K_present x K_present) and the sites of its rows; uniform 1/K before round 0
@@ -142,6 +151,7 @@ class GraphFedSegStrategy(ServerStrategy):
             "solver": self.solver,
             "uncertainty": self.uncertainty,
             "mc_samples": self.mc_samples,
+            "uncertainty_pass": self.uncertainty_pass,
         }
 
     def start(self, clients: List[str], initial_params: Params) -> None:
@@ -160,7 +170,8 @@ class GraphFedSegStrategy(ServerStrategy):
         self._neighbour_norms = None
 
     def payload(self, site: str, round_: int) -> SitePayload:
-        """theta_global plus ``meta["graphfedseg"]`` = {lambda1, uncertainty, mc_samples, direction}.
+        """theta_global plus ``meta["graphfedseg"]`` = {lambda1, uncertainty, mc_samples,
+        uncertainty_pass, direction}.
 
         ``direction`` is ``{key: float32 numpy array}`` over the trainable keys (the size of the model;
         numpy because FLModel meta is serialised without relying on a tensor decomposer), i.e.
@@ -172,6 +183,7 @@ class GraphFedSegStrategy(ServerStrategy):
             "lambda1": self.lambda1,
             "uncertainty": self.uncertainty,
             "mc_samples": self.mc_samples,
+            "uncertainty_pass": self.uncertainty_pass,
             "direction": direction,
         }
         # A site-specific meta goes out as its own task anyway; a distinct (shallow) params dict says so

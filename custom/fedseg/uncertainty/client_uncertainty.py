@@ -27,6 +27,18 @@ from torch import nn
 from .evidential import dirichlet_alpha, vacuity
 
 MC_MEASURES = ("mutual_information", "entropy", "variance")
+#: when a site measures U_i on its training images: one extra pass with the trained model (the paper's
+#: description), or the logits its last local epoch computed anyway (evidential only; see GraphFedSeg docs)
+UNCERTAINTY_PASSES = ("after_training", "last_epoch")
+
+
+def check_uncertainty_pass(uncertainty: str, uncertainty_pass: str) -> None:
+    """Raise ``ValueError`` for an unknown pass, or "last_epoch" with MC-dropout (which needs its own
+    T stochastic passes, so there is nothing to reuse from training)."""
+    if uncertainty_pass not in UNCERTAINTY_PASSES:
+        raise ValueError(f"uncertainty_pass must be one of {UNCERTAINTY_PASSES}, got {uncertainty_pass!r}")
+    if uncertainty_pass == "last_epoch" and uncertainty != "evidential":
+        raise ValueError("uncertainty_pass='last_epoch' needs uncertainty='evidential' (MC-dropout needs its own passes)")
 
 
 def evidential_image_uncertainty(logits: torch.Tensor) -> torch.Tensor:
@@ -107,6 +119,8 @@ def client_uncertainty(image_values: Union[torch.Tensor, Iterable[torch.Tensor]]
 
 __all__ = [
     "MC_MEASURES",
+    "UNCERTAINTY_PASSES",
+    "check_uncertainty_pass",
     "client_uncertainty",
     "evidential_image_uncertainty",
     "mc_dropout_image_uncertainty",
