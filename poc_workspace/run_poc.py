@@ -457,8 +457,13 @@ class PocRun:
         job = Path(job).resolve()
         if not (job / "meta.json").is_file():
             raise PocError(f"{job} is not an NVFlare job folder (no meta.json); export one with `fedseg export`")
-        job_id = self.session.submit_job(str(job))
-        self.log(f"submit: {job} -> job {job_id}  (= nvflare job submit -j {job})")
+        # the Flare API signs the folder it submits in place (.__nvfl_sig.json / .__nvfl_submitter.crt in every
+        # directory): submit a copy, so the caller's job folder (e.g. the committed jobs/) is left untouched
+        staged = self.aux / "submit" / job.name
+        shutil.rmtree(staged, ignore_errors=True)
+        shutil.copytree(job, staged)
+        job_id = self.session.submit_job(str(staged))
+        self.log(f"submit: {job} (a copy) -> job {job_id}  (= nvflare job submit -j {job})")
         return job_id
 
     def wait_job(self, job_id: str, timeout: float) -> Dict[str, Any]:

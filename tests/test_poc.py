@@ -53,6 +53,7 @@ def test_poc_runs_tiny_fedavg_across_processes(tmp_path):
     )
     job = jobs / "fedavg"
     assert (job / "meta.json").is_file()
+    job_files = sorted(p.relative_to(job) for p in job.rglob("*"))
 
     workspace = tmp_path / "poc"
     out = tmp_path / "out" / "report.json"
@@ -86,6 +87,8 @@ def test_poc_runs_tiny_fedavg_across_processes(tmp_path):
     assert not leftovers, f"processes left running after run_poc.py: {leftovers}\n{output[-4000:]}"
     assert not workspace.exists(), "run_poc.py did not clean the POC workspace"
     assert "verify: OK" in output
+    # submitting signs a job folder in place; run_poc.py submits a copy, so the exported job is unchanged
+    assert sorted(p.relative_to(job) for p in job.rglob("*")) == job_files
 
     report = json.loads(out.read_text())
     assert report["method"] == "fedavg"
