@@ -31,7 +31,7 @@ from torch import nn
 
 from fedseg.strategies.collaboration_graph import similarity_regulariser
 from fedseg.uncertainty.client_uncertainty import (
-    check_uncertainty_pass,
+    check_estimator,
     client_uncertainty,
     evidential_image_uncertainty,
     mc_dropout_image_uncertainty,
@@ -45,7 +45,6 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 META_KEY = "graphfedseg"
-UNCERTAINTY_METHODS = ("evidential", "mc_dropout")
 #: Opacus' GradSampleModule prefixes parameter names with this
 _WRAPPER_PREFIX = "_module."
 
@@ -73,8 +72,7 @@ class GraphFedSegObjective(ClientObjective):
         **kwargs: Any,
     ):
         super().__init__(seg_loss=seg_loss, **kwargs)
-        _check_estimator(uncertainty, mc_samples)
-        check_uncertainty_pass(uncertainty, uncertainty_pass)
+        check_estimator(uncertainty, mc_samples, uncertainty_pass)
         self.uncertainty = uncertainty
         self.mc_samples = int(mc_samples)
         self.uncertainty_pass = uncertainty_pass
@@ -97,9 +95,8 @@ class GraphFedSegObjective(ClientObjective):
         self.lambda1 = float(meta.get("lambda1", 0.0))
         self._round_uncertainty = meta.get("uncertainty", self.uncertainty)
         self._round_mc_samples = int(meta.get("mc_samples", self.mc_samples))
-        _check_estimator(self._round_uncertainty, self._round_mc_samples)
         self._round_pass = meta.get("uncertainty_pass", self.uncertainty_pass)
-        check_uncertainty_pass(self._round_uncertainty, self._round_pass)
+        check_estimator(self._round_uncertainty, self._round_mc_samples, self._round_pass)
         self._last_epoch = int(ctx.train_config.get("local_epochs", 1)) - 1
         self._training_values = []
         direction = meta.get("direction")
@@ -145,13 +142,6 @@ class GraphFedSegObjective(ClientObjective):
                 images = batch["image"].to(engine.device)
                 values.append(mc_dropout_image_uncertainty(model, images, self._round_mc_samples))
         return {"uncertainty": client_uncertainty(values)}
-
-
-def _check_estimator(uncertainty: str, mc_samples: int) -> None:
-    if uncertainty not in UNCERTAINTY_METHODS:
-        raise ValueError(f"uncertainty must be one of {UNCERTAINTY_METHODS}, got {uncertainty!r}")
-    if int(mc_samples) < 1:
-        raise ValueError(f"mc_samples must be >= 1, got {mc_samples}")
 
 
 def _bind_direction(model: nn.Module, direction: Mapping[str, Any]) -> tuple:

@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from fedseg.uncertainty.client_uncertainty import check_uncertainty_pass
+from fedseg.uncertainty.client_uncertainty import check_estimator
 
 from .aggregation import sample_weights
 from .base import ClientUpdate, Exchange, Params, ServerStrategy, SitePayload
@@ -78,10 +78,8 @@ class GraphFedSegStrategy(ServerStrategy):
         solver: "cvxpy" (default; cross-checked against the closed form every round) or "closed_form".
         uncertainty: client estimator, "evidential" (paper) or "mc_dropout" (Sec. 3.7 comparison).
         mc_samples: T for "mc_dropout" (paper: 5 or 10).
-        uncertainty_pass: when the evidential U_i is measured on the training images: "after_training"
-            (default: one extra forward pass with the trained model, as the paper describes) or
-            "last_epoch" (from the logits of the last local epoch's training steps: no extra pass, but
-            the model still changes during that epoch and the images are augmented).
+        uncertainty_pass: "after_training" (paper) or "last_epoch", sent to the sites
+            (``fedseg.objectives.graphfedseg``).
     """
 
     name = "graphfedseg"
@@ -112,11 +110,7 @@ class GraphFedSegStrategy(ServerStrategy):
             raise ValueError(f"similarity must be 'update' or 'weights', got {similarity!r}")
         if solver not in ("cvxpy", "closed_form"):
             raise ValueError(f"solver must be 'cvxpy' or 'closed_form', got {solver!r}")
-        if uncertainty not in ("evidential", "mc_dropout"):
-            raise ValueError(f"uncertainty must be 'evidential' or 'mc_dropout', got {uncertainty!r}")
-        if int(mc_samples) < 1:
-            raise ValueError(f"mc_samples must be >= 1, got {mc_samples}")
-        check_uncertainty_pass(uncertainty, uncertainty_pass)
+        check_estimator(uncertainty, mc_samples, uncertainty_pass)
         # stored under the constructor's names: recipe export keeps only self.<argname> attributes
         self.alpha = None if alpha is None else float(alpha)
         self.gamma = float(gamma)

@@ -27,14 +27,21 @@ from torch import nn
 from .evidential import dirichlet_alpha, vacuity
 
 MC_MEASURES = ("mutual_information", "entropy", "variance")
+#: client uncertainty estimators: evidential vacuity (the paper's) or MC-dropout (its Sec. 3.7 comparison)
+UNCERTAINTY_METHODS = ("evidential", "mc_dropout")
 #: when a site measures U_i on its training images: one extra pass with the trained model (the paper's
 #: description), or the logits its last local epoch computed anyway (evidential only; see GraphFedSeg docs)
 UNCERTAINTY_PASSES = ("after_training", "last_epoch")
 
 
-def check_uncertainty_pass(uncertainty: str, uncertainty_pass: str) -> None:
-    """Raise ``ValueError`` for an unknown pass, or "last_epoch" with MC-dropout (which needs its own
-    T stochastic passes, so there is nothing to reuse from training)."""
+def check_estimator(uncertainty: str, mc_samples: int, uncertainty_pass: str = "after_training") -> None:
+    """Raise ``ValueError`` for an unknown estimator or pass, ``mc_samples < 1``, or "last_epoch" with
+    MC-dropout (which needs its own T stochastic passes, so there is nothing to reuse from training).
+    One check for the server strategy and the site objective."""
+    if uncertainty not in UNCERTAINTY_METHODS:
+        raise ValueError(f"uncertainty must be one of {UNCERTAINTY_METHODS}, got {uncertainty!r}")
+    if int(mc_samples) < 1:
+        raise ValueError(f"mc_samples must be >= 1, got {mc_samples}")
     if uncertainty_pass not in UNCERTAINTY_PASSES:
         raise ValueError(f"uncertainty_pass must be one of {UNCERTAINTY_PASSES}, got {uncertainty_pass!r}")
     if uncertainty_pass == "last_epoch" and uncertainty != "evidential":
@@ -119,8 +126,9 @@ def client_uncertainty(image_values: Union[torch.Tensor, Iterable[torch.Tensor]]
 
 __all__ = [
     "MC_MEASURES",
+    "UNCERTAINTY_METHODS",
     "UNCERTAINTY_PASSES",
-    "check_uncertainty_pass",
+    "check_estimator",
     "client_uncertainty",
     "evidential_image_uncertainty",
     "mc_dropout_image_uncertainty",
