@@ -45,6 +45,16 @@ BUNDLE_KEYS = (
     "augment",
     "augment_level",
     "seed",
+    # native resolution (patch mode) and sliding-window inference
+    "spatial_mode",
+    "patch_size",
+    "patch_samples",
+    "patch_pos",
+    "patch_neg",
+    "rescale",
+    "sw_batch_size",
+    "sw_overlap",
+    "sw_blend_mode",
 )
 
 

@@ -32,6 +32,22 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     # "basic": flips and 90-degree rotations; "strong": + random crop, rotation, colour jitter, gamma
     "augment_level": "basic",
     "seed": 0,
+    # spatial mode (fedseg.engine.spatial): None = the datalist's "spatial_mode", else "resize";
+    # "resize" = every image resized to image_size; "patch" = native resolution, random patch_size
+    # patches (patch_samples per image, positive:negative centres patch_pos:patch_neg) for training and
+    # sliding-window inference over whole images (sw_overlap, sw_blend_mode, sw_batch_size)
+    "spatial_mode": None,
+    "patch_size": 64,
+    "patch_samples": 4,
+    "patch_pos": 1.0,
+    "patch_neg": 1.0,
+    # one fixed rescale factor applied in patch mode before patching; None = the datalist's "rescale", else 1
+    "rescale": None,
+    "sw_batch_size": 4,
+    "sw_overlap": 0.25,
+    "sw_blend_mode": "gaussian",
+    # decoded images a site process keeps in memory (MB, all splits together); the rest are decoded on access
+    "cache_max_mb": 4096,
     # federated schedule
     "local_epochs": 1,
     # differential privacy in local training (Opacus DP-SGD); None = off
@@ -47,6 +63,8 @@ PROFILES: Dict[str, Dict[str, Any]] = {
         "train_config": {
             "data_profile": "tiny",
             "image_size": 32,
+            "patch_size": 16,
+            "patch_samples": 2,
             "channels": [8, 16, 32, 64],
             "batch_size": 2,
             "learning_rate": 3e-3,

@@ -20,6 +20,11 @@ Split rules (recorded in each datalist's ``"split_rule"``):
   with ``max(1, round(fraction * n))`` test and validation items. CHASE_DB1 holds both eyes of each
   child (``Image_01L``/``Image_01R``); ids that differ only by a trailing ``L``/``R`` are kept in the
   same split so that no subject appears in both training and test.
+
+Every datalist declares ``"spatial_mode": "patch"`` (vessels one or two pixels wide are trained on
+native-resolution patches) and its data set's fixed ``"rescale"`` factor (default: CHASE_DB1 at 0.5,
+which brings its 999 x 960 images and their wider vessels near DRIVE's and STARE's scale; 1 elsewhere).
+Metrics are still computed at each image's own size.
 """
 
 from __future__ import annotations
@@ -34,12 +39,15 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from .datalist import SPLITS, DatalistError, load_datalist, write_json_atomic
+from .datalist import SPLITS, DatalistError, load_datalist, read_datalist_json, write_json_atomic
 
 __all__ = ["import_retina", "participant_split", "read_manifest", "DEFAULT_RETINA_ROOT"]
 
 #: where the shared copy of the benchmark lives on project machines (override with FEDSEG_RETINA_ROOT)
 DEFAULT_RETINA_ROOT = "/work/shared/data/retina_vessels"
+
+#: one fixed rescale factor per data set (patch mode), stated in the datalist, never guessed per image
+DEFAULT_RESCALE = {"CHASE_DB1": 0.5}
 
 _REQUIRED_COLUMNS = ("site", "id", "split", "image", "mask")
 _OFFICIAL_TRAIN = {"train", "training"}
@@ -189,6 +197,7 @@ def import_retina(
     val_fraction: float = 0.1,
     test_fraction: float = 0.2,
     check_files: bool = False,
+    rescale: Mapping[str, float] = DEFAULT_RESCALE,
 ) -> Dict[str, Path]:
     """Write ``out_dir/<site>/datalist.json`` for each site, pointing at the original files.
 
@@ -201,6 +210,7 @@ def import_retina(
             share of an official training split).
         check_files: also open every image/mask/fov and validate them (size agreement, binary
             masks) via :func:`fedseg.data.datalist.load_datalist`; existence is always checked.
+        rescale: ``{site: factor}`` written as the datalist's ``"rescale"`` (1 for sites not named).
 
     Returns:
         ``{site: datalist path}``.
@@ -238,6 +248,8 @@ def import_retina(
             "test_fraction": float(test_fraction),
             "split_rule": rule,
             "labels": {"0": "background", "1": "vessel"},
+            "spatial_mode": "patch",
+            "rescale": float(rescale.get(site, 1.0)),
         }
         for split in SPLITS:
             datalist[split] = [_entry(r, root) for r in splits[split]]
@@ -286,6 +298,7 @@ def participant_split(
         if k < 1:
             raise ValueError(f"counts[{domain!r}] must be >= 1, got {k}")
         splits = load_datalist(path, check_files=False)
+        _, source = read_datalist_json(path)
         n_train, n_val = len(splits["training"]), len(splits["validation"])
         if k > n_train:
             raise DatalistError(f"cannot split {n_train} training images of {path} among {k} participants")
@@ -310,6 +323,8 @@ def participant_split(
                 "seed": int(seed),
                 "source_datalist": str(Path(path).absolute()),
                 "split_rule": rule,
+                # the domain's spatial settings travel with its shares
+                **{k: source[k] for k in ("spatial_mode", "rescale", "spacing") if k in source},
                 "training": [splits["training"][i] for i in sorted(train_shares[j].tolist())],
                 "validation": [splits["validation"][i] for i in sorted(val_shares[j].tolist())],
                 "test": list(splits["test"]),

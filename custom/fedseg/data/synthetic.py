@@ -530,6 +530,8 @@ def generate_site_data(
         "style": style,
         "anatomy": anatomy,
         "labels": {"0": "background", "1": "vessel" if family == "vessel" else "polyp"},
+        # thin vessels are trained on native-resolution patches; blob-like polyps survive a resize
+        "spatial_mode": "patch" if family == "vessel" else "resize",
         "training": pick(order[:n_train]),
         "validation": pick(order[n_train : n_train + n_val]),
         "test": pick(order[n_train + n_val :]),

@@ -100,13 +100,16 @@ class BinarizeMaskd(MapTransform):
 
 
 class CheckSameSized(MapTransform):
-    """Fail with both file names when an image and its mask differ in spatial size."""
+    """Fail with both file names when an image and its mask (or field-of-view mask) differ in spatial
+    size. A missing second key (an entry without ``fov``) is skipped."""
 
     def __init__(self, keys: KeysCollection = ("image", "label")):
         super().__init__(keys)
 
     def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
         image_key, label_key = self.keys[0], self.keys[1]
+        if label_key not in data:
+            return dict(data)
         img, lab = data[image_key], data[label_key]
         if tuple(img.shape[1:]) != tuple(lab.shape[1:]):
             raise ValueError(
@@ -114,6 +117,37 @@ class CheckSameSized(MapTransform):
                 f"{_source_name(lab)} is {tuple(lab.shape[1:])}"
             )
         return dict(data)
+
+
+class ResizeToReferenced(MapTransform):
+    """Resize ``keys`` (channel-first logits or probabilities) to the spatial size of ``ref_key``.
+
+    Evaluation predicts on the network's grid (a resized or rescaled image) and scores against the
+    mask at the image's own size: this brings the prediction back, interpolating the class scores
+    (``mode="bilinear"``) *before* the argmax so that thin structures are not aliased by a
+    nearest-neighbour resize of labels. Shapes: ``(C, h, w) -> (C, H, W)`` with ``(H, W)`` from ``ref_key``.
+    """
+
+    def __init__(self, keys: KeysCollection, ref_key: str = "label", mode: str = "bilinear", allow_missing_keys: bool = False):
+        super().__init__(keys, allow_missing_keys)
+        self.ref_key = ref_key
+        self.mode = mode
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
+        d = dict(data)
+        size = tuple(d[self.ref_key].shape[1:])
+        for key in self.key_iterator(d):
+            d[key] = resize_scores(torch.as_tensor(d[key])[None], size, self.mode)[0]
+        return d
+
+
+def resize_scores(scores: torch.Tensor, size: Sequence[int], mode: str = "bilinear") -> torch.Tensor:
+    """``(B, C, h, w) -> (B, C, H, W)``: class scores interpolated to ``size``; unchanged when it already fits."""
+    if tuple(scores.shape[2:]) == tuple(size):
+        return scores
+    import torch.nn.functional as F
+
+    return F.interpolate(scores.float(), size=tuple(int(s) for s in size), mode=mode, align_corners=False)
 
 
 def _source_name(x: Any) -> str:

@@ -48,7 +48,10 @@ from monai.utils import set_determinism
 from torch import nn
 
 from fedseg.bundle import load_bundle
-from fedseg.data.datalist import load_datalist
+from fedseg.data.datalist import load_datalist, read_datalist_json
+from fedseg.data.transforms import resize_scores
+from fedseg.engine.cache import CacheBudget
+from fedseg.engine.spatial import WholeImagePredictor, check_patch_size, pixel_spacing, resolve_spatial_settings
 from fedseg.metrics import SegmentationMetrics
 from fedseg.objectives.base import BatchOutput, ClientObjective, RoundContext
 
@@ -66,6 +69,12 @@ def default_device() -> torch.device:
 
 class SegEngine:
     """Local engine of one site.
+
+    Spatial mode (``resize`` or native-resolution ``patch``; ``fedseg.engine.spatial``) is the config's
+    ``spatial_mode`` where set, else the datalist's. Training batches are ``batch_size`` images, each
+    giving ``patch_samples`` patches in patch mode; evaluation runs image by image on the whole image
+    (sliding window in patch mode) and scores at the image's own size. Decoded images are cached once per
+    process up to ``cache_max_mb`` (``fedseg.engine.cache``); the rest are decoded on each access.
 
     Args:
         site: site name (for messages and state files).
@@ -93,12 +102,25 @@ class SegEngine:
         self.device = device or default_device()
         self.seed = int(self.train_config.get("seed", 0))
         set_determinism(seed=self.seed)
-        self.parser = load_bundle(bundle_dir, self.train_config)
-        self.num_classes = int(self.parser["num_classes"])
+        _, self.datalist_info = read_datalist_json(datalist)
         self.data = load_datalist(datalist)
+        self.train_config.update(resolve_spatial_settings(self.train_config, self.datalist_info, f"({site}: {datalist})"))
+        if self.dp_enabled and self.train_config["spatial_mode"] == "patch" and int(self.train_config.get("patch_samples", 1)) != 1:
+            # DP-SGD clips per sample: with k patches per image one image would be k "samples" and the
+            # accounted epsilon would be wrong. One patch per Poisson-drawn image keeps the unit the image.
+            logger.info("%s: DP-SGD in patch mode draws one patch per image (patch_samples=1)", site)
+            self.train_config["patch_samples"] = 1
+        self.parser = load_bundle(bundle_dir, self.train_config)
+        for key in ("patch_size", "image_size", "patch_samples", "sw_overlap", "sw_batch_size", "sw_blend_mode"):
+            self.train_config.setdefault(key, self.parser[key])
+        check_patch_size(self.train_config, len(self.parser["channels"]))
+        self.spatial_mode: str = self.train_config["spatial_mode"]
+        self.num_classes = int(self.parser["num_classes"])
         self.n_train = len(self.data["training"])
         self._train_transform = self.parser.get_parsed_content("train_preprocessing")
         self._eval_transform = self.parser.get_parsed_content("val_preprocessing")
+        self.predictor = WholeImagePredictor(self.train_config)
+        self.cache = CacheBudget(self.train_config.get("cache_max_mb"), int(self.parser["in_channels"]))
         self._datasets: Dict[Tuple[str, bool], CacheDataset] = {}
         self._optimizers: Dict[int, torch.optim.Optimizer] = {}
         self._shuffle_generator = torch.Generator().manual_seed(self.seed)
@@ -123,25 +145,33 @@ class SegEngine:
         return self._optimizers[key]
 
     # ----------------------------------------------------------------------------------------- data
-    def _dataset(self, split: str, augment: bool) -> CacheDataset:
+    def _dataset(self, split: str, train: bool) -> CacheDataset:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-        key = (split, augment)
+        key = (split, train)
         if key not in self._datasets:
-            transform = self._train_transform if augment else self._eval_transform
-            # CacheDataset caches everything up to the first random transform: decoding and resizing
-            # happen once per process, augmentation every epoch.
-            # only image/label go through the transforms: optional extras (DRIVE's "fov") differ
-            # between datalists and would break batch collation when lists are pooled
-            entries = [{"image": e["image"], "label": e["label"]} for e in self.data[split]]
-            self._datasets[key] = CacheDataset(entries, transform=transform, progress=False, num_workers=0)
+            transform = self._train_transform if train else self._eval_transform
+            entries = self.data[split]
+            # only image/label (and, for evaluation, a FOV every entry of the split has) go through the
+            # transforms: optional extras differ between datalists and would break pooled collation
+            keys = ("image", "label") + (("fov",) if not train and all("fov" in e for e in entries) else ())
+            items = [{k: e[k] for k in keys} for e in entries]
+            # CacheDataset caches everything up to the first random transform (decoding, resizing or
+            # rescaling) once per process, within the site's memory budget; patches and augmentation
+            # are drawn afresh every epoch
+            cache_num = self.cache.reserve(items, self.train_config, train)
+            self._datasets[key] = CacheDataset(items, transform=transform, cache_num=cache_num, progress=False, num_workers=0)
         return self._datasets[key]
 
-    def loader(self, split: str, shuffle: bool = False, augment: bool = False, batch_size: Optional[int] = None):
-        """DataLoader of dicts ``{"image": (B, C, H, W), "label": (B, 1, H, W) in {0, 1}}``."""
-        bs = int(batch_size or self.train_config.get("batch_size", 4))
+    def loader(self, split: str, shuffle: bool = False, train: bool = False, batch_size: Optional[int] = None):
+        """``train=True``: the training pipeline (random patches in patch mode, augmentation when
+        ``augment``), batches of ``{"image": (B*k, C, P, P), "label": (B*k, 1, P, P)}`` (k = ``patch_samples``
+        in patch mode, P = ``patch_size``; k = 1 and P = ``image_size`` in resize mode).
+        ``train=False``: whole images one at a time, ``{"image": (1, C, h, w)`` on the network's grid,
+        ``"label": (1, 1, H, W)`` (and ``"fov"``) at the image's own size ``}``."""
+        bs = int(batch_size or self.train_config.get("batch_size", 4)) if train else 1
         # one generator per engine: seeded, yet each epoch (and round) gets a new shuffle order
-        return DataLoader(self._dataset(split, augment), batch_size=bs, shuffle=shuffle, num_workers=0, generator=self._shuffle_generator)
+        return DataLoader(self._dataset(split, train), batch_size=bs, shuffle=shuffle, num_workers=0, generator=self._shuffle_generator)
 
     # ------------------------------------------------------------------------------------- privacy
     @property
@@ -164,7 +194,7 @@ class SegEngine:
             self._private[key] = PrivateTraining(
                 model,
                 self.make_optimizer(model),
-                self._dataset("training", bool(cfg.get("augment", True))),
+                self._dataset("training", train=True),
                 batch_size=int(cfg.get("batch_size", 4)),
                 target_epsilon=float(cfg["dp_target_epsilon"]),
                 delta=float(cfg.get("dp_delta", 1e-5)),
@@ -191,7 +221,6 @@ class SegEngine:
         epochs = int(self.train_config.get("local_epochs", 1))
         if self.dp_enabled:
             return self._train_private(model, objective, ctx, epochs)
-        augment = bool(self.train_config.get("augment", True))
         losses = []
 
         def iteration(engine: SupervisedTrainer, batch: Dict[str, torch.Tensor]) -> Dict[str, Any]:
@@ -214,7 +243,7 @@ class SegEngine:
         trainer = SupervisedTrainer(
             device=self.device,
             max_epochs=epochs,
-            train_data_loader=self.loader("training", shuffle=True, augment=augment),
+            train_data_loader=self.loader("training", shuffle=True, train=True),
             network=model,
             optimizer=optimizer,
             loss_function=objective.seg_loss,
@@ -278,30 +307,62 @@ class SegEngine:
 
     # ----------------------------------------------------------------------------------- evaluation
     @torch.no_grad()
+    def predict(self, model: nn.Module, inputs: torch.Tensor, with_features: bool = False):
+        """Class scores of whole images on the network's grid: ``(B, C, h, w) -> (B, num_classes, h, w)``
+        (sliding window in patch mode); ``(logits, features)`` with ``with_features``."""
+        return self.predictor(model, inputs, with_features)
+
+    @torch.no_grad()
     def iterate_logits(
         self, model: nn.Module, split: str, with_features: bool = False
     ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]]:
-        """Yield ``(inputs, labels, logits, features)`` over ``split`` in eval mode without gradients."""
+        """Yield ``(inputs, labels, logits, features)`` for each image of ``split`` in eval mode without
+        gradients, at the image's own size: ``inputs (1, C, H, W)``, ``labels (1, 1, H, W)``, ``logits
+        (1, num_classes, H, W)``; ``features`` on the network's grid."""
+        for batch, logits, features in self._iterate(model, split, with_features):
+            labels = batch["label"].to(self.device)
+            inputs = resize_scores(batch["image"].to(self.device), labels.shape[2:])
+            yield inputs, labels, logits, features
+
+    def _iterate(self, model: nn.Module, split: str, with_features: bool):
         was_training = model.training
         model.eval()
         try:
             for batch in self.loader(split):
                 inputs = batch["image"].to(self.device)
-                labels = batch["label"].to(self.device)
-                if with_features:
-                    logits, features = model.forward_features(inputs)
-                else:
-                    logits, features = model(inputs), {}
-                yield inputs, labels, logits, features
+                out = self.predict(model, inputs, with_features)
+                logits, features = out if with_features else (out, {})
+                # scores back to the image's own size before the argmax (thin structures survive)
+                yield batch, resize_scores(logits, batch["label"].shape[2:]), features
         finally:
             model.train(was_training)
 
-    def evaluate(self, model: nn.Module, split: str, metrics: Sequence[str] = ("dice", "hd95", "assd")) -> Dict[str, float]:
-        """Mean foreground metrics of ``model`` over the images of ``split``."""
+    def evaluate(
+        self,
+        model: nn.Module,
+        split: str,
+        metrics: Sequence[str] = ("dice", "hd95", "assd"),
+        per_image: bool = False,
+    ):
+        """Mean foreground metrics of ``model`` over the images of ``split``, each scored at its own size
+        against its mask on disk (inside the FOV and in mm too where the datalist provides them; see
+        ``fedseg.metrics.segmentation``). With ``per_image`` returns ``(means, rows)``, one row per image in
+        datalist order: ``{"id": image file name, <metric>: value, ...}``."""
         meter = SegmentationMetrics(self.num_classes, metrics)
-        for _, labels, logits, _ in self.iterate_logits(model, split):
-            meter.update(logits.argmax(dim=1, keepdim=True).cpu(), labels.cpu())
-        return meter.aggregate()
+        entries = self.data[split]
+        for i, (batch, logits, _) in enumerate(self._iterate(model, split, False)):
+            fov = batch.get("fov")
+            meter.update(
+                logits.argmax(dim=1, keepdim=True).cpu(),
+                batch["label"].cpu(),
+                fov=None if fov is None else fov.cpu(),
+                spacing=pixel_spacing(entries[i], self.datalist_info),
+            )
+        means = meter.aggregate()
+        if not per_image:
+            return means
+        rows = [{"id": os.path.basename(e["image"]), **row} for e, row in zip(entries, meter.per_image())]
+        return means, rows
 
 
 def _check_dp_objective(objective: ClientObjective) -> None:

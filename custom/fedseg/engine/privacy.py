@@ -63,6 +63,8 @@ class ImageLabelDataset(Dataset):
 
     def __getitem__(self, index: int) -> Tuple[torch.Tensor, torch.Tensor]:
         item = self.dataset[index]
+        if isinstance(item, list):  # patch mode: one patch per image under DP (SegEngine forces patch_samples=1)
+            (item,) = item
         return item["image"], item["label"]
 
 

@@ -1,5 +1,14 @@
 """Foreground Dice, HD95 and ASSD from MONAI's metric implementations.
 
+Metrics are computed on whatever grid they are given; the engine gives them the prediction at each
+image's own size against the mask as stored, so distances are in pixels of the original image.
+
+Per image, always: ``dice``, ``hd95``, ``assd`` over the whole image. Optionally:
+  * with a field-of-view mask ``fov`` (DRIVE ships one): ``dice_fov``, ``hd95_fov``, ``assd_fov`` with
+    prediction and truth both restricted to the FOV (pixels outside set to background);
+  * with a pixel spacing in mm: ``hd95_mm``, ``assd_mm`` (over the FOV when there is one, else the whole
+    image), from MONAI's ``spacing`` argument.
+
 Empty-mask policy (MONAI returns NaN/Inf there, which would poison averages):
   * Dice: prediction and truth both empty -> 1 (``ignore_empty=False``).
   * HD95 / ASSD: both empty -> 0; exactly one empty -> the image diagonal, the largest distance
@@ -9,7 +18,7 @@ Empty-mask policy (MONAI returns NaN/Inf there, which would poison averages):
 from __future__ import annotations
 
 import math
-from typing import Dict, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from monai.metrics import DiceMetric, HausdorffDistanceMetric, SurfaceDistanceMetric
@@ -19,10 +28,12 @@ ALL_METRICS = ("dice", "hd95", "assd")
 
 
 class SegmentationMetrics:
-    """Accumulate per-image foreground metrics over batches; ``aggregate()`` returns means.
+    """Accumulate per-image foreground metrics over batches; ``aggregate()`` returns means,
+    ``per_image()`` the values of each image in update order.
 
-    ``update(pred_labels, labels)`` takes integer label maps ``(B, 1, H, W)`` (argmax of the logits)
-    and the ground truth ``(B, 1, H, W)``.
+    ``update(pred_labels, labels, fov=None, spacing=None)`` takes integer label maps ``(B, 1, H, W)``
+    (argmax of the logits), the ground truth ``(B, 1, H, W)``, optionally a field-of-view mask
+    ``(B, 1, H, W)`` and a pixel spacing ``(row_mm, col_mm)`` shared by the batch (module docstring).
     """
 
     def __init__(self, num_classes: int = 2, metrics: Sequence[str] = ALL_METRICS):
@@ -34,30 +45,67 @@ class SegmentationMetrics:
         self._dice = DiceMetric(include_background=False, reduction="none", ignore_empty=False)
         self._hd95 = HausdorffDistanceMetric(include_background=False, percentile=95, reduction="none")
         self._assd = SurfaceDistanceMetric(include_background=False, symmetric=True, reduction="none")
-        self._values: Dict[str, list] = {m: [] for m in self.metrics}
+        self._rows: List[Dict[str, float]] = []
 
-    def update(self, pred_labels: torch.Tensor, labels: torch.Tensor) -> None:
+    @property
+    def _values(self) -> Dict[str, list]:
+        """``{metric: [value per image that has it]}``."""
+        names = list(dict.fromkeys(k for row in self._rows for k in row))
+        return {m: [row[m] for row in self._rows if m in row] for m in names} or {m: [] for m in self.metrics}
+
+    def update(
+        self,
+        pred_labels: torch.Tensor,
+        labels: torch.Tensor,
+        fov: Optional[torch.Tensor] = None,
+        spacing: Optional[Sequence[float]] = None,
+    ) -> None:
+        rows = [dict() for _ in range(labels.shape[0])]
+        self._score(rows, pred_labels, labels, "", None)
+        if fov is not None:
+            inside = (fov > 0).to(pred_labels.dtype)
+            self._score(rows, pred_labels * inside, labels * inside.to(labels.dtype), "_fov", None)
+        if spacing is not None:
+            self._score(rows, pred_labels * inside if fov is not None else pred_labels,
+                        labels * inside.to(labels.dtype) if fov is not None else labels, "_mm", spacing, distances_only=True)
+        self._rows.extend(rows)
+
+    def _score(self, rows, pred_labels, labels, suffix: str, spacing, distances_only: bool = False) -> None:
         pred = one_hot(pred_labels.long(), self.num_classes)
         truth = one_hot(labels.long(), self.num_classes)
-        diagonal = math.sqrt(sum(s**2 for s in labels.shape[2:]))
+        diagonal = math.sqrt(sum((s * (1.0 if spacing is None else float(spacing[i]))) ** 2 for i, s in enumerate(labels.shape[2:])))
         pred_empty = pred[:, 1:].flatten(1).sum(1) == 0
         truth_empty = truth[:, 1:].flatten(1).sum(1) == 0
-        if "dice" in self.metrics:
-            self._values["dice"].extend(self._dice(pred, truth).mean(dim=1).tolist())
+        if "dice" in self.metrics and not distances_only:
+            for row, v in zip(rows, self._dice(pred, truth).mean(dim=1).tolist()):
+                row["dice" + suffix] = v
+        kwargs = {} if spacing is None else {"spacing": [float(s) for s in spacing]}
         for name, metric in (("hd95", self._hd95), ("assd", self._assd)):
             if name not in self.metrics:
                 continue
             with _quiet():
-                value = metric(pred, truth).mean(dim=1)
+                value = metric(pred, truth, **kwargs).mean(dim=1)
+            metric.reset()
             value = torch.where(pred_empty & truth_empty, torch.zeros_like(value), value)
             value = torch.where(pred_empty ^ truth_empty, torch.full_like(value, diagonal), value)
-            self._values[name].extend(value.tolist())
+            for row, v in zip(rows, value.tolist()):
+                row[name + suffix] = v
+        if not distances_only:
+            self._dice.reset()
+
+    def per_image(self) -> List[Dict[str, float]]:
+        """One dict per image (update order) with every metric computed for it."""
+        return [dict(row) for row in self._rows]
 
     def aggregate(self) -> Dict[str, float]:
-        return {m: (float(sum(v) / len(v)) if v else float("nan")) for m, v in self._values.items()}
+        """Mean of each metric over the images that have it (``nan`` for a requested metric no image has)."""
+        values = self._values
+        out = {m: float("nan") for m in self.metrics}
+        out.update({m: (float(sum(v) / len(v)) if v else float("nan")) for m, v in values.items()})
+        return out
 
     def reset(self) -> None:
-        self._values = {m: [] for m in self.metrics}
+        self._rows = []
 
 
 class _quiet:

@@ -138,9 +138,9 @@ class GraphFedSegObjective(ClientObjective):
             if not any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
                 logger.warning("mc_dropout uncertainty on a model without active dropout: U will be 0")
             values = []
-            for batch in engine.loader("training", shuffle=False, augment=False):
+            for batch in engine.loader("training"):  # whole images (sliding window in patch mode)
                 images = batch["image"].to(engine.device)
-                values.append(mc_dropout_image_uncertainty(model, images, self._round_mc_samples))
+                values.append(mc_dropout_image_uncertainty(model, images, self._round_mc_samples, forward=engine.predictor))
         return {"uncertainty": client_uncertainty(values)}
 
 

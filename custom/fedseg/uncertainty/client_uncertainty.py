@@ -19,7 +19,7 @@ deterministic prediction. ``measure="entropy"`` (normalised predictive entropy) 
 from __future__ import annotations
 
 import math
-from typing import Iterable, Union
+from typing import Callable, Iterable, Optional, Union
 
 import torch
 from torch import nn
@@ -83,9 +83,16 @@ def mc_pixel_uncertainty(probs: torch.Tensor, measure: str = "mutual_information
 
 
 def mc_dropout_image_uncertainty(
-    model: nn.Module, x: torch.Tensor, num_samples: int = 5, measure: str = "mutual_information"
+    model: nn.Module,
+    x: torch.Tensor,
+    num_samples: int = 5,
+    measure: str = "mutual_information",
+    forward: Optional[Callable[[nn.Module, torch.Tensor], torch.Tensor]] = None,
 ) -> torch.Tensor:
     """Eq. (3) with an MC-dropout pixel value: T stochastic passes over images ``x`` ``(B, C_in, *spatial)``.
+
+    ``forward(model, x)`` gives the logits of one pass (default ``model(x)``; the engine's sliding-window
+    predictor for whole images at native resolution).
 
     Dropout layers run in train mode (random masks), every other module in eval mode (e.g. BatchNorm
     uses its running statistics); the model's original train/eval flags are restored afterwards.
@@ -102,7 +109,8 @@ def mc_dropout_image_uncertainty(
             if isinstance(module, nn.modules.dropout._DropoutNd):
                 module.train()
         with torch.no_grad():
-            probs = torch.stack([torch.softmax(model(x).float(), dim=1) for _ in range(num_samples)])
+            run = forward or (lambda m, images: m(images))
+            probs = torch.stack([torch.softmax(run(model, x).float(), dim=1) for _ in range(num_samples)])
     finally:
         for module, training in modes.items():
             module.train(training)
