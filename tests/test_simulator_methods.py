@@ -110,3 +110,33 @@ def test_graphfedseg_with_differential_privacy_reports_epsilon(tmp_path):
         eps = [r["metrics"][s]["dp_epsilon"] for r in report["rounds"]]
         assert eps[0] < eps[-1] <= 10.0 + 0.05, eps
         assert report["rounds"][-1]["metrics"][s]["dp_delta"] == pytest.approx(1e-5)
+
+
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("fedavg", {}),
+        # the uncertainty pass over whole training images (sliding window) and DP-SGD on patches
+        ("graphfedseg", {"dp_target_epsilon": 50.0}),
+        # the surrogate evaluation (G, A) on whole validation images
+        ("fedevi", {}),
+    ],
+)
+def test_patch_mode_end_to_end(tmp_path, method, options):
+    """Built-in vessel data declares patch mode: training on native-resolution patches, whole-image
+    evaluation at each image's own size (FVAC runs on vessel data in its own test above)."""
+    job = export_job(method, tmp_path / "jobs", profile="tiny", data_family="vessel", **options)
+    report = run_simulator(job, tmp_path / "ws", n_clients=2)
+    sites = ["site-1", "site-2"]
+    for s in sites:
+        log = (tmp_path / "ws" / s / "log.txt").read_text()
+        assert "spatial mode patch (patches 16 px x" in log
+        assert all(math.isfinite(v) for v in report["final"]["global"][s].values())
+        assert 0.0 <= report["final"]["global"][s]["dice"] <= 1.0
+    assert "own size" in report["final"]["note"]
+    if method == "graphfedseg":
+        assert all(0 < r["uncertainty"][s] <= 1 for r in report["rounds"] for s in sites)
+        assert all(r["metrics"][s]["dp_epsilon"] > 0 for r in report["rounds"] for s in sites)
+        assert set(report["final"]["personalized"]) == set(sites)
+    if method == "fedevi":
+        assert all(r["A"][s] > 0 for r in report["rounds"] for s in sites)

@@ -122,7 +122,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
 
 
 def _print_summary(report_path: Path) -> None:
-    from fedseg.fl.report import final_table, summarise
+    from fedseg.fl.report import METRIC_HEADERS, final_table, metric_columns, summarise
     from fedseg.plots.report_plots import plot_report
 
     data = json.loads(Path(report_path).read_text())
@@ -133,9 +133,9 @@ def _print_summary(report_path: Path) -> None:
         rows = final_table(data, which)
         if rows:
             print(f"\n{data['method']} — final {which} model (test split)")
-            print(f"{'site':<14}{'Dice':>10}{'HD95':>10}{'ASSD':>10}")
+            print(f"{'site':<14}" + "".join(f"{METRIC_HEADERS[n]:>15}" for n in metric_columns(data, which)))
             for row in rows:
-                print(f"{row[0].strip('*'):<14}" + "".join(f"{c:>10}" for c in row[1:]))
+                print(f"{row[0].strip('*'):<14}" + "".join(f"{c:>15}" for c in row[1:]))
     print(f"\nreport:  {report_path}\nsummary: {out / 'summary.md'}\nplots:   {out / 'plots'}")
 
 

@@ -115,6 +115,12 @@ class SegEngine:
             self.train_config.setdefault(key, self.parser[key])
         check_patch_size(self.train_config, len(self.parser["channels"]))
         self.spatial_mode: str = self.train_config["spatial_mode"]
+        logger.info(
+            "%s: spatial mode %s (%s), rescale %s", site, self.spatial_mode,
+            f"patches {self.train_config['patch_size']} px x {self.train_config['patch_samples']} per image"
+            if self.spatial_mode == "patch" else f"images resized to {self.train_config['image_size']} px",
+            self.train_config["rescale"],
+        )
         self.num_classes = int(self.parser["num_classes"])
         self.n_train = len(self.data["training"])
         self._train_transform = self.parser.get_parsed_content("train_preprocessing")

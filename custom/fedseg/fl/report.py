@@ -52,8 +52,9 @@ class RunReport:
         return f"mean train_loss {mean(loss):.4f}, mean val_dice {mean(dice):.4f}, {entry.get('wall_time', 0):.1f}s"
 
     def as_dict(self) -> Dict[str, Any]:
+        final = {**self.final, "note": METRIC_NOTE} if self.final else self.final
         return _jsonable(
-            {"method": self.method, "config": self.config, "clients": self.clients, "rounds": self.rounds, "final": self.final}
+            {"method": self.method, "config": self.config, "clients": self.clients, "rounds": self.rounds, "final": final}
         )
 
     def write(self, run_dir: os.PathLike, plots: bool = True) -> Path:
@@ -72,12 +73,34 @@ class RunReport:
         return out / REPORT_NAME
 
 
+#: final metrics in table order: whole image, inside the field of view, distances in mm
+METRIC_ORDER = ("dice", "hd95", "assd", "dice_fov", "hd95_fov", "assd_fov", "hd95_mm", "assd_mm")
+METRIC_HEADERS = {
+    "dice": "Dice", "hd95": "HD95 (px)", "assd": "ASSD (px)", "dice_fov": "Dice FOV", "hd95_fov": "HD95 FOV (px)",
+    "assd_fov": "ASSD FOV (px)", "hd95_mm": "HD95 (mm)", "assd_mm": "ASSD (mm)",
+}
+#: what the final metrics mean (written into report.json)
+METRIC_NOTE = (
+    "test metrics per site are means over its test images, each scored at the image's own size against its mask on "
+    "disk (distances in pixels of the original image); *_fov: prediction and truth restricted to the image's "
+    "field-of-view mask; *_mm: distances in millimetres from the datalist's pixel spacing"
+)
+
+
+def metric_columns(data: Dict[str, Any], which: str = "global") -> List[str]:
+    """The final metrics any site reported for ``which``, in :data:`METRIC_ORDER`."""
+    final = (data.get("final") or {}).get(which) or {}
+    present = {k for m in final.values() for k in (m or {})}
+    return [n for n in METRIC_ORDER if n in present] or ["dice", "hd95", "assd"]
+
+
 def final_table(data: Dict[str, Any], which: str = "global") -> Optional[List[List[str]]]:
-    """Rows ``[site, dice, hd95, assd]`` plus a mean row, or None if the run has no such results."""
+    """Rows ``[site, <metric_columns>...]`` (dice, hd95, assd, then FOV / mm metrics where sites reported
+    them) plus a mean row, or None if the run has no such results."""
     final = (data.get("final") or {}).get(which)
     if not final:
         return None
-    names = ("dice", "hd95", "assd")
+    names = metric_columns(data, which)
     rows = []
     for site in data["clients"]:
         if site in final:
@@ -109,7 +132,9 @@ def summarise(data: Dict[str, Any], figures: Optional[List[Path]] = None, base: 
     for which in ("global", "personalized"):
         rows = final_table(data, which)
         if rows:
-            lines += [f"## Final {which} model on each site's test split", "", "| site | Dice | HD95 | ASSD |", "|---|---|---|---|"]
+            names = metric_columns(data, which)
+            lines += [f"## Final {which} model on each site's test split", "", METRIC_NOTE + ".", ""]
+            lines += ["| site | " + " | ".join(METRIC_HEADERS[n] for n in names) + " |", "|---" * (len(names) + 1) + "|"]
             lines += ["| " + " | ".join(r) + " |" for r in rows]
             lines.append("")
     if figures:
