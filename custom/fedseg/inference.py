@@ -213,12 +213,19 @@ def _workflow(
 
 def _check_ckpt_against(workflow, checkpoint: Path) -> None:
     """Build a throw-away copy of ``network_def`` and compare it with the checkpoint's weights."""
-    network = workflow.parser.get_parsed_content("network_def", lazy=False)
+    from .engine.spatial import check_patch_size
+
+    parser = workflow.parser
+    network = parser.get_parsed_content("network_def", lazy=False)
     check_checkpoint(checkpoint, network)
-    image_size = workflow.parser.get_parsed_content("image_size")
-    factor = 2 ** (len(getattr(network, "channels", [0])) - 1)
-    if int(image_size) % factor:
-        raise ValueError(f"image_size {image_size} must be divisible by {factor} for {len(network.channels)} levels")
+    if not hasattr(network, "channels"):
+        return  # not a U-Net (e.g. a 1x1-conv test network): no pooling levels to divide by
+    # the grid the network sees: the resized image (resize mode) or the sliding window (patch mode)
+    mode = parser.get_parsed_content("spatial_mode")
+    if mode not in ("resize", "patch"):
+        raise ValueError(f"spatial_mode {mode!r}: expected 'resize' or 'patch'")
+    sizes = {k: parser.get_parsed_content(k) for k in ("image_size", "patch_size")}
+    check_patch_size({"spatial_mode": mode, **sizes}, len(network.channels))
 
 
 def run_inference(
