@@ -172,10 +172,31 @@ def test_verify_metadata_rejects_broken_copy(tmp_path, breakage):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_verify_net_in_out():
-    # n=2 -> 32 x 32 input; "16*n" with n=1 leaves a 1x1 bottleneck, which instance norm refuses
-    argv = ["network_def", "--meta_file", str(META), "--config_file", str(TRAIN), "--n", "2", "--device", "cpu"]
+@pytest.mark.parametrize("n", [None, 1, 3])
+def test_verify_net_in_out(n):
+    """Every size the metadata declares must pass, starting with the model zoo's default ``--n 1``
+    (``None``: the option left out). "32*n" keeps a 2x2 bottleneck at n=1 for the 5-level network;
+    the former "16*n" gave 16 x 16 there, a 1x1 bottleneck that instance norm refuses."""
+    argv = ["network_def", "--meta_file", str(META), "--config_file", str(TRAIN), "--device", "cpu"]
+    if n is not None:
+        argv += ["--n", str(n)]
     _fire_cli("verify_net_in_out", argv)
+
+
+def test_verify_net_in_out_sizes_are_declared():
+    """The declared shapes are the network's: 32 px (n=1) is the smallest valid input, 16 px is not."""
+    from monai.bundle.scripts import _get_fake_spatial_shape
+
+    meta = json.loads(META.read_text())
+    for tensor in ("inputs", "outputs"):
+        fmt = meta["network_data_format"][tensor]
+        spec = fmt["image" if tensor == "inputs" else "pred"]["spatial_shape"]
+        assert _get_fake_spatial_shape(spec, n=1) == (32, 32)
+    net = load_bundle(BUNDLE).get_parsed_content("network_def", lazy=False).eval()
+    with torch.no_grad():
+        assert net(torch.rand(1, 3, 32, 32)).shape == (1, 2, 32, 32)
+        with pytest.raises(ValueError, match="more than 1 spatial element"):
+            net(torch.rand(1, 3, 16, 16))
 
 
 def test_ckpt_export_torchscript_matches_eager(tmp_path, trained_ckpt):
