@@ -247,8 +247,10 @@ def run_inference(
         datalist: decathlon-style datalist whose ``split`` entries' ``image`` files are segmented.
         split: datalist split to use.
         bundle_dir: bundle folder; default :func:`fedseg.bundle.default_bundle_dir`.
-        overrides: bundle variables the model was trained with (``channels``, ``image_size``, ...)
-            or other config ids.
+        overrides: bundle variables the model was trained with (``channels``, ``image_size``, ...;
+            for a native-resolution model ``spatial_mode="patch"``, ``patch_size``, ``rescale`` and
+            optionally ``sw_overlap`` / ``sw_blend_mode`` / ``sw_batch_size`` of the sliding window)
+            or other config ids. Masks have the input's size in both spatial modes.
 
     Returns:
         The written mask paths, in input order.
@@ -328,8 +330,10 @@ def evaluate_checkpoint(
 
     Returns:
         ``{"mean_dice": ..., "hausdorff95": ..., "surface_distance": ...}`` — foreground-class means
-        over the split at the network's input resolution (``image_size``); distances are in pixels
-        of that grid and NaN when every image has an empty prediction or label.
+        over the split, each image scored at its own size against its mask on disk in either spatial
+        mode (the same values as :meth:`fedseg.engine.SegEngine.evaluate`'s ``dice``/``hd95``/``assd``
+        when no mask is empty); distances are in pixels of the original image and NaN when every image
+        has an empty prediction or label.
     """
     checkpoint = Path(checkpoint).absolute()
     lists = [datalist] if isinstance(datalist, (str, os.PathLike)) else list(datalist)
