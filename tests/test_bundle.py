@@ -172,10 +172,31 @@ def test_verify_metadata_rejects_broken_copy(tmp_path, breakage):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_verify_net_in_out():
-    # n=2 -> 32 x 32 input; "16*n" with n=1 leaves a 1x1 bottleneck, which instance norm refuses
-    argv = ["network_def", "--meta_file", str(META), "--config_file", str(TRAIN), "--n", "2", "--device", "cpu"]
+@pytest.mark.parametrize("n", [None, 1, 3])
+def test_verify_net_in_out(n):
+    """Every size the metadata declares must pass, starting with the model zoo's default ``--n 1``
+    (``None``: the option left out). "32*n" keeps a 2x2 bottleneck at n=1 for the 5-level network;
+    the former "16*n" gave 16 x 16 there, a 1x1 bottleneck that instance norm refuses."""
+    argv = ["network_def", "--meta_file", str(META), "--config_file", str(TRAIN), "--device", "cpu"]
+    if n is not None:
+        argv += ["--n", str(n)]
     _fire_cli("verify_net_in_out", argv)
+
+
+def test_verify_net_in_out_sizes_are_declared():
+    """The declared shapes are the network's: 32 px (n=1) is the smallest valid input, 16 px is not."""
+    from monai.bundle.scripts import _get_fake_spatial_shape
+
+    meta = json.loads(META.read_text())
+    for tensor in ("inputs", "outputs"):
+        fmt = meta["network_data_format"][tensor]
+        spec = fmt["image" if tensor == "inputs" else "pred"]["spatial_shape"]
+        assert _get_fake_spatial_shape(spec, n=1) == (32, 32)
+    net = load_bundle(BUNDLE).get_parsed_content("network_def", lazy=False).eval()
+    with torch.no_grad():
+        assert net(torch.rand(1, 3, 32, 32)).shape == (1, 2, 32, 32)
+        with pytest.raises(ValueError, match="more than 1 spatial element"):
+            net(torch.rand(1, 3, 16, 16))
 
 
 def test_ckpt_export_torchscript_matches_eager(tmp_path, trained_ckpt):
@@ -299,3 +320,131 @@ def test_evaluate_checkpoint(tmp_path, trained_ckpt, datalist):
     assert set(metrics) == {"mean_dice", "hausdorff95", "surface_distance"}
     assert math.isfinite(metrics["mean_dice"]) and 0.0 <= metrics["mean_dice"] <= 1.0
     assert (tmp_path / "metrics.csv").is_file() and (tmp_path / "mean_dice_raw.csv").is_file()
+
+
+# ----------------------------------------------------------------------------------------------
+# spatial modes: evaluate.json / inference.json against the engine
+# ----------------------------------------------------------------------------------------------
+
+#: 4 levels -> patches must be multiples of 8 and >= 16; the tiny vessel site has 32 px images
+TINY_NET = {"channels": [8, 16, 32, 64]}
+MODES = {
+    "resize": {**TINY_NET, "spatial_mode": "resize", "image_size": 16},
+    "patch": {**TINY_NET, "spatial_mode": "patch", "patch_size": 16},
+    "patch_rescale": {**TINY_NET, "spatial_mode": "patch", "patch_size": 16, "rescale": 0.75},
+}
+
+
+@pytest.fixture(scope="module")
+def vessel_site(tmp_path_factory):
+    """The tiny vessel site (32 px, ``"spatial_mode": "patch"`` in its datalist), a copy of its datalist
+    whose test entries carry a field-of-view mask, and an untrained 4-level checkpoint."""
+    root = tmp_path_factory.mktemp("vessel")
+    datalist = generate_site_data("vessel", "site-1", root, profile="tiny")
+    data = json.loads(datalist.read_text())
+    (datalist.parent / "fov").mkdir()
+    yy, xx = np.mgrid[:32, :32]
+    disk = (((yy - 15.5) ** 2 + (xx - 15.5) ** 2) <= 13**2).astype(np.uint8) * 255
+    for entry in data["test"]:
+        entry["fov"] = "fov/" + Path(entry["image"]).name
+        Image.fromarray(disk).save(datalist.parent / entry["fov"])
+    fov_datalist = datalist.parent / "datalist_fov.json"
+    fov_datalist.write_text(json.dumps(data))
+    net = load_bundle(BUNDLE, TINY_NET).get_parsed_content("network_def", lazy=False)
+    ckpt = root / "model.pt"
+    torch.save(net.state_dict(), ckpt)
+    return datalist, fov_datalist, ckpt
+
+
+def _engine_scores(datalist, ckpt, overrides):
+    from fedseg.engine import SegEngine
+
+    engine = SegEngine("site-1", datalist, dict(overrides), device=torch.device("cpu"))
+    model = engine.build_network()
+    model.load_state_dict(torch.load(ckpt, weights_only=True))
+    return engine, model
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_evaluate_checkpoint_matches_engine(tmp_path, vessel_site, mode):
+    """evaluate.json (MONAI evaluator + handlers) and SegEngine.evaluate score the same predictions at
+    each image's own size: same Dice, HD95 and ASSD."""
+    datalist, _, ckpt = vessel_site
+    overrides = MODES[mode]
+    bundle_metrics = evaluate_checkpoint(ckpt, datalist, split="test", output_dir=tmp_path, overrides=overrides)
+    engine, model = _engine_scores(datalist, ckpt, overrides)
+    assert engine.spatial_mode == overrides["spatial_mode"]
+    means = engine.evaluate(model, "test")
+    assert bundle_metrics["mean_dice"] == pytest.approx(means["dice"], abs=1e-5)
+    assert bundle_metrics["hausdorff95"] == pytest.approx(means["hd95"], abs=1e-4)
+    assert bundle_metrics["surface_distance"] == pytest.approx(means["assd"], abs=1e-4)
+    # per-image rows are written too, one per test image
+    rows = (tmp_path / "mean_dice_raw.csv").read_text().strip().splitlines()
+    assert len(rows) == 1 + len(engine.data["test"])
+
+
+def test_evaluate_checkpoint_with_fov_entries(tmp_path, vessel_site):
+    """A datalist whose entries carry a ``fov`` loads through evaluate.json (the FOV is read at the
+    image's size and ignored by its whole-image metrics), and scores as the engine's whole-image Dice."""
+    _, fov_datalist, ckpt = vessel_site
+    overrides = MODES["patch"]
+    bundle_metrics = evaluate_checkpoint(ckpt, fov_datalist, split="test", output_dir=tmp_path, overrides=overrides)
+    engine, model = _engine_scores(fov_datalist, ckpt, overrides)
+    means = engine.evaluate(model, "test")
+    assert "dice_fov" in means and means["dice_fov"] != means["dice"]
+    assert bundle_metrics["mean_dice"] == pytest.approx(means["dice"], abs=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["patch", "patch_rescale", "resize"])
+def test_inference_spatial_modes_write_input_size(tmp_path, vessel_site, mode):
+    """inference.json follows spatial_mode: sizes that are not multiples of the window (and one smaller
+    than it) come back at the input's size in every mode."""
+    _, _, ckpt = vessel_site
+    src = tmp_path / "new"
+    src.mkdir()
+    rng = np.random.default_rng(1)
+    sizes = {"odd.png": (70, 53), "small.png": (12, 27)}  # (H, W); 12 < patch 16
+    for name, (h, w) in sizes.items():
+        Image.fromarray((rng.random((h, w, 3)) * 255).astype(np.uint8)).save(src / name)
+    masks = run_inference(ckpt, tmp_path / "out", input_dir=src, overrides=MODES[mode])
+    for mask, (name, (h, w)) in zip(masks, sorted(sizes.items())):
+        img = Image.open(mask)
+        assert mask.name == f"{Path(name).stem}_seg.png"
+        assert img.size == (w, h), name
+        assert set(np.unique(np.asarray(img)).tolist()) <= {0, 255}
+
+
+def test_inference_patch_mode_equals_engine_prediction(tmp_path, vessel_site):
+    """At native resolution (no rescale) the written masks are exactly the engine's whole-image
+    sliding-window argmax: same window, overlap and blending from the same bundle variables."""
+    datalist, _, ckpt = vessel_site
+    overrides = {**MODES["patch"], "sw_overlap": 0.5, "sw_blend_mode": "constant"}
+    masks = run_inference(ckpt, tmp_path / "out", datalist=datalist, split="test", overrides=overrides)
+    engine, model = _engine_scores(datalist, ckpt, overrides)
+    root = Path(datalist).parent
+    entries = json.loads(Path(datalist).read_text())["test"]
+    outputs = list(engine.iterate_logits(model, "test"))
+    assert len(outputs) == len(masks) == len(entries)
+    for mask, entry, (_, labels, logits, _) in zip(masks, entries, outputs):
+        # MONAI's PIL reader gives (W, H) arrays: transpose to PIL's (H, W), checked on the label
+        on_disk = np.asarray(Image.open(root / entry["label"])) > 0
+        np.testing.assert_array_equal(labels[0, 0].numpy().T > 0, on_disk)
+        pred = logits.argmax(1)[0].numpy().T.astype(bool)
+        written = np.asarray(Image.open(mask)) > 0
+        assert written.shape == pred.shape == on_disk.shape
+        assert pred.any() and not pred.all()  # a mixed mask: orientation and blending both matter
+        np.testing.assert_array_equal(written, pred)
+
+
+def test_inference_checks_patch_size_in_patch_mode(tmp_path, vessel_site):
+    """In patch mode the window, not image_size, must fit the U-Net's pooling levels."""
+    _, _, ckpt = vessel_site
+    (tmp_path / "new").mkdir()
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "new" / "a.png")
+    with pytest.raises(ValueError, match="patch_size 20 must be a multiple of 8"):
+        run_inference(ckpt, tmp_path / "out", input_dir=tmp_path / "new", overrides={**MODES["patch"], "patch_size": 20})
+    # image_size 20 is irrelevant in patch mode
+    (mask,) = run_inference(ckpt, tmp_path / "out", input_dir=tmp_path / "new", overrides={**MODES["patch"], "image_size": 20})
+    assert Image.open(mask).size == (32, 32)
+    with pytest.raises(ValueError, match="image_size 20 must be a multiple of 8"):
+        run_inference(ckpt, tmp_path / "out2", input_dir=tmp_path / "new", overrides={**TINY_NET, "image_size": 20})

@@ -213,12 +213,19 @@ def _workflow(
 
 def _check_ckpt_against(workflow, checkpoint: Path) -> None:
     """Build a throw-away copy of ``network_def`` and compare it with the checkpoint's weights."""
-    network = workflow.parser.get_parsed_content("network_def", lazy=False)
+    from .engine.spatial import check_patch_size
+
+    parser = workflow.parser
+    network = parser.get_parsed_content("network_def", lazy=False)
     check_checkpoint(checkpoint, network)
-    image_size = workflow.parser.get_parsed_content("image_size")
-    factor = 2 ** (len(getattr(network, "channels", [0])) - 1)
-    if int(image_size) % factor:
-        raise ValueError(f"image_size {image_size} must be divisible by {factor} for {len(network.channels)} levels")
+    if not hasattr(network, "channels"):
+        return  # not a U-Net (e.g. a 1x1-conv test network): no pooling levels to divide by
+    # the grid the network sees: the resized image (resize mode) or the sliding window (patch mode)
+    mode = parser.get_parsed_content("spatial_mode")
+    if mode not in ("resize", "patch"):
+        raise ValueError(f"spatial_mode {mode!r}: expected 'resize' or 'patch'")
+    sizes = {k: parser.get_parsed_content(k) for k in ("image_size", "patch_size")}
+    check_patch_size({"spatial_mode": mode, **sizes}, len(network.channels))
 
 
 def run_inference(
@@ -240,8 +247,10 @@ def run_inference(
         datalist: decathlon-style datalist whose ``split`` entries' ``image`` files are segmented.
         split: datalist split to use.
         bundle_dir: bundle folder; default :func:`fedseg.bundle.default_bundle_dir`.
-        overrides: bundle variables the model was trained with (``channels``, ``image_size``, ...)
-            or other config ids.
+        overrides: bundle variables the model was trained with (``channels``, ``image_size``, ...;
+            for a native-resolution model ``spatial_mode="patch"``, ``patch_size``, ``rescale`` and
+            optionally ``sw_overlap`` / ``sw_blend_mode`` / ``sw_batch_size`` of the sliding window)
+            or other config ids. Masks have the input's size in both spatial modes.
 
     Returns:
         The written mask paths, in input order.
@@ -321,8 +330,10 @@ def evaluate_checkpoint(
 
     Returns:
         ``{"mean_dice": ..., "hausdorff95": ..., "surface_distance": ...}`` — foreground-class means
-        over the split at the network's input resolution (``image_size``); distances are in pixels
-        of that grid and NaN when every image has an empty prediction or label.
+        over the split, each image scored at its own size against its mask on disk in either spatial
+        mode (the same values as :meth:`fedseg.engine.SegEngine.evaluate`'s ``dice``/``hd95``/``assd``
+        when no mask is empty); distances are in pixels of the original image and NaN when every image
+        has an empty prediction or label.
     """
     checkpoint = Path(checkpoint).absolute()
     lists = [datalist] if isinstance(datalist, (str, os.PathLike)) else list(datalist)

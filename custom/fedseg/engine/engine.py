@@ -51,7 +51,7 @@ from fedseg.bundle import load_bundle
 from fedseg.data.datalist import load_datalist, read_datalist_json
 from fedseg.data.transforms import resize_scores
 from fedseg.engine.cache import CacheBudget
-from fedseg.engine.spatial import WholeImagePredictor, check_patch_size, pixel_spacing, resolve_spatial_settings
+from fedseg.engine.spatial import WholeImagePredictor, check_patch_size, pixel_spacing, resolve_spatial_settings, tensor_spacing
 from fedseg.metrics import SegmentationMetrics
 from fedseg.objectives.base import BatchOutput, ClientObjective, RoundContext
 
@@ -362,7 +362,7 @@ class SegEngine:
                 logits.argmax(dim=1, keepdim=True).cpu(),
                 batch["label"].cpu(),
                 fov=None if fov is None else fov.cpu(),
-                spacing=pixel_spacing(entries[i], self.datalist_info),
+                spacing=tensor_spacing(pixel_spacing(entries[i], self.datalist_info), entries[i]["image"]),
             )
         means = meter.aggregate()
         if not per_image:

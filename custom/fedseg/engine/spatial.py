@@ -107,3 +107,15 @@ def pixel_spacing(entry: Mapping[str, Any], datalist: Mapping[str, Any]) -> Opti
     if len(values) != 2 or not all(v > 0 for v in values):
         raise ValueError(f"spacing {value!r} of {entry.get('image')}: expected one or two positive numbers (mm per pixel)")
     return values
+
+
+def tensor_spacing(spacing: Optional[Sequence[float]], image_path: str) -> Optional[Sequence[float]]:
+    """``spacing`` (``(row, column)`` mm, :func:`pixel_spacing`) in the order of the axes of the tensors the
+    bundle's loader gives for ``image_path``: MONAI's PIL reader indexes raster images ``(x, y)``, i.e.
+    ``(W, H)`` = ``(column, row)``, so the pair is reversed for them. NIfTI arrays keep nibabel's axis order;
+    a spacing stated for them applies to axes 0 and 1 (``pixdim[1]``, ``pixdim[2]``), unchanged."""
+    if spacing is None:
+        return None
+    if str(image_path).lower().endswith((".nii", ".nii.gz")):
+        return list(spacing)
+    return list(spacing)[::-1]
