@@ -296,12 +296,24 @@ class SegEngine:
         finally:
             model.train(was_training)
 
-    def evaluate(self, model: nn.Module, split: str, metrics: Sequence[str] = ("dice", "hd95", "assd")) -> Dict[str, float]:
-        """Mean foreground metrics of ``model`` over the images of ``split``."""
+    def evaluate(
+        self, model: nn.Module, split: str, metrics: Sequence[str] = ("dice", "hd95", "assd"), per_image: bool = False
+    ):
+        """Mean foreground metrics of ``model`` over the images of ``split``.
+
+        With ``per_image=True`` returns ``(summary, rows)``: ``rows`` holds one dict per image of the split
+        in datalist order, ``{"id": basename of the entry's image, <metric>: value, ...}``. Rows are
+        site-local results (for paired tests); they are never part of what a site sends.
+        """
         meter = SegmentationMetrics(self.num_classes, metrics)
         for _, labels, logits, _ in self.iterate_logits(model, split):
             meter.update(logits.argmax(dim=1, keepdim=True).cpu(), labels.cpu())
-        return meter.aggregate()
+        summary = meter.aggregate()
+        if not per_image:
+            return summary
+        ids = [os.path.basename(str(e["image"])) for e in self.data[split]]
+        rows = [{"id": i, **values} for i, values in zip(ids, meter.per_image())]
+        return summary, rows
 
 
 def _check_dp_objective(objective: ClientObjective) -> None:

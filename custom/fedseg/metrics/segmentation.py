@@ -9,7 +9,7 @@ Empty-mask policy (MONAI returns NaN/Inf there, which would poison averages):
 from __future__ import annotations
 
 import math
-from typing import Dict, Sequence
+from typing import Dict, List, Sequence
 
 import torch
 from monai.metrics import DiceMetric, HausdorffDistanceMetric, SurfaceDistanceMetric
@@ -55,6 +55,11 @@ class SegmentationMetrics:
 
     def aggregate(self) -> Dict[str, float]:
         return {m: (float(sum(v) / len(v)) if v else float("nan")) for m, v in self._values.items()}
+
+    def per_image(self) -> List[Dict[str, float]]:
+        """One dict per image, in ``update`` order, keyed by this meter's metrics (same policy as ``aggregate``)."""
+        n = len(self._values[self.metrics[0]]) if self.metrics else 0
+        return [{m: float(self._values[m][i]) for m in self.metrics} for i in range(n)]
 
     def reset(self) -> None:
         self._values = {m: [] for m in self.metrics}
