@@ -166,3 +166,25 @@ def test_infer_cli_without_override(tmp_path, tiny_datalist, tiny_train_config):
     ckpt = _checkpoint_with_train_config(tmp_path / "site-1.pt", cfg)
     main(["infer", "--checkpoint", str(ckpt), "--datalist", str(tiny_datalist), "--output", str(tmp_path / "out")])
     assert len(list((tmp_path / "out").glob("*_seg.png"))) == len(json.loads(open(tiny_datalist).read())["test"])
+
+
+def test_compare_script_maps_onto_fedseg_bench(tmp_path):
+    """``benchmarks/compare.py`` only translates its options into a ``fedseg bench`` command line."""
+    import importlib.util
+    from pathlib import Path
+
+    from fedseg.cli import build_parser
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "compare.py"
+    spec = importlib.util.spec_from_file_location("compare_script", path)
+    compare_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare_script)
+    import argparse
+
+    args = argparse.Namespace(scenario="vessel", sites=["a", "b"], data_profile="tiny", methods=["fedavg", "x=fvac:beta=1"],
+                              references=[], seed=3, seeds=None, profile="tiny", rounds=2, local_epochs=1, image_size=32,
+                              task_check_period=0.5, omp_threads="1", task_request_interval=0.2, participants=None)
+    parsed = build_parser().parse_args(compare_script.bench_argv(args, tmp_path))
+    assert parsed.cmd == "bench" and parsed.family == "vessel" and parsed.sites == ["a", "b"]
+    assert parsed.methods == ["fedavg", "x=fvac:beta=1"] and parsed.references == [] and parsed.seeds == [3]
+    assert (parsed.rounds, parsed.local_epochs, parsed.image_size, parsed.task_request_interval) == (2, 1, 32, 0.2)
