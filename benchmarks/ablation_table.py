@@ -1,8 +1,9 @@
-"""Markdown table of method/ablation rows from one ``compare.py`` run (the tables of docs/benchmarks.md (d)).
+"""Markdown table of method/ablation rows from one ``fedseg bench`` (or ``compare.py``) run (the tables of
+docs/benchmarks.md (d)).
 
-Reads ``<out>/results.json`` written by ``benchmarks/compare.py`` and each row's ``report.json``, and
+Reads ``<out>/results.json`` written by ``fedseg bench`` and each row's ``report.json`` (every seed's), and
 prints one row per method variant: mean Dice / HD95 / ASSD of the final global model (unweighted over
-sites), per-site Dice, optionally the personalised models' mean Dice / HD95, then timing and memory from
+sites; with several seeds, the mean over seeds), per-site Dice, optionally the personalised models' mean Dice / HD95, then timing and memory from
 the rounds after round 0 (round 0 carries the sites' set-up):
 
 * median round wall time (server side) and its ratio to the ``fedavg`` row of the same run;
@@ -32,9 +33,9 @@ def _fmt(value: Optional[float], digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _site_medians(report: Dict[str, Any], name: str) -> Optional[float]:
-    rounds = report["rounds"][1:] or report["rounds"]
-    values = [m.get(name) for r in rounds for m in r["metrics"].values()]
+def _site_medians(reports: List[Dict[str, Any]], name: str) -> Optional[float]:
+    """Median of a per-site round metric over the rounds after round 0 of every report (seed)."""
+    values = [m.get(name) for report in reports for r in (report["rounds"][1:] or report["rounds"]) for m in r["metrics"].values()]
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
 
@@ -43,9 +44,11 @@ def table(results: Dict[str, Any], personalised: bool = False) -> str:
     sites = results["sites"]
     rows = []
     for label, entry in results["methods"].items():
-        with open(entry["report_path"]) as f:
-            report = json.load(f)
-        rows.append((label, entry, _site_medians(report, "compute_time"), _site_medians(report, "peak_memory_mb")))
+        reports = []
+        for path in entry.get("report_paths") or [entry["report_path"]]:
+            with open(path) as f:
+                reports.append(json.load(f))
+        rows.append((label, entry, _site_medians(reports, "compute_time"), _site_medians(reports, "peak_memory_mb")))
     base = results["methods"].get("fedavg", {})
     base_wall = base.get("median_round_wall")
     base_compute = next((c for label, _, c, _ in rows if label == "fedavg"), None)
@@ -78,7 +81,7 @@ def table(results: Dict[str, Any], personalised: bool = False) -> str:
 
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("results", help="results.json written by benchmarks/compare.py")
+    parser.add_argument("results", help="results.json written by fedseg bench (or benchmarks/compare.py)")
     parser.add_argument("--personalised", action="store_true", help="add the personalised models' columns")
     args = parser.parse_args(argv)
     with open(args.results) as f:

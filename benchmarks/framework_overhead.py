@@ -40,15 +40,11 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List
 
 DEFAULT_VARIANTS = [
     "baseline:",
@@ -61,60 +57,8 @@ DEFAULT_VARIANTS = [
 
 
 # ------------------------------------------------------------------------------------ job helpers
-def patch_job(job_dir: Path, task_request_interval: Optional[float] = None,
-              task_fetch_interval: Optional[float] = None) -> None:
-    """Add NVFlare server/client timing settings to an exported job (in place)."""
-    if task_request_interval is not None:
-        for cfg in job_dir.rglob("config_fed_server.json"):
-            data = json.loads(cfg.read_text())
-            data.setdefault("server", {})["task_request_interval"] = float(task_request_interval)
-            cfg.write_text(json.dumps(data, indent=4))
-    if task_fetch_interval is not None:
-        for cfg in job_dir.rglob("config_fed_client.json"):
-            data = json.loads(cfg.read_text())
-            data["default_task_fetch_interval"] = float(task_fetch_interval)
-            cfg.write_text(json.dumps(data, indent=4))
-
-
-def run_simulator(job_dir: Path, workspace: Path, sites: Sequence[str], threads: Optional[int] = None,
-                  omp_threads: Optional[str] = "1", timeout: int = 3600, log_path: Optional[Path] = None) -> Dict[str, Any]:
-    """Run ``nvflare simulator`` on ``job_dir`` with clients ``sites``; returns the report plus timings.
-
-    ``omp_threads``: value for OMP_NUM_THREADS in the simulator's environment, or None to leave it unset.
-    """
-    if workspace.exists():
-        shutil.rmtree(workspace)
-    env = dict(os.environ)
-    env.pop("OMP_NUM_THREADS", None)
-    if omp_threads not in (None, "", "default"):
-        env["OMP_NUM_THREADS"] = str(omp_threads)
-    cmd = ["nvflare", "simulator", str(job_dir), "-w", str(workspace), "-t", str(threads or len(sites)),
-           "-c", ",".join(sites)]
-    started = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    elapsed = time.perf_counter() - started
-    log = proc.stdout + proc.stderr
-    if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.write_text(log)
-    reports = sorted(workspace.rglob("report.json"))
-    if proc.returncode != 0 or not reports:
-        raise RuntimeError(f"simulator failed (rc={proc.returncode}, reports={reports}): {' '.join(cmd)}\n{log[-4000:]}")
-    report = json.loads(reports[0].read_text())
-    return {"report": report, "report_path": str(reports[0]), "total_wall_s": elapsed, "command": " ".join(cmd)}
-
-
-def round_timings(report: Dict[str, Any]) -> List[Dict[str, float]]:
-    """Per round: wall, max/sum of site compute_time, overhead = wall - max(compute)."""
-    rows = []
-    for r in report.get("rounds", []):
-        computes = [float(m["compute_time"]) for m in r.get("metrics", {}).values() if m.get("compute_time") is not None]
-        wall = float(r.get("wall_time") or 0.0)
-        row = {"round": int(r["round"]), "wall": wall}
-        if computes:
-            row.update(max_compute=max(computes), sum_compute=sum(computes), overhead=wall - max(computes))
-        rows.append(row)
-    return rows
+# the simulator helpers live in the package (``fedseg bench`` uses them); re-exported here
+from fedseg.bench.simulator import machine_info, patch_job, round_timings, run_simulator  # noqa: E402,F401
 
 
 def summarise_rounds(rows: List[Dict[str, float]], skip_first: int = 1) -> Dict[str, float]:
@@ -137,17 +81,6 @@ def parse_variant(spec: str) -> Dict[str, Any]:
             raise ValueError(f"unknown setting {key!r} in variant {spec!r}")
         settings[key] = value if key == "omp" else (int(value) if key == "threads" else float(value))
     return settings
-
-
-def machine_info() -> Dict[str, Any]:
-    try:
-        load = os.getloadavg()
-    except OSError:  # pragma: no cover
-        load = None
-    import torch
-
-    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "loadavg_at_start": load}
 
 
 # ------------------------------------------------------------------------------------------- main

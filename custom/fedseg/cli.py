@@ -1,9 +1,12 @@
-"""``fedseg`` command line: data, job export, simulator runs, run summaries, inference.
+"""``fedseg`` command line: data, job export, simulator runs, method comparison, run summaries, inference.
 
     fedseg data synth   --family polyp --sites site-1 site-2 site-3 --out DIR
     fedseg data retina  --src ../shared/data/retina_vessels --out DIR
     fedseg export       [--method fedavg | --all] [--profile default] [--out jobs]
     fedseg run METHOD   [-n 3] [-w WORKSPACE] [--profile default] [--rounds R] [--site-datalists FILE]
+                        [--seed S] [--set key=value ...]
+    fedseg bench        --out DIR (--site-datalists FILE | --family polyp --sites ...) --methods fedavg fedevi ...
+                        [--references local pooled] [--seeds 0 1 2] [--rounds R] [--local-epochs E] [--set key=value ...]
     fedseg summarise    WORKSPACE_OR_REPORT
     fedseg infer        --checkpoint CKPT --input DIR --output DIR
 """
@@ -87,15 +90,28 @@ def _cmd_export(args: argparse.Namespace) -> None:
         print(f"exported {method} -> {export_job(method, args.out, args.profile)}")
 
 
+def _train_sets(items: Optional[List[str]]) -> dict:
+    """``--set key=value`` items as train_config overrides; exits with a clear message on an unknown key."""
+    from fedseg.bench.runs import parse_sets
+
+    try:
+        return parse_sets(items)
+    except ValueError as e:
+        raise SystemExit(f"fedseg: {e}") from None
+
+
 def _cmd_run(args: argparse.Namespace) -> None:
+    sets = _train_sets(args.set)  # before anything is exported or started
     workspace = Path(args.workspace or Path("workspaces") / args.method).resolve()
-    overrides = {}
+    overrides = dict(sets)
     if args.family:
         overrides["data_family"] = args.family
     if args.image_size:
         overrides["image_size"] = args.image_size
     if args.local_epochs:
         overrides["local_epochs"] = args.local_epochs
+    if args.seed is not None:
+        overrides["seed"] = args.seed
     script_args = f"--site_datalists {Path(args.site_datalists).resolve()}" if args.site_datalists else ""
     sites = None
     if args.site_datalists:
@@ -137,6 +153,27 @@ def _print_summary(report_path: Path) -> None:
             for row in rows:
                 print(f"{row[0].strip('*'):<14}" + "".join(f"{c:>15}" for c in row[1:]))
     print(f"\nreport:  {report_path}\nsummary: {out / 'summary.md'}\nplots:   {out / 'plots'}")
+
+
+def _cmd_bench(args: argparse.Namespace) -> None:
+    from fedseg.bench.bench import run_bench
+    from fedseg.bench.runs import Budget
+
+    sets = _train_sets(args.set)
+    if args.image_size:
+        sets["image_size"] = args.image_size
+    if not args.site_datalists and not args.family:
+        args.family = "polyp"
+    budget = Budget(profile=args.profile, rounds=args.rounds, local_epochs=args.local_epochs, sets=sets,
+                    task_check_period=args.task_check_period, task_request_interval=args.task_request_interval,
+                    omp_threads=args.omp_threads)
+    try:
+        run_bench(args.out, methods=args.methods, references=args.references, seeds=args.seeds,
+                  site_datalists=args.site_datalists, family=args.family, sites=args.sites,
+                  data_profile=args.data_profile, data_seed=args.data_seed, budget=budget,
+                  command="fedseg " + " ".join(args.argv or []))
+    except ValueError as e:
+        raise SystemExit(f"fedseg bench: {e}") from None
 
 
 def _cmd_summarise(args: argparse.Namespace) -> None:
@@ -197,7 +234,39 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--image-size", type=int, default=None, help="network input size (images are resized on load)")
     run.add_argument("--local-epochs", type=int, default=None)
     run.add_argument("--site-datalists", default=None, help="JSON map site -> datalist (real data)")
+    run.add_argument("--seed", type=int, default=None, help="training seed (initial weights, shuffling, augmentation)")
+    run.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                     help="any train_config key, value parsed as JSON where possible, e.g. --set batch_size=8 learning_rate=3e-4")
     run.set_defaults(func=_cmd_run)
+
+    bench = sub.add_parser(
+        "bench", help="compare methods (and local-only / pooled references) over seeds, with paired tests",
+        description="Run every method and reference for every seed in NVFlare's simulator (references in "
+                    "process, same engine and schedule), then write results.json, results.md and plots/ under "
+                    "--out. Repeating the command with the same --out skips finished runs.")
+    data_src = bench.add_mutually_exclusive_group()
+    data_src.add_argument("--site-datalists", default=None, help="JSON map site -> datalist path")
+    data_src.add_argument("--family", default=None, choices=["polyp", "vessel"], help="built-in data family (default polyp)")
+    bench.add_argument("--sites", nargs="+", default=["site-1", "site-2", "site-3"], help="built-in data: site names")
+    bench.add_argument("--data-profile", default="default", help="built-in data: profile (image count / size)")
+    bench.add_argument("--data-seed", type=int, default=0, help="built-in data: federation seed")
+    bench.add_argument("--methods", nargs="+", default=["fedavg"],
+                       help="methods, method options (graphfedseg:uncertainty_pass=last_epoch) or ablation rows "
+                            "LABEL=METHOD:key=value,key=value")
+    bench.add_argument("--references", nargs="*", default=["local", "pooled"], choices=["local", "pooled"])
+    bench.add_argument("--seeds", nargs="+", type=int, default=[0])
+    bench.add_argument("--profile", default="default")
+    bench.add_argument("--rounds", type=int, default=None)
+    bench.add_argument("--local-epochs", type=int, default=None)
+    bench.add_argument("--image-size", type=int, default=None, help="shorthand for --set image_size=N")
+    bench.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="any train_config key")
+    bench.add_argument("--task-check-period", type=float, default=0.5, help="controller task_check_period (s)")
+    bench.add_argument("--task-request-interval", type=float, default=None,
+                       help="NVFlare server task_request_interval (s); default: the recipe's")
+    bench.add_argument("--omp-threads", default="1",
+                       help="torch/OMP threads per site process and for the references ('default' = unset)")
+    bench.add_argument("--out", required=True, help="output folder (resumable)")
+    bench.set_defaults(func=_cmd_bench)
 
     summ = sub.add_parser("summarise", aliases=["summarize"], help="table + plots from report.json")
     summ.add_argument("path", help="a workspace, run directory or report.json")
@@ -217,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> None:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     args.func(args)
 
 

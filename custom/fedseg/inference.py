@@ -7,7 +7,8 @@ The functions here go through MONAI's own :class:`~monai.bundle.ConfigWorkflow` 
 ``python -m monai.bundle run`` does — and add what a library caller needs on top: a checkpoint check
 with a readable error, the list of written masks, and the metrics as a dict.
 
-Checkpoints may be NVFlare's ``FL_global_model.pt`` (``{"model": state_dict, "train_conf": ...}``),
+Checkpoints may be NVFlare's ``FL_global_model.pt`` (``{"model": state_dict, "train_conf": ...}``, plus
+the job's ``"train_config"`` that ``FedSegController`` adds and inference uses as default overrides),
 a dict with a ``"model"`` key written by MONAI's ``CheckpointSaver``, or a plain ``state_dict``
 (what ``CheckpointSaver`` writes when it saves a single object). MONAI's ``CheckpointLoader`` in the
 configs accepts all three; :func:`check_checkpoint` runs first so that a wrong architecture is
@@ -37,6 +38,7 @@ __all__ = [
     "find_images",
     "datalist_images",
     "load_state_dict",
+    "checkpoint_train_config",
     "check_checkpoint",
     "run_inference",
     "evaluate_checkpoint",
@@ -129,6 +131,32 @@ def load_state_dict(checkpoint: str | os.PathLike) -> Dict[str, torch.Tensor]:
             f"state_dict, found {found}"
         )
     return dict(ckpt)
+
+
+def checkpoint_train_config(checkpoint: str | os.PathLike) -> Dict[str, Any]:
+    """The bundle variables of the ``train_config`` a fedseg checkpoint carries, else ``{}``.
+
+    ``FedSegController`` stores the job's ``train_config`` next to ``"model"`` in ``FL_global_model.pt``
+    and in every personalised checkpoint. Only keys of :data:`fedseg.bundle.BUNDLE_KEYS` are kept (the
+    rest, e.g. ``local_epochs``, are not bundle variables), so new bundle variables are picked up as
+    soon as they are listed there.
+    """
+    path = Path(checkpoint)
+    if not path.is_file():
+        return {}
+    ckpt = torch.load(str(path), map_location="cpu", weights_only=True)
+    cfg = ckpt.get("train_config") if isinstance(ckpt, Mapping) else None
+    if not isinstance(cfg, Mapping):
+        return {}
+    return {k: v for k, v in cfg.items() if k in BUNDLE_KEYS and v is not None}
+
+
+def _merged_overrides(checkpoint: Path, overrides: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The checkpoint's training bundle variables, with explicit ``overrides`` winning."""
+    base = checkpoint_train_config(checkpoint)
+    if base:
+        logger.info("using the training configuration stored in %s: %s", checkpoint, sorted(base))
+    return {**base, **dict(overrides or {})}
 
 
 def check_checkpoint(checkpoint: str | os.PathLike, network: torch.nn.Module) -> None:
@@ -250,7 +278,9 @@ def run_inference(
         overrides: bundle variables the model was trained with (``channels``, ``image_size``, ...;
             for a native-resolution model ``spatial_mode="patch"``, ``patch_size``, ``rescale`` and
             optionally ``sw_overlap`` / ``sw_blend_mode`` / ``sw_batch_size`` of the sliding window)
-            or other config ids. Masks have the input's size in both spatial modes.
+            or other config ids. Masks have the input's size in both spatial modes. Defaults come from
+            the ``train_config`` stored in the checkpoint (:func:`checkpoint_train_config`); explicit
+            overrides win.
 
     Returns:
         The written mask paths, in input order.
@@ -270,7 +300,7 @@ def run_inference(
         "datalist": str(Path(datalist).absolute()) if datalist else "",
         "split": split,
     }
-    workflow = _workflow("inference.json", bundle_dir, settings, overrides)
+    workflow = _workflow("inference.json", bundle_dir, settings, _merged_overrides(checkpoint, overrides))
     _check_ckpt_against(workflow, checkpoint)
 
     from monai.data.folder_layout import FolderLayout
@@ -326,7 +356,8 @@ def evaluate_checkpoint(
         output_dir: where ``MetricsSaver`` writes its CSV reports (per-image and summary); a temporary
             folder that is removed afterwards when not given.
         bundle_dir: bundle folder; default :func:`fedseg.bundle.default_bundle_dir`.
-        overrides: bundle variables the model was trained with, or other config ids.
+        overrides: bundle variables the model was trained with, or other config ids; defaults
+            from the checkpoint's stored ``train_config`` (explicit overrides win).
 
     Returns:
         ``{"mean_dice": ..., "hausdorff95": ..., "surface_distance": ...}`` — foreground-class means
@@ -344,7 +375,7 @@ def evaluate_checkpoint(
             "eval_datalists": [str(Path(d).absolute()) for d in lists],
             "split": split,
         }
-        workflow = _workflow("evaluate.json", bundle_dir, settings, overrides)
+        workflow = _workflow("evaluate.json", bundle_dir, settings, _merged_overrides(checkpoint, overrides))
         _check_ckpt_against(workflow, checkpoint)
         workflow.initialize()
         workflow.run()

@@ -3,7 +3,8 @@
 What leaves the site (``FLModel`` sent back):
   * train:    the trained weights, ``metrics`` {train_loss, val_dice, steps}, ``meta`` {n_samples} plus
               the objective's declared statistics;
-  * evaluate: ``metrics`` {dice, hd95, assd} of the received model on the test split, nothing else;
+  * evaluate: ``metrics`` {dice, hd95, assd} of the received model on the test split, nothing else
+              (the per-image values stay in ``<site workspace>/fedseg_outputs/<site>/per_image_<model>.json``);
   * other tasks (method-specific): the objective's declared statistics only.
 Images, labels, predictions and overlays stay in the site's workspace.
 """
@@ -11,6 +12,7 @@ Images, labels, predictions and overlays stay in the site's workspace.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import resource
@@ -74,7 +76,7 @@ class SiteRunner:
         if task == TRAIN_TASK:
             return self._train(ctx)
         if task == EVALUATE_TASK:
-            return self._evaluate(meta.get("model_name", "global"))
+            return self._evaluate(meta.get("model_name", "global"), ctx.round)
         statistics = self.objective.handle_task(task, ctx, self.model, self.engine)
         return {"params": {}, "metrics": {}, "meta": self._declared(statistics)}
 
@@ -94,14 +96,30 @@ class SiteRunner:
         metrics["peak_memory_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return {"params": params, "metrics": metrics, "meta": {"n_samples": self.engine.n_train, **statistics}}
 
-    def _evaluate(self, model_name: str) -> Dict[str, Any]:
-        metrics = self.engine.evaluate(self.model, "test")
+    def _evaluate(self, model_name: str, round_: Optional[int] = None) -> Dict[str, Any]:
+        metrics, rows = self.engine.evaluate(self.model, "test", per_image=True)
+        # per-image results stay in this site's workspace (paired tests by ``fedseg bench``); only the
+        # summary metrics are sent
+        self.write_per_image(model_name, round_, rows)
         if model_name == "global":
             # site-local figure: written into this site's workspace, never sent
             from fedseg.plots.overlays import save_overlay_strip
 
             save_overlay_strip(self.engine, self.model, self.output_dir / f"overlays_{model_name}.png")
         return {"params": {}, "metrics": metrics, "meta": {}}
+
+    def per_image_path(self, model_name: str) -> Path:
+        """``<workspace>/fedseg_outputs/<site>/per_image_<model_name>.json`` (site-local, never sent)."""
+        return self.output_dir / f"per_image_{model_name}.json"
+
+    def write_per_image(self, model_name: str, round_: Optional[int], rows: list) -> Path:
+        path = self.per_image_path(model_name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"site": self.site, "model": model_name, "split": "test", "round": round_, "rows": rows}
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        os.replace(tmp, path)
+        return path
 
     def _declared(self, statistics: Dict[str, Any]) -> Dict[str, Any]:
         allowed = set(self.objective.declared_statistics) | set(BASE_STATISTICS)

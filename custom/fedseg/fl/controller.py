@@ -79,6 +79,7 @@ class FedSegController(ModelController):
     # ---------------------------------------------------------------------------------- workflow
     def run(self) -> None:
         initial = self.load_model()
+        self._attach_train_config()
         self._reference = {k: v.clone() for k, v in to_tensor_params(initial.params).items()}
         clients = sorted(self.sample_clients())
         if len(clients) < self.min_clients:
@@ -124,6 +125,13 @@ class FedSegController(ModelController):
         self.info(f"report written to {path}")
 
     # ---------------------------------------------------------------------------------- helpers
+    def _attach_train_config(self) -> None:
+        """Make the persistor write ``train_config`` next to ``model`` in ``FL_global_model.pt``, so that
+        ``fedseg infer`` builds the network the job trained (image size, channels, ...)."""
+        manager = getattr(self.persistor, "persistence_manager", None)
+        if manager is not None and isinstance(getattr(manager, "other_props", None), dict):
+            manager.other_props["train_config"] = dict(self.train_config)
+
     def _effective_config(self, clients: List[str]) -> Dict[str, Any]:
         return {
             "num_rounds": self.num_rounds,
@@ -150,13 +158,14 @@ class FedSegController(ModelController):
         }
 
     def _save_personalised(self, models: Dict[str, Dict[str, torch.Tensor]]) -> Dict[str, str]:
-        """One checkpoint per site, in the bundle's format ({"model": state_dict}), for ``fedseg infer``."""
+        """One checkpoint per site, in the bundle's format ({"model": state_dict}) plus the job's
+        ``train_config``, for ``fedseg infer``."""
         out = Path(self.get_run_dir()) / "personalized_models"
         out.mkdir(parents=True, exist_ok=True)
         paths = {}
         for site, params in models.items():
             path = out / f"{site}.pt"
-            torch.save({"model": {k: v.detach().cpu() for k, v in params.items()}}, path)
+            torch.save({"model": {k: v.detach().cpu() for k, v in params.items()}, "train_config": dict(self.train_config)}, path)
             paths[site] = str(path.relative_to(self.get_run_dir()))
         return paths
 

@@ -1,0 +1,161 @@
+"""``fedseg bench``: every (method, seed) and (reference, seed) of a federation, then statistics and a report.
+
+Resumable: each finished run is ``<out>/runs/<run id>.json`` with the ``run_config`` that made it; a
+repeated command with the same ``--out`` skips a run whose file exists with the same ``run_config``
+(and re-runs one whose budget, data or options changed).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from fedseg.bench.report import build_results, markdown, plot_results
+from fedseg.bench.runs import REFERENCES, Budget, RunSpec, load_finished, parse_variant, run_method, run_reference, save_run
+from fedseg.bench.simulator import machine_info
+
+
+def prepare_federation(out: Path, site_datalists: Optional[str] = None, family: Optional[str] = None,
+                       sites: Optional[Sequence[str]] = None, data_profile: str = "default", data_seed: int = 0) -> Dict[str, str]:
+    """``{site: absolute datalist path}`` from a site -> datalist map file, or built-in data of ``family``
+    generated under ``<out>/data`` (deterministic in family, site, seed and profile). The map is also
+    written to ``<out>/site_datalists.json`` (the simulator sites read it)."""
+    out.mkdir(parents=True, exist_ok=True)
+    if site_datalists:
+        src = Path(site_datalists).resolve()
+        raw = json.loads(src.read_text())
+        mapping = {s: str((src.parent / p).resolve()) for s, p in raw.items()}
+    else:
+        from fedseg.data.synthetic import generate_federation
+
+        paths = generate_federation(family or "polyp", list(sites or ["site-1", "site-2", "site-3"]), out / "data",
+                                    seed=data_seed, profile=data_profile)
+        mapping = {s: str(Path(p).resolve()) for s, p in paths.items()}
+    target = out / "site_datalists.json"
+    text = json.dumps(mapping, indent=1)
+    if not target.is_file() or target.read_text() != text:
+        target.write_text(text)
+    return mapping
+
+
+def data_summary(mapping: Dict[str, str]) -> Dict[str, Dict[str, Any]]:
+    """Images per split of every site."""
+    from fedseg.data.datalist import load_datalist
+
+    return {site: {s: len(v) for s, v in load_datalist(p, check_files=False).items()} for site, p in mapping.items()}
+
+
+def plan(methods: Sequence[str], references: Sequence[str], seeds: Sequence[int]) -> List[RunSpec]:
+    """Run order: seed by seed, every method then every reference (so a partial bench has complete seeds)."""
+    specs = []
+    labels = set()
+    parsed = []
+    for m in methods:
+        label, method, args = parse_variant(m)
+        if label in labels:
+            raise ValueError(f"two methods share the label {label!r}; name ablation rows LABEL=METHOD:key=value")
+        labels.add(label)
+        parsed.append((label, method, args))
+    for ref in references:
+        if ref not in REFERENCES:
+            raise ValueError(f"unknown reference {ref!r}; choose from {REFERENCES}")
+    for seed in seeds:
+        specs += [RunSpec("method", label, method, int(seed), args) for label, method, args in parsed]
+        specs += [RunSpec("reference", ref, ref, int(seed)) for ref in references]
+    return specs
+
+
+def _fmt_s(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def run_bench(
+    out: str,
+    methods: Sequence[str] = ("fedavg",),
+    references: Sequence[str] = REFERENCES,
+    seeds: Sequence[int] = (0,),
+    site_datalists: Optional[str] = None,
+    family: Optional[str] = None,
+    sites: Optional[Sequence[str]] = None,
+    data_profile: str = "default",
+    data_seed: int = 0,
+    budget: Optional[Budget] = None,
+    command: Optional[str] = None,
+) -> Dict[str, Any]:
+    """Run (or resume) a bench and write ``results.json``, ``results.md`` and ``plots/`` under ``out``.
+
+    Args:
+        out: output folder (runs/, workspaces/, jobs/, logs/, data/, results, plots/).
+        methods: method names or ablation rows ``LABEL=METHOD:key=value,...``.
+        references: any of ``local`` (every site trains alone) and ``pooled`` (one model on the union).
+        seeds: training seeds (``train_config["seed"]``: initial weights, shuffling, augmentation);
+            the data (and so the test images) stay the same, which makes the per-image pairing valid.
+        site_datalists: JSON map site -> datalist; else built-in data of ``family`` for ``sites``.
+        family, sites, data_profile, data_seed: the built-in federation.
+        budget: rounds, local epochs, profile, ``train_config`` overrides and job settings.
+        command: the command line, recorded in ``results.json``.
+
+    Returns:
+        The ``results.json`` dict.
+    """
+    budget = budget or Budget()
+    if not site_datalists:
+        budget.data_family = budget.data_family or family or "polyp"
+    started = time.perf_counter()
+    root = Path(out).resolve()
+    specs = plan(methods, references, seeds)  # fail on a bad spec before any data or job
+    mapping = prepare_federation(root, site_datalists, family, sites, data_profile, data_seed)
+    site_names = list(mapping)
+    site_map_file = root / "site_datalists.json"
+    records: List[Dict[str, Any]] = []
+    executed_seconds, executed = 0.0, 0
+    for i, spec in enumerate(specs):
+        path = root / "runs" / f"{spec.id}.json"
+        config = spec.run_config(budget, mapping)
+        record = load_finished(path, config)
+        if record is not None:
+            print(f"[{i + 1}/{len(specs)}] skipped {spec.label} seed {spec.seed}: finished earlier ({path})", flush=True)
+            records.append(record)
+            continue
+        print(f"[{_dt.datetime.now():%H:%M:%S}] [{i + 1}/{len(specs)}] {spec.label} seed {spec.seed} ...", flush=True)
+        run_started = time.perf_counter()
+        if spec.kind == "method":
+            record = run_method(spec, budget, mapping, root, site_map_file)
+        else:
+            record = run_reference(spec, budget, mapping, root)
+        record.update(id=spec.id, run_config=config)
+        save_run(path, record)
+        records.append(record)
+        executed_seconds += time.perf_counter() - run_started
+        executed += 1
+        remaining = len(specs) - i - 1
+        mean_dice = [m.get("dice") for m in record["final"]["global"].values() if m.get("dice") is not None]
+        eta = executed_seconds / executed * remaining
+        print(f"[{i + 1}/{len(specs)}] done {spec.label} seed {spec.seed}: mean test Dice "
+              f"{(sum(mean_dice) / len(mean_dice)) if mean_dice else float('nan'):.3f} in {_fmt_s(time.perf_counter() - run_started)}; "
+              f"elapsed {_fmt_s(time.perf_counter() - started)}, about {_fmt_s(eta)} remaining", flush=True)
+
+    header = {
+        "benchmark": "fedseg bench",
+        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "command": command,
+        "machine": machine_info(),
+        "seeds": [int(s) for s in seeds],
+        "budget": budget.to_dict(),
+        "site_datalists": mapping,
+        "data": data_summary(mapping),
+        "runs": {r["id"]: str(root / "runs" / f"{r['id']}.json") for r in records},
+    }
+    results = build_results(records, site_names, header)
+    results["plots"] = [str(p) for p in plot_results(results, records, root / "plots")]
+    results["wall_time_s"] = time.perf_counter() - started
+    (root / "results.json").write_text(json.dumps(results, indent=1))
+    text = markdown(results)
+    (root / "results.md").write_text(text)
+    print("\n" + text)
+    print(f"wrote {root / 'results.json'}, {root / 'results.md'} and {root / 'plots'}")
+    return results

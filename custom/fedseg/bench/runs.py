@@ -1,0 +1,311 @@
+"""One bench run: a federated method in NVFlare's simulator, or a local-only / pooled reference in process.
+
+Every run is stored as ``<out>/runs/<run id>.json`` holding its ``run_config`` (everything that
+determines it) and its results; :func:`load_finished` lets a repeated ``fedseg bench`` skip it.
+
+Per-image test results: each site writes them into its own workspace
+(``<simulator workspace>/<site>/fedseg_outputs/<site>/per_image_<model>.json``, see
+``fedseg.fl.client.SiteRunner``); they never travel to the server. ``fedseg bench`` runs every site
+on this machine, so :func:`read_site_per_image` reads them back from there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from fedseg.bench.simulator import patch_job, round_timings, run_simulator
+
+METRICS = ("dice", "hd95", "assd")
+REFERENCES = ("local", "pooled")
+
+
+# -------------------------------------------------------------------------------------- parsing
+def parse_value(text: str) -> Any:
+    """``text`` read as JSON where possible (numbers, true/false, null, lists), else the string itself."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_sets(items: Optional[Sequence[str]]) -> Dict[str, Any]:
+    """``["key=value", ...]`` -> ``{key: value}`` for ``train_config``; values parsed by :func:`parse_value`.
+
+    Raises:
+        ValueError: an item without ``=``, or a key that is not a ``train_config`` key
+            (:data:`fedseg.config.BASE_TRAIN_CONFIG`).
+    """
+    from fedseg.config import BASE_TRAIN_CONFIG
+
+    out: Dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        out[key.strip()] = parse_value(value)
+    unknown = sorted(set(out) - set(BASE_TRAIN_CONFIG))
+    if unknown:
+        raise ValueError(f"unknown train_config keys {unknown} in --set; known: {sorted(BASE_TRAIN_CONFIG)}")
+    return out
+
+
+def parse_variant(spec: str) -> Tuple[str, str, Dict[str, Any]]:
+    """``fedavg`` or ``LABEL=METHOD:key=value,key=value`` (an ablation row) -> (label, method, recipe kwargs).
+
+    ``METHOD:key=value`` without a label is labelled ``METHOD:key=value``. Values are read as JSON where
+    possible, else kept as strings, e.g. ``graph_only=graphfedseg:gamma=0,lam=0`` or
+    ``graphfedseg:uncertainty_pass=last_epoch``.
+    """
+    head = spec.split(":")[0]
+    if "=" in head:
+        label, _, rest = spec.partition("=")
+    else:
+        label, rest = "", spec
+    method, _, options = rest.partition(":")
+    kwargs: Dict[str, Any] = {}
+    for item in filter(None, options.split(",")):
+        key, _, value = item.partition("=")
+        kwargs[key] = parse_value(value)
+    return label or (spec if options else method), method, kwargs
+
+
+def run_id(kind: str, label: str, seed: int) -> str:
+    """File-name-safe id of a run, e.g. ``method-fedavg-seed0``."""
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", f"{kind}-{label}-seed{seed}")
+
+
+# ----------------------------------------------------------------------------------------- specs
+@dataclass
+class Budget:
+    """What every run of a bench shares: schedule, profile, ``train_config`` overrides, job settings."""
+
+    profile: str = "default"
+    rounds: Optional[int] = None
+    local_epochs: Optional[int] = None
+    sets: Dict[str, Any] = field(default_factory=dict)
+    data_family: Optional[str] = None
+    task_check_period: float = 0.5
+    task_request_interval: Optional[float] = None
+    omp_threads: Optional[str] = "1"
+
+    def overrides(self, seed: int) -> Dict[str, Any]:
+        """``train_config`` overrides of a run with ``seed``."""
+        out = dict(self.sets)
+        if self.data_family:
+            out.setdefault("data_family", self.data_family)
+        if self.local_epochs is not None:
+            out["local_epochs"] = self.local_epochs
+        out["seed"] = int(seed)
+        return out
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RunSpec:
+    """One run: ``kind`` "method" (label, method, variant_args) or "reference" (label = local | pooled)."""
+
+    kind: str
+    label: str
+    method: str
+    seed: int
+    variant_args: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return run_id(self.kind, self.label, self.seed)
+
+    def run_config(self, budget: Budget, mapping: Mapping[str, str]) -> Dict[str, Any]:
+        """Everything that determines this run's result (compared on resume)."""
+        return {"kind": self.kind, "label": self.label, "method": self.method, "seed": self.seed,
+                "variant_args": self.variant_args, "budget": budget.to_dict(), "site_datalists": dict(mapping)}
+
+
+def load_finished(path: Path, run_config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The stored run at ``path`` if it exists and was made with ``run_config``, else None."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    # compare through JSON so tuples/lists and int/float keys compare as they were stored
+    return stored if stored.get("run_config") == json.loads(json.dumps(run_config)) else None
+
+
+def save_run(path: Path, record: Dict[str, Any]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------- helpers
+def clean(x: Any) -> Optional[float]:
+    """``x`` as a finite float, else None."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def read_site_per_image(workspace: Path, site: str, model: str = "global") -> List[Dict[str, Any]]:
+    """Per-image test rows site ``site`` wrote into its own workspace during a simulator run.
+
+    Looks for ``<workspace>/<site>/fedseg_outputs/<site>/per_image_<model>.json`` (the simulator runs
+    site ``s`` in ``<workspace>/<s>``), else anywhere below ``<workspace>/<site>``.
+
+    Raises:
+        FileNotFoundError: the site wrote no such file.
+    """
+    name = f"per_image_{model}.json"
+    direct = Path(workspace) / site / "fedseg_outputs" / site / name
+    found = [direct] if direct.is_file() else sorted((Path(workspace) / site).rglob(f"fedseg_outputs/{site}/{name}"))
+    if not found:
+        raise FileNotFoundError(f"site {site} wrote no {name} under {Path(workspace) / site}")
+    return json.loads(found[0].read_text())["rows"]
+
+
+def _median_task_times(rounds: List[Dict[str, Any]]) -> Dict[str, float]:
+    names = sorted({t for r in rounds for t in (r.get("task_times") or {})})
+    return {t: statistics.median([r["task_times"][t] for r in rounds if t in (r.get("task_times") or {})]) for t in names}
+
+
+def _site_summary(rows: List[Dict[str, Any]]) -> Dict[str, Optional[float]]:
+    return {k: _mean([clean(r.get(k)) for r in rows]) for k in METRICS}
+
+
+# ------------------------------------------------------------------------------------ method runs
+def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: Path,
+               site_map_file: Path) -> Dict[str, Any]:
+    """Export ``spec.method`` with the budget and ``spec.seed``, run it in the simulator (threads == sites,
+    one torch thread per site process), and collect the report's results and the sites' per-image rows."""
+    from fedseg.cli import export_job
+
+    sites = list(mapping)
+    job = export_job(
+        spec.method, out / "jobs" / spec.id, budget.profile, num_rounds=budget.rounds,
+        script_args=f"--site_datalists {Path(site_map_file).resolve()}", min_clients=len(sites),
+        task_check_period=budget.task_check_period, **{**budget.overrides(spec.seed), **spec.variant_args},
+    )
+    patch_job(job, budget.task_request_interval)
+    workspace = out / "workspaces" / spec.id
+    res = run_simulator(job, workspace, sites, threads=len(sites), omp_threads=budget.omp_threads,
+                        fedseg_threads=budget.omp_threads, log_path=out / "logs" / f"{spec.id}.log")
+    report = res["report"]
+    walls = [r["wall"] for r in round_timings(report)]
+    record: Dict[str, Any] = {
+        "kind": "method", "label": spec.label, "method": spec.method, "seed": spec.seed,
+        "variant_args": spec.variant_args,
+        "train_config": report.get("config", {}).get("train_config"),
+        "num_rounds": report.get("config", {}).get("num_rounds"),
+        "command": res["command"], "report_path": res["report_path"], "workspace": str(workspace),
+        "wall_s": res["total_wall_s"],
+        "round_walls": walls,
+        "median_round_wall": statistics.median(walls[1:] if len(walls) > 1 else walls) if walls else None,
+        "median_task_times": _median_task_times(report["rounds"][1:] or report["rounds"]),
+        "val_dice_per_round": [_mean([clean(m.get("val_dice")) for m in r["metrics"].values()]) for r in report["rounds"]],
+        "final": {}, "per_image": {},
+    }
+    for model in ("global", "personalized"):
+        final = (report.get("final") or {}).get(model)
+        if not final:
+            continue
+        record["final"][model] = {s: {k: clean(final[s].get(k)) for k in METRICS} for s in sites if s in final}
+        # site-local files, read here because every site of the bench runs on this machine
+        record["per_image"][model] = {s: read_site_per_image(workspace, s, model) for s in sites if s in final}
+    return record
+
+
+# --------------------------------------------------------------------------------- reference runs
+def pooled_datalist(mapping: Mapping[str, str], path: Path) -> Path:
+    """A datalist whose splits are the unions of the sites' splits (absolute paths, nothing copied)."""
+    from fedseg.data.datalist import load_datalist, write_json_atomic
+
+    union: Dict[str, List[Dict[str, Any]]] = {"training": [], "validation": [], "test": []}
+    for site, p in mapping.items():
+        for split, entries in load_datalist(p, check_files=False).items():
+            # image + label only: extra keys that only some sites have (e.g. retina "fov") break collation
+            union[split] += [{"image": e["image"], "label": e["label"]} for e in entries]
+    return write_json_atomic(Path(path), {"name": "pooled", "sites": list(mapping), **union})
+
+
+def _train(name: str, datalist: str, cfg: Dict[str, Any], rounds: int, val_engines: Dict[str, Any]):
+    """R calls of ``SegEngine.train`` (E local epochs each, Adam state kept, per-round learning rate) —
+    the federated schedule without the federation. Returns (engine, model, seconds, losses, val Dice per round)."""
+    from fedseg.engine.engine import SegEngine
+    from fedseg.objectives.base import ClientObjective, RoundContext
+
+    engine = SegEngine(name, datalist, cfg)
+    model = engine.build_network()
+    objective = ClientObjective()
+    seconds, losses, val = 0.0, [], []
+    for r in range(rounds):
+        started = time.perf_counter()
+        ctx = RoundContext(site=name, round=r, total_rounds=rounds, train_config=cfg)
+        losses.append(engine.train(model, objective, ctx)["train_loss"])
+        seconds += time.perf_counter() - started
+        val.append(_mean([e.evaluate(model, "validation", metrics=("dice",))["dice"] for e in val_engines.values()]))
+    return engine, model, seconds, losses, val
+
+
+def run_reference(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: Path) -> Dict[str, Any]:
+    """``local``: every site trains alone; ``pooled``: one model on the union of the training splits.
+
+    Both use the same engine, the base profile's ``train_config`` with the budget's overrides, and the
+    schedule of the federated runs (``rounds`` calls of ``local_epochs`` epochs); the final model is
+    evaluated on each site's test split (per image).
+    """
+    import torch
+
+    from fedseg.config import resolve_profile
+    from fedseg.engine.engine import SegEngine
+
+    if budget.omp_threads not in (None, "", "default"):
+        torch.set_num_threads(int(budget.omp_threads))
+    resolved = resolve_profile(budget.profile, None, budget.rounds, **budget.overrides(spec.seed))
+    cfg, rounds = resolved["train_config"], resolved["num_rounds"]
+    engines = {site: SegEngine(site, p, cfg) for site, p in mapping.items()}
+    final, per_image, seconds, losses, val_curves = {}, {}, {}, {}, {}
+    started = time.perf_counter()
+    if spec.method == "local":
+        for site, p in mapping.items():
+            engine, model, secs, loss, val = _train(site, p, cfg, rounds, {site: engines[site]})
+            summary, rows = engine.evaluate(model, "test", per_image=True)
+            final[site], per_image[site] = {k: clean(summary.get(k)) for k in METRICS}, rows
+            seconds[site], losses[site], val_curves[site] = secs, [loss[0], loss[-1]], val
+        val_dice = [_mean([c[r] for c in val_curves.values()]) for r in range(rounds)]
+    elif spec.method == "pooled":
+        path = pooled_datalist(mapping, out / "data" / "pooled" / "datalist.json")
+        _, model, secs, loss, val_dice = _train("pooled", str(path), cfg, rounds, engines)
+        for site in mapping:
+            summary, rows = engines[site].evaluate(model, "test", per_image=True)
+            final[site], per_image[site] = {k: clean(summary.get(k)) for k in METRICS}, rows
+        seconds, losses = {"pooled": secs}, {"pooled": [loss[0], loss[-1]]}
+    else:
+        raise ValueError(f"unknown reference {spec.method!r}; choose from {REFERENCES}")
+    return {
+        "kind": "reference", "label": spec.label, "method": spec.method, "seed": spec.seed, "variant_args": {},
+        "train_config": cfg, "num_rounds": rounds,
+        "wall_s": time.perf_counter() - started, "train_seconds": seconds, "train_loss_first_last": losses,
+        "val_dice_per_round": val_dice,
+        "final": {"global": final}, "per_image": {"global": per_image},
+    }

@@ -1,0 +1,107 @@
+"""Run an exported NVFlare job in the simulator and read what it wrote (shared by ``fedseg bench`` and
+``benchmarks/framework_overhead.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+
+def patch_job(job_dir: Path, task_request_interval: Optional[float] = None,
+              task_fetch_interval: Optional[float] = None) -> None:
+    """Add NVFlare server/client timing settings to an exported job (in place).
+
+    Args:
+        job_dir: exported job folder.
+        task_request_interval: the server's ``task_request_interval`` (seconds), or None to keep the job's.
+        task_fetch_interval: the clients' ``default_task_fetch_interval`` (seconds), or None to keep it.
+    """
+    if task_request_interval is not None:
+        for cfg in Path(job_dir).rglob("config_fed_server.json"):
+            data = json.loads(cfg.read_text())
+            data.setdefault("server", {})["task_request_interval"] = float(task_request_interval)
+            cfg.write_text(json.dumps(data, indent=4))
+    if task_fetch_interval is not None:
+        for cfg in Path(job_dir).rglob("config_fed_client.json"):
+            data = json.loads(cfg.read_text())
+            data["default_task_fetch_interval"] = float(task_fetch_interval)
+            cfg.write_text(json.dumps(data, indent=4))
+
+
+def run_simulator(job_dir: Path, workspace: Path, sites: Sequence[str], threads: Optional[int] = None,
+                  omp_threads: Optional[str] = "1", timeout: int = 3600, log_path: Optional[Path] = None,
+                  fedseg_threads: Optional[str] = None) -> Dict[str, Any]:
+    """Run ``nvflare simulator`` on ``job_dir`` with clients ``sites``; returns the report plus timings.
+
+    Args:
+        job_dir: exported job folder.
+        workspace: simulator workspace (``-w``); removed first. Site ``s`` runs in ``workspace/s``.
+        sites: client names (``-c``).
+        threads: simulator threads (``-t``); default one per site.
+        omp_threads: OMP_NUM_THREADS for the simulator and its site processes, or None / "default"
+            to leave it unset.
+        timeout: seconds before the simulator is killed.
+        log_path: where the simulator's stdout + stderr are written.
+        fedseg_threads: FEDSEG_NUM_THREADS (torch threads per site process), or None to inherit.
+
+    Returns:
+        ``{"report", "report_path", "total_wall_s", "command"}``.
+
+    Raises:
+        RuntimeError: the simulator failed or wrote no ``report.json``.
+    """
+    workspace = Path(workspace)
+    if workspace.exists():
+        shutil.rmtree(workspace)
+    env = dict(os.environ)
+    env.pop("OMP_NUM_THREADS", None)
+    if omp_threads not in (None, "", "default"):
+        env["OMP_NUM_THREADS"] = str(omp_threads)
+    if fedseg_threads not in (None, "", "default"):
+        env["FEDSEG_NUM_THREADS"] = str(fedseg_threads)
+    cmd = ["nvflare", "simulator", str(job_dir), "-w", str(workspace), "-t", str(threads or len(sites)),
+           "-c", ",".join(sites)]
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    elapsed = time.perf_counter() - started
+    log = proc.stdout + proc.stderr
+    if log_path is not None:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(log_path).write_text(log)
+    reports = sorted(workspace.rglob("report.json"))
+    if proc.returncode != 0 or not reports:
+        raise RuntimeError(f"simulator failed (rc={proc.returncode}, reports={reports}): {' '.join(cmd)}\n{log[-4000:]}")
+    report = json.loads(reports[0].read_text())
+    return {"report": report, "report_path": str(reports[0]), "total_wall_s": elapsed, "command": " ".join(cmd)}
+
+
+def round_timings(report: Dict[str, Any]) -> List[Dict[str, float]]:
+    """Per round of ``report.json``: ``wall``, ``max_compute`` / ``sum_compute`` over sites of
+    ``compute_time`` and ``overhead = wall - max_compute``."""
+    rows = []
+    for r in report.get("rounds", []):
+        computes = [float(m["compute_time"]) for m in r.get("metrics", {}).values() if m.get("compute_time") is not None]
+        wall = float(r.get("wall_time") or 0.0)
+        row = {"round": int(r["round"]), "wall": wall}
+        if computes:
+            row.update(max_compute=max(computes), sum_compute=sum(computes), overhead=wall - max(computes))
+        rows.append(row)
+    return rows
+
+
+def machine_info() -> Dict[str, Any]:
+    """Platform, CPU count, Python and torch versions, load average at the call."""
+    try:
+        load = os.getloadavg()
+    except OSError:  # pragma: no cover
+        load = None
+    import torch
+
+    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "loadavg_at_start": load}

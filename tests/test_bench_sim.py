@@ -1,0 +1,125 @@
+"""``fedseg bench`` end to end in NVFlare's real simulator (tiny: 2 polyp sites, 1 round, 2 seeds), its resume,
+the privacy of per-image results, and ``fedseg run --seed/--set`` reproducibility."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from scipy import stats as sps
+
+from fedseg.cli import main
+
+pytestmark = pytest.mark.slow
+
+SITES = ["site-1", "site-2"]
+
+
+def _bench_argv(out: Path):
+    return ["bench", "--out", str(out), "--family", "polyp", "--sites", *SITES, "--data-profile", "tiny",
+            "--profile", "tiny", "--rounds", "1", "--local-epochs", "1", "--set", "batch_size=2",
+            "--methods", "fedavg", "fedevi", "--references", "local", "--seeds", "0", "1"]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    main(_bench_argv(out))
+    return out
+
+
+def _site_rows(out: Path, label: str, seed: int, site: str):
+    """Per-image rows as the site wrote them into its own simulator workspace."""
+    path = out / "workspaces" / f"method-{label}-seed{seed}" / site / "fedseg_outputs" / site / "per_image_global.json"
+    data = json.loads(path.read_text())
+    assert data["site"] == site and data["model"] == "global" and data["split"] == "test"
+    return data["rows"]
+
+
+def test_outputs_and_paired_test_equal_scipy_on_site_files(bench):
+    results = json.loads((bench / "results.json").read_text())
+    assert (bench / "results.md").is_file()
+    assert (bench / "plots" / "dice_per_site.png").is_file() and (bench / "plots" / "val_dice_rounds.png").is_file()
+    assert set(results["approaches"]) == {"fedavg", "fedevi", "local"}
+    assert results["approaches"]["fedevi"]["seeds"] == [0, 1]
+    # Wilcoxon of FedEvi vs FedAvg, pooled over seeds and sites, from the files in the site workspaces
+    x, y = [], []
+    for seed in (0, 1):
+        for site in SITES:
+            a, b = _site_rows(bench, "fedevi", seed, site), _site_rows(bench, "fedavg", seed, site)
+            assert [r["id"] for r in a] == [r["id"] for r in b] and a
+            x += [r["dice"] for r in a]
+            y += [r["dice"] for r in b]
+    got = results["comparisons"]["fedevi"]["metrics"]["dice"]["all"]
+    assert got["n"] == len(x)
+    assert got["wilcoxon_p"] == pytest.approx(sps.wilcoxon(x, y).pvalue, rel=1e-9)
+    assert got["ttest_p"] == pytest.approx(sps.ttest_rel(x, y).pvalue, rel=1e-9)
+    # a site's summary in report.json is the mean of its per-image rows
+    run = json.loads((bench / "runs" / "method-fedavg-seed1.json").read_text())
+    report = json.loads(Path(run["report_path"]).read_text())
+    for site in SITES:
+        rows = _site_rows(bench, "fedavg", 1, site)
+        assert report["final"]["global"][site]["dice"] == pytest.approx(sum(r["dice"] for r in rows) / len(rows))
+    # seed spread per site, and the cost table against FedAvg
+    spread = results["approaches"]["fedavg"]["summary"]["site-1"]["dice"]
+    assert spread["n"] == 2 and spread["std"] >= 0
+    assert results["timing"]["fedavg"]["round_wall_ratio_to_fedavg"] == pytest.approx(1.0)
+    assert results["timing"]["fedevi"]["round_wall_ratio_to_fedavg"] > 0
+    assert "Wilcoxon" in (bench / "results.md").read_text()
+
+
+def test_per_image_rows_never_reach_the_server(bench):
+    for run_dir in (bench / "workspaces").iterdir():
+        server = run_dir / "server" / "simulate_job"
+        ids = {r["id"] for site in SITES for r in json.loads(
+            next((run_dir / site).rglob("per_image_global.json")).read_text())["rows"]}
+        for name in ("report.json", "privacy_audit.jsonl"):
+            text = (server / name).read_text()
+            assert "per_image" not in text and '"rows"' not in text
+            assert not any(i in text for i in ids), f"a per-image id leaked into {name}"
+        report = json.loads((server / "report.json").read_text())
+        for site_metrics in report["final"]["global"].values():
+            assert set(site_metrics) == {"dice", "hd95", "assd"}
+        audit = [json.loads(line) for line in (server / "privacy_audit.jsonl").read_text().splitlines()]
+        evaluate = [e for e in audit if e.get("task") == "evaluate"]
+        assert evaluate, "the audit recorded no evaluate results"
+
+
+def test_rerun_skips_finished_runs(bench, capsys):
+    runs = sorted((bench / "runs").glob("*.json"))
+    assert len(runs) == 6  # (fedavg, fedevi, local) x 2 seeds
+    before = {p: p.stat().st_mtime_ns for p in runs}
+    workspaces = {p: p.stat().st_mtime_ns for p in (bench / "workspaces").iterdir()}
+    capsys.readouterr()
+    main(_bench_argv(bench))
+    out = capsys.readouterr().out
+    assert out.count("skipped") == 6 and "done" not in out.split("# fedseg bench")[0]
+    assert {p: p.stat().st_mtime_ns for p in runs} == before
+    assert {p: p.stat().st_mtime_ns for p in (bench / "workspaces").iterdir()} == workspaces
+
+
+def test_run_seed_reproduces_and_changes_the_model(bench, tmp_path):
+    """``fedseg run --seed 1 --set ...`` with the bench's data and budget gives bit-identical global weights to
+    the bench's FedAvg seed-1 run (a separate simulator job); seed 0 gives different ones."""
+    ws = tmp_path / "ws"
+    main(["run", "fedavg", "-n", "2", "-w", str(ws), "--profile", "tiny", "--rounds", "1", "--local-epochs", "1",
+          "--family", "polyp", "--site-datalists", str(bench / "site_datalists.json"), "--seed", "1",
+          "--set", "batch_size=2"])
+    report = json.loads(next(ws.rglob("report.json")).read_text())
+    assert report["config"]["train_config"]["seed"] == 1 and report["config"]["train_config"]["batch_size"] == 2
+
+    def weights(root: Path):
+        ckpt = torch.load(next(root.rglob("FL_global_model.pt")), map_location="cpu", weights_only=True)
+        assert ckpt["train_config"]["seed"] in (0, 1)  # the controller stores the job's train_config
+        return ckpt["model"]
+
+    mine = weights(ws)
+    same_seed = weights(bench / "workspaces" / "method-fedavg-seed1")
+    other_seed = weights(bench / "workspaces" / "method-fedavg-seed0")
+    assert all(torch.equal(mine[k], same_seed[k]) for k in mine)
+    assert any(not torch.equal(mine[k], other_seed[k]) for k in mine)
+    bench_run = json.loads((bench / "runs" / "method-fedavg-seed1.json").read_text())
+    # same weights, same test images: the same test metrics
+    assert report["final"]["global"] == json.loads(Path(bench_run["report_path"]).read_text())["final"]["global"]
