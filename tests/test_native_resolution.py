@@ -330,3 +330,31 @@ def test_cache_budget_limits_cached_images(tmp_path):
     assert unbounded._dataset("training", train=True).cache_num == n_train
     # the same predictions whether an image came from the cache or was decoded again
     torch.testing.assert_close(unbounded.evaluate(model, "test")["dice"], means["dice"])
+
+
+def test_pooled_datalist_keeps_each_data_sets_rescale(tmp_path):
+    """The pooled reference mixes data sets: each entry keeps its own fixed factor and patch mode stays on."""
+    import json
+
+    from fedseg.bench.runs import pooled_datalist
+    from fedseg.config import resolve_profile
+    from fedseg.data.synthetic import generate_site_data
+    from fedseg.engine.engine import SegEngine
+
+    a = generate_site_data("vessel", "site-1", tmp_path / "data", profile="tiny")
+    b = generate_site_data("vessel", "site-2", tmp_path / "data", profile="tiny")
+    info = json.loads(b.read_text())
+    info["rescale"] = 0.5
+    b.write_text(json.dumps(info))
+    pooled = pooled_datalist({"site-1": str(a), "site-2": str(b)}, tmp_path / "pooled" / "datalist.json")
+    data = json.loads(pooled.read_text())
+    assert data["spatial_mode"] == "patch"
+    n_a = len(json.loads(a.read_text())["training"])
+    assert [e["rescale"] for e in data["training"]] == [1.0] * n_a + [0.5] * (len(data["training"]) - n_a)
+
+    cfg = resolve_profile("tiny")["train_config"]
+    engine = SegEngine("pooled", pooled, cfg)
+    assert engine.spatial_mode == "patch"
+    dataset = engine._dataset("training", train=False)  # deterministic part: whole images after rescaling
+    sizes = [tuple(dataset[i]["image"].shape[1:]) for i in range(len(dataset))]
+    assert sizes[:n_a] == [(32, 32)] * n_a and set(sizes[n_a:]) == {(16, 16)}

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from fedseg.bench.runs import METRICS
+from fedseg.fl.report import METRIC_HEADERS, METRIC_NOTE
 from fedseg.bench.stats import compare, seed_spread, summarise_seeds
 
 BASELINE = "fedavg"
@@ -46,7 +47,7 @@ def build_results(records: Sequence[Dict[str, Any]], sites: Sequence[str], heade
             entry["run_ids"].append(rec["id"])
     for entry in approaches.values():
         entry["seeds"] = sorted(entry["final_by_seed"])
-        entry["summary"] = summarise_seeds(entry["final_by_seed"], sites)
+        entry["summary"] = summarise_seeds(entry["final_by_seed"], sites, metrics=METRICS)
 
     comparisons: Dict[str, Any] = {}
     base = approaches.get(BASELINE)
@@ -56,7 +57,8 @@ def build_results(records: Sequence[Dict[str, Any]], sites: Sequence[str], heade
                 continue
             comparisons[name] = {"vs": BASELINE,
                                  "seeds": sorted(set(entry["per_image_by_seed"]) & set(base["per_image_by_seed"])),
-                                 "metrics": compare(entry["per_image_by_seed"], base["per_image_by_seed"], sites)}
+                                 "metrics": compare(entry["per_image_by_seed"], base["per_image_by_seed"], sites,
+                                                    metrics=_present(entry["per_image_by_seed"]))}
 
     timing = _timing(records)
     results = dict(header)
@@ -68,6 +70,12 @@ def build_results(records: Sequence[Dict[str, Any]], sites: Sequence[str], heade
     })
     results.update(_compat(records, approaches, timing, sites))
     return results
+
+
+def _present(per_image_by_seed: Dict[int, Dict[str, List[Dict[str, Any]]]]) -> List[str]:
+    """The metrics of :data:`METRICS` that at least one per-image row carries."""
+    keys = {k for per_site in per_image_by_seed.values() for rows in per_site.values() for row in rows for k in row}
+    return [m for m in METRICS if m in keys] or ["dice", "hd95", "assd"]
 
 
 def _timing(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -152,12 +160,16 @@ def markdown(results: Dict[str, Any]) -> str:
         f"rounds {budget.get('rounds') or 'profile default'}, local epochs {budget.get('local_epochs') or 'profile/method default'}"
         + (f", set {json.dumps(budget.get('sets'))}" if budget.get("sets") else "") + ". "
         "Final models (no checkpoint selection) on each site's test split; cells are mean ± std over seeds; "
-        "mean = unweighted mean over sites per seed, then mean ± std over seeds. Distances in pixels at the "
-        f"training resolution. Total wall time {results.get('wall_time_s', 0):.0f} s.",
+        "mean = unweighted mean over sites per seed, then mean ± std over seeds ('-' where a site lacks the metric). "
+        f"{METRIC_NOTE}. Total wall time {results.get('wall_time_s', 0):.0f} s.",
         "",
     ]
-    for metric, digits in (("dice", 3), ("hd95", 2), ("assd", 2)):
-        lines += [f"## {metric.upper() if metric != 'dice' else 'Dice'}", "",
+    shown = [m for m in METRICS if any(
+        (entry["summary"].get(site) or {}).get(m, {}).get("mean") is not None
+        for entry in results["approaches"].values() for site in sites)]
+    for metric in shown:
+        digits = 3 if metric.startswith("dice") else 2
+        lines += [f"## {METRIC_HEADERS[metric]}", "",
                   "| approach | " + " | ".join(sites) + " | mean |", "|---" * (len(sites) + 2) + "|"]
         for name, entry in results["approaches"].items():
             s = entry["summary"]
@@ -178,6 +190,14 @@ def markdown(results: Dict[str, Any]) -> str:
             lines.append(f"| {name} | {a['n']} | {diff} | {_p(a['wilcoxon_p'])} | {_p(a['ttest_p'])} | "
                          + " | ".join(_p(d["per_site"][s]["wilcoxon_p"]) for s in sites) + " |")
         lines.append("")
+        fov = {name: comp["metrics"]["dice_fov"]["all"] for name, comp in results["comparisons"].items() if "dice_fov" in comp["metrics"]}
+        if fov:
+            lines += ["Inside the field of view (sites whose datalist has FOV masks), per-image `dice_fov`:", "",
+                      "| approach | pairs | mean Dice FOV diff | Wilcoxon p | t-test p |", "|---|---|---|---|---|"]
+            for name, a in fov.items():
+                diff = "-" if a["mean_diff"] is None else f"{a['mean_diff']:+.3f}"
+                lines.append(f"| {name} | {a['n']} | {diff} | {_p(a['wilcoxon_p'])} | {_p(a['ttest_p'])} |")
+            lines.append("")
     lines += ["## Cost", "",
               "| approach | runs | wall time per run (s) | total (s) | median round wall (s) | vs FedAvg |",
               "|---|---|---|---|---|---|"]

@@ -23,7 +23,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from fedseg.bench.simulator import patch_job, round_timings, run_simulator
 
-METRICS = ("dice", "hd95", "assd")
+from fedseg.fl.report import METRIC_ORDER
+
+#: every final metric a site may report (FOV and mm variants only where its datalist allows them)
+METRICS = METRIC_ORDER
 REFERENCES = ("local", "pooled")
 
 
@@ -237,15 +240,26 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
 
 # --------------------------------------------------------------------------------- reference runs
 def pooled_datalist(mapping: Mapping[str, str], path: Path) -> Path:
-    """A datalist whose splits are the unions of the sites' splits (absolute paths, nothing copied)."""
-    from fedseg.data.datalist import load_datalist, write_json_atomic
+    """A datalist whose splits are the unions of the sites' splits (absolute paths, nothing copied).
+
+    Each entry keeps its data set's fixed ``rescale`` factor (patch mode), and the pooled list declares the
+    sites' common ``spatial_mode`` (none when they differ: then the job's ``train_config`` decides)."""
+    from fedseg.data.datalist import load_datalist, read_datalist_json, write_json_atomic
 
     union: Dict[str, List[Dict[str, Any]]] = {"training": [], "validation": [], "test": []}
+    modes = set()
     for site, p in mapping.items():
+        _, info = read_datalist_json(p)
+        modes.add(info.get("spatial_mode"))
+        rescale = float(info.get("rescale", 1.0))
         for split, entries in load_datalist(p, check_files=False).items():
-            # image + label only: extra keys that only some sites have (e.g. retina "fov") break collation
-            union[split] += [{"image": e["image"], "label": e["label"]} for e in entries]
-    return write_json_atomic(Path(path), {"name": "pooled", "sites": list(mapping), **union})
+            # image + label (+ the data set's rescale factor) only: extra keys that only some sites
+            # have (e.g. retina "fov") break collation
+            union[split] += [{"image": e["image"], "label": e["label"], "rescale": float(e.get("rescale", rescale))} for e in entries]
+    header = {"name": "pooled", "sites": list(mapping)}
+    if len(modes) == 1 and None not in modes:
+        header["spatial_mode"] = modes.pop()
+    return write_json_atomic(Path(path), {**header, **union})
 
 
 def _train(name: str, datalist: str, cfg: Dict[str, Any], rounds: int, val_engines: Dict[str, Any]):

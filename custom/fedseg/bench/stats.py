@@ -57,6 +57,8 @@ def paired_values(a: PerImage, b: PerImage, metric: str = "dice", sites: Optiona
             if ids_a != ids_b:
                 raise ValueError(f"seed {seed} site {site}: the test images differ between the two approaches")
             for ra, rb in zip(rows_a, rows_b):
+                if ra.get(metric) is None or rb.get(metric) is None:  # e.g. a FOV metric of a site without FOV
+                    continue
                 x.append(float(ra[metric]))
                 y.append(float(rb[metric]))
                 keys.append((seed, site, ra.get("id")))

@@ -119,6 +119,33 @@ class CheckSameSized(MapTransform):
         return dict(data)
 
 
+class Rescaled(MapTransform):
+    """Zoom ``keys`` by one fixed factor: the item's ``factor_key`` entry where it has one (a pooled datalist
+    mixes data sets, each with its own factor), else ``factor``. ``(C, H, W) -> (C, round(rH), round(rW))``;
+    a factor of 1 leaves the item as it is. ``mode``: one interpolation mode per key (``area`` for images,
+    ``nearest`` for masks). The factor is never guessed from the image: it is stated in the datalist or config.
+    """
+
+    def __init__(self, keys: KeysCollection, factor: float = 1.0, mode: Union[str, Sequence[str]] = "area",
+                 factor_key: str = "rescale", allow_missing_keys: bool = False):
+        super().__init__(keys, allow_missing_keys)
+        self.factor = float(factor)
+        self.factor_key = factor_key
+        self.modes = [mode] * len(self.keys) if isinstance(mode, str) else list(mode)
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
+        from monai.transforms import Zoom
+
+        d = dict(data)
+        factor = float(d.get(self.factor_key, self.factor))
+        if factor == 1.0:
+            return d
+        for key, mode in zip(self.keys, self.modes):
+            if key in d:
+                d[key] = Zoom(zoom=factor, mode=mode, keep_size=False)(d[key])
+        return d
+
+
 class ResizeToReferenced(MapTransform):
     """Resize ``keys`` (channel-first logits or probabilities) to the spatial size of ``ref_key``.
 

@@ -38,7 +38,7 @@ def cached_item_bytes(item: Mapping[str, Any], train_config: Mapping[str, Any], 
     same grid, for evaluation the label (and FOV) at the image's own size."""
     height, width = image_shape(item["image"])
     if train_config.get("spatial_mode") == "patch":
-        r = float(train_config.get("rescale") or 1.0)
+        r = float(item.get("rescale", train_config.get("rescale") or 1.0))
         grid = math.ceil(height * r) * math.ceil(width * r)
     else:
         grid = int(train_config.get("image_size", 64)) ** 2

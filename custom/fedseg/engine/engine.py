@@ -162,6 +162,10 @@ class SegEngine:
             # transforms: optional extras differ between datalists and would break pooled collation
             keys = ("image", "label") + (("fov",) if not train and all("fov" in e for e in entries) else ())
             items = [{k: e[k] for k in keys} for e in entries]
+            if self.spatial_mode == "patch" and any("rescale" in e for e in entries):
+                # a pooled datalist states each data set's factor per entry (fedseg.data.transforms.Rescaled)
+                for item, e in zip(items, entries):
+                    item["rescale"] = float(e.get("rescale", self.train_config["rescale"]))
             # CacheDataset caches everything up to the first random transform (decoding, resizing or
             # rescaling) once per process, within the site's memory budget; patches and augmentation
             # are drawn afresh every epoch
