@@ -358,3 +358,16 @@ def test_pooled_datalist_keeps_each_data_sets_rescale(tmp_path):
     dataset = engine._dataset("training", train=False)  # deterministic part: whole images after rescaling
     sizes = [tuple(dataset[i]["image"].shape[1:]) for i in range(len(dataset))]
     assert sizes[:n_a] == [(32, 32)] * n_a and set(sizes[n_a:]) == {(16, 16)}
+
+
+def test_run_records_the_sites_common_spatial_mode(tmp_path):
+    """`fedseg run --site-datalists` writes the mode every datalist declares into the job's train_config
+    (so the checkpoint tells `fedseg infer` how to run the model); mixed declarations leave it to each site."""
+    from fedseg.cli import common_spatial_mode
+    from fedseg.data.synthetic import generate_site_data
+
+    vessel = [generate_site_data("vessel", s, tmp_path, profile="tiny") for s in ("site-1", "site-2")]
+    polyp = generate_site_data("polyp", "site-3", tmp_path, profile="tiny")
+    assert common_spatial_mode(vessel) == "patch"
+    assert common_spatial_mode([polyp]) == "resize"
+    assert common_spatial_mode(vessel + [polyp]) is None

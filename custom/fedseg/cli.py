@@ -68,7 +68,12 @@ def _cmd_data(args: argparse.Namespace) -> None:
     else:
         from fedseg.data.retina import import_retina
 
-        paths = import_retina(args.src, args.out, seed=args.seed)
+        from fedseg.data.retina import DEFAULT_RESCALE
+
+        rescale = dict(DEFAULT_RESCALE)
+        if args.rescale is not None:
+            rescale = {k: float(v) for k, _, v in (item.partition("=") for item in args.rescale.split(",") if item)}
+        paths = import_retina(args.src, args.out, seed=args.seed, rescale=rescale)
     if args.participants:
         from fedseg.data.retina import participant_split
 
@@ -100,6 +105,14 @@ def _train_sets(items: Optional[List[str]]) -> dict:
         raise SystemExit(f"fedseg: {e}") from None
 
 
+def common_spatial_mode(datalists) -> Optional[str]:
+    """The ``"spatial_mode"`` every datalist declares, or None when they differ or one declares none."""
+    from fedseg.data.datalist import read_datalist_json
+
+    modes = {read_datalist_json(p)[1].get("spatial_mode") for p in datalists}
+    return modes.pop() if len(modes) == 1 and None not in modes else None
+
+
 def _cmd_run(args: argparse.Namespace) -> None:
     sets = _train_sets(args.set)  # before anything is exported or started
     workspace = Path(args.workspace or Path("workspaces") / args.method).resolve()
@@ -115,7 +128,12 @@ def _cmd_run(args: argparse.Namespace) -> None:
     script_args = f"--site_datalists {Path(args.site_datalists).resolve()}" if args.site_datalists else ""
     sites = None
     if args.site_datalists:
-        sites = sorted(json.loads(Path(args.site_datalists).read_text()))
+        mapping = json.loads(Path(args.site_datalists).read_text())
+        sites = sorted(mapping)
+        if "spatial_mode" not in overrides:
+            mode = common_spatial_mode(mapping.values())
+            if mode:  # recorded in the job's train_config, so the checkpoint says how to run the model
+                overrides["spatial_mode"] = mode
     with tempfile.TemporaryDirectory(prefix="fedseg_job_") as tmp:
         job = export_job(
             args.method, tmp, args.profile, num_rounds=args.rounds, script_args=script_args,
@@ -210,6 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     retina.add_argument("--src", required=True, help="folder with manifest.csv (e.g. ../shared/data/retina_vessels)")
     retina.add_argument("--out", required=True)
     retina.add_argument("--seed", type=int, default=0)
+    retina.add_argument(
+        "--rescale", default=None,
+        help="fixed rescale factor per data set for patch mode, e.g. CHASE_DB1=0.5 (the default); '' for none",
+    )
     for p in (synth, retina):
         p.add_argument(
             "--participants", default=None,

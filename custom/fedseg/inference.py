@@ -156,6 +156,13 @@ def _merged_overrides(checkpoint: Path, overrides: Optional[Mapping[str, Any]]) 
     base = checkpoint_train_config(checkpoint)
     if base:
         logger.info("using the training configuration stored in %s: %s", checkpoint, sorted(base))
+        if "spatial_mode" not in base and "spatial_mode" not in (overrides or {}):
+            # the job left the mode to each site's datalist: the checkpoint cannot say which it was
+            logger.warning(
+                "%s does not record the spatial mode (the sites' datalists chose it); running in the bundle's "
+                "default (resize). For a native-resolution model pass overrides {'spatial_mode': 'patch'} "
+                "(and 'rescale' where its data set was rescaled)", checkpoint,
+            )
     return {**base, **dict(overrides or {})}
 
 
