@@ -9,7 +9,7 @@ Data (``--data``):
     batches held in memory; both paths iterate that same list (``SegEngine.loader`` is replaced on
     the instance), so data loading and augmentation are NOT measured — only the training loop.
   * ``loader``: both paths iterate the engine's real DataLoader (``engine.loader("training",
-    shuffle=True, augment=True)``: cached decoding/resizing, per-epoch random flips/rotations),
+    shuffle=True, train=True)``: cached decoding/resizing, per-epoch random flips/rotations),
     i.e. what a federated round actually pays.
   * ``both``: one table row per mode.
 
@@ -77,7 +77,7 @@ def bench_mode(mode: str, datalist: Path, args: argparse.Namespace) -> Dict[str,
                           local_epochs=args.epochs)["train_config"]
     engine = SegEngine("site-1", datalist, cfg)
     device = engine.device
-    real_loader = engine.loader("training", shuffle=True, augment=True)
+    real_loader = engine.loader("training", shuffle=True, train=True)
     if mode == "memory":
         batches = [{k: v for k, v in b.items() if k in ("image", "label")} for b in real_loader]
         engine.loader = lambda *a, **k: batches  # noqa: E731 - the engine iterates the same in-memory batches

@@ -213,16 +213,19 @@ def test_lambda1_zero_sends_no_direction(round_one):
 
 
 class FakeEngine:
-    """The two SegEngine methods the objective uses, over fixed in-memory training images."""
+    """The SegEngine methods the objective uses, over fixed in-memory training images."""
 
     device = torch.device("cpu")
 
     def __init__(self, images: List[torch.Tensor]):
         self.images = images
 
-    def loader(self, split, shuffle=False, augment=False):
-        assert split == "training" and not shuffle and not augment
+    def loader(self, split, shuffle=False, train=False):
+        assert split == "training" and not shuffle and not train  # whole images, evaluation pipeline
         return [{"image": x, "label": torch.zeros(x.shape[0], 1, *x.shape[2:])} for x in self.images]
+
+    def predictor(self, model, x):  # the engine's whole-image forward (resize mode: one pass)
+        return model(x)
 
     def iterate_logits(self, model, split, with_features=False):
         assert split == "training"

@@ -225,7 +225,7 @@ def test_engine_without_dp_is_the_previous_training_loop(tiny_datalist, tiny_tra
     # the regulariser's value and gradient are checked against cosines and the closed form in
     # test_graphfedseg_math.py; here the same function is used so the loops can be compared bit for bit
     d = [torch.as_tensor(v) for v in direction.values()]
-    loader = engine.loader("training", shuffle=True, augment=False)
+    loader = engine.loader("training", shuffle=True, train=True)  # augment is off in cfg
     losses = []
     for _ in range(cfg["local_epochs"]):
         for batch in loader:
