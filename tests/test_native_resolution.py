@@ -363,7 +363,7 @@ def test_pooled_datalist_keeps_each_data_sets_rescale(tmp_path):
 def test_run_records_the_sites_common_spatial_mode(tmp_path):
     """`fedseg run --site-datalists` writes the mode every datalist declares into the job's train_config
     (so the checkpoint tells `fedseg infer` how to run the model); mixed declarations leave it to each site."""
-    from fedseg.cli import common_spatial_mode
+    from fedseg.data.datalist import common_spatial_mode
     from fedseg.data.synthetic import generate_site_data
 
     vessel = [generate_site_data("vessel", s, tmp_path, profile="tiny") for s in ("site-1", "site-2")]

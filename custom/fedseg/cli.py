@@ -105,14 +105,6 @@ def _train_sets(items: Optional[List[str]]) -> dict:
         raise SystemExit(f"fedseg: {e}") from None
 
 
-def common_spatial_mode(datalists) -> Optional[str]:
-    """The ``"spatial_mode"`` every datalist declares, or None when they differ or one declares none."""
-    from fedseg.data.datalist import read_datalist_json
-
-    modes = {read_datalist_json(p)[1].get("spatial_mode") for p in datalists}
-    return modes.pop() if len(modes) == 1 and None not in modes else None
-
-
 def _cmd_run(args: argparse.Namespace) -> None:
     sets = _train_sets(args.set)  # before anything is exported or started
     workspace = Path(args.workspace or Path("workspaces") / args.method).resolve()
@@ -131,6 +123,8 @@ def _cmd_run(args: argparse.Namespace) -> None:
         mapping = json.loads(Path(args.site_datalists).read_text())
         sites = sorted(mapping)
         if "spatial_mode" not in overrides:
+            from fedseg.data.datalist import common_spatial_mode
+
             mode = common_spatial_mode(mapping.values())
             if mode:  # recorded in the job's train_config, so the checkpoint says how to run the model
                 overrides["spatial_mode"] = mode

@@ -244,21 +244,20 @@ def pooled_datalist(mapping: Mapping[str, str], path: Path) -> Path:
 
     Each entry keeps its data set's fixed ``rescale`` factor (patch mode), and the pooled list declares the
     sites' common ``spatial_mode`` (none when they differ: then the job's ``train_config`` decides)."""
-    from fedseg.data.datalist import load_datalist, read_datalist_json, write_json_atomic
+    from fedseg.data.datalist import common_spatial_mode, load_datalist, read_datalist_json, write_json_atomic
 
     union: Dict[str, List[Dict[str, Any]]] = {"training": [], "validation": [], "test": []}
-    modes = set()
     for site, p in mapping.items():
         _, info = read_datalist_json(p)
-        modes.add(info.get("spatial_mode"))
         rescale = float(info.get("rescale", 1.0))
         for split, entries in load_datalist(p, check_files=False).items():
             # image + label (+ the data set's rescale factor) only: extra keys that only some sites
             # have (e.g. retina "fov") break collation
             union[split] += [{"image": e["image"], "label": e["label"], "rescale": float(e.get("rescale", rescale))} for e in entries]
     header = {"name": "pooled", "sites": list(mapping)}
-    if len(modes) == 1 and None not in modes:
-        header["spatial_mode"] = modes.pop()
+    mode = common_spatial_mode(mapping.values())
+    if mode:
+        header["spatial_mode"] = mode
     return write_json_atomic(Path(path), {**header, **union})
 
 

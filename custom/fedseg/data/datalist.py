@@ -24,7 +24,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -199,6 +199,12 @@ def read_datalist_json(path: str | os.PathLike) -> Tuple[Path, Dict[str, Any]]:
     DatalistError naming the file when it is missing or not a JSON object."""
     path = _resolve_datalist_path(path).absolute()
     return path, _read_json(path)
+
+
+def common_spatial_mode(datalists: Iterable[str | os.PathLike]) -> Optional[str]:
+    """The top-level ``"spatial_mode"`` every datalist declares, or None when they differ or one declares none."""
+    modes = {read_datalist_json(p)[1].get("spatial_mode") for p in datalists}
+    return modes.pop() if len(modes) == 1 and None not in modes else None
 
 
 def _read_json(path: Path) -> Dict[str, Any]:

@@ -63,11 +63,12 @@ class SegmentationMetrics:
         rows = [dict() for _ in range(labels.shape[0])]
         self._score(rows, pred_labels, labels, "", None)
         if fov is not None:
-            inside = (fov > 0).to(pred_labels.dtype)
-            self._score(rows, pred_labels * inside, labels * inside.to(labels.dtype), "_fov", None)
+            # restricted once: the FOV metrics and (below) the mm distances use the same pair
+            inside = fov > 0
+            pred_labels, labels = pred_labels * inside, labels * inside
+            self._score(rows, pred_labels, labels, "_fov", None)
         if spacing is not None:
-            self._score(rows, pred_labels * inside if fov is not None else pred_labels,
-                        labels * inside.to(labels.dtype) if fov is not None else labels, "_mm", spacing, distances_only=True)
+            self._score(rows, pred_labels, labels, "_mm", spacing, distances_only=True)
         self._rows.extend(rows)
 
     def _score(self, rows, pred_labels, labels, suffix: str, spacing, distances_only: bool = False) -> None:
@@ -79,6 +80,7 @@ class SegmentationMetrics:
         if "dice" in self.metrics and not distances_only:
             for row, v in zip(rows, self._dice(pred, truth).mean(dim=1).tolist()):
                 row["dice" + suffix] = v
+            self._dice.reset()
         kwargs = {} if spacing is None else {"spacing": [float(s) for s in spacing]}
         for name, metric in (("hd95", self._hd95), ("assd", self._assd)):
             if name not in self.metrics:
@@ -90,8 +92,6 @@ class SegmentationMetrics:
             value = torch.where(pred_empty ^ truth_empty, torch.full_like(value, diagonal), value)
             for row, v in zip(rows, value.tolist()):
                 row[name + suffix] = v
-        if not distances_only:
-            self._dice.reset()
 
     def per_image(self) -> List[Dict[str, float]]:
         """One dict per image (update order) with every metric computed for it."""
