@@ -448,3 +448,24 @@ def test_inference_checks_patch_size_in_patch_mode(tmp_path, vessel_site):
     assert Image.open(mask).size == (32, 32)
     with pytest.raises(ValueError, match="image_size 20 must be a multiple of 8"):
         run_inference(ckpt, tmp_path / "out2", input_dir=tmp_path / "new", overrides={**TINY_NET, "image_size": 20})
+
+
+def test_inference_reproduces_pathfl_feature_alignment(tmp_path, vessel_site):
+    """A PathFL checkpoint carries its bottleneck alignment (global moments and the at-inference switch) as
+    buffers: bundle inference with ``feature_alignment`` reproduces the engine's evaluation, and the
+    alignment really changes the prediction."""
+    datalist, _, _ = vessel_site
+    overrides = {**MODES["patch"], "feature_alignment": True, "sw_overlap": 0.5, "sw_blend_mode": "constant"}
+    net = load_bundle(BUNDLE, overrides).get_parsed_content("network_def", lazy=False)
+    net.bottleneck_alignment.set_target(0.8, 3.0, at_inference=True)
+    ckpt = tmp_path / "pathfl.pt"
+    torch.save(net.state_dict(), ckpt)
+    masks = run_inference(ckpt, tmp_path / "out", datalist=datalist, split="test", overrides=overrides)
+    engine, model = _engine_scores(datalist, ckpt, overrides)
+    assert float(model.bottleneck_alignment.active) == 1.0
+    outputs = list(engine.iterate_logits(model, "test"))
+    model.bottleneck_alignment.at_inference.fill_(0.0)
+    unaligned = list(engine.iterate_logits(model, "test"))
+    assert any(not torch.equal(a[2].argmax(1), b[2].argmax(1)) for a, b in zip(outputs, unaligned))
+    for mask, (_, _, logits, _) in zip(masks, outputs):
+        np.testing.assert_array_equal(np.asarray(Image.open(mask)) > 0, logits.argmax(1)[0].numpy().T.astype(bool))

@@ -37,6 +37,10 @@ BUNDLE_KEYS = (
     "num_classes",
     "channels",
     "dropout",
+    "norm",
+    "feature_alignment",
+    "lambda_dice",
+    "lambda_ce",
     "optimizer_name",
     "learning_rate",
     "weight_decay",
@@ -56,6 +60,11 @@ BUNDLE_KEYS = (
     "sw_overlap",
     "sw_blend_mode",
 )
+
+
+def build_network(train_config: Optional[Dict[str, Any]] = None, bundle_dir: Optional[os.PathLike] = None):
+    """A fresh instance of the bundle's ``network_def`` with the job's overrides (on the CPU)."""
+    return load_bundle(bundle_dir, train_config).get_parsed_content("network_def", instantiate=True, lazy=False)
 
 
 def load_bundle(

@@ -21,6 +21,13 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     "num_classes": 2,
     "channels": [16, 32, 64, 128, 256],
     "dropout": 0.0,
+    # "instance" or "batch" (MONAI norm names)
+    "norm": "instance",
+    # PathFL's bottleneck alignment layer (set by the PathFL recipe when AFA is on)
+    "feature_alignment": False,
+    # segmentation loss = lambda_dice * Dice + lambda_ce * cross-entropy (lambda_dice 0: plain CE)
+    "lambda_dice": 1.0,
+    "lambda_ce": 1.0,
     "optimizer_name": "Adam",
     "learning_rate": 1e-3,
     "weight_decay": 0.0,

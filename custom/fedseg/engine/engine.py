@@ -234,8 +234,8 @@ class SegEngine:
         losses = []
 
         def iteration(engine: SupervisedTrainer, batch: Dict[str, torch.Tensor]) -> Dict[str, Any]:
-            inputs = batch["image"].to(self.device)
             labels = batch["label"].to(self.device)
+            inputs = objective.prepare_inputs(batch["image"].to(self.device), labels)
             model.train()
             optimizer.zero_grad(set_to_none=True)
             if objective.needs_features:
@@ -271,8 +271,10 @@ class SegEngine:
         steps = [0]
 
         def iteration(engine: SupervisedTrainer, batch) -> Dict[str, Any]:
-            inputs = batch[0].to(self.device)
             labels = batch[1].to(self.device)
+            inputs = batch[0].to(self.device)
+            if inputs.shape[0] > 0:
+                inputs = objective.prepare_inputs(inputs, labels)
             model.train()
             private.zero_grad()
             data_loss: Optional[torch.Tensor] = None
@@ -314,6 +316,28 @@ class SegEngine:
             "dp_epsilon": private.epsilon,
             "dp_delta": private.delta,
         }
+
+    # ----------------------------------------------------------------------------------- statistics
+    @torch.no_grad()
+    def intensity_statistics(self, split: str = "training") -> Tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel mean and standard deviation ``(C_in,)`` of the network's input intensities over
+        every pixel of every image of ``split`` (whole images after the evaluation preprocessing). Images
+        are decoded one at a time, outside the cache."""
+        from monai.data import Dataset
+
+        entries = self.data[split]
+        if not entries:
+            raise ValueError(f"{self.site}: split {split!r} is empty")
+        total = total_sq = None
+        count = 0
+        for item in Dataset([{k: e[k] for k in ("image", "label")} for e in entries], transform=self._eval_transform):
+            x = torch.as_tensor(item["image"], dtype=torch.float64).flatten(1)
+            total = x.sum(1) if total is None else total + x.sum(1)
+            total_sq = (x * x).sum(1) if total_sq is None else total_sq + (x * x).sum(1)
+            count += x.shape[1]
+        mean = total / count
+        std = (total_sq / count - mean * mean).clamp_min(0).sqrt()
+        return mean.float(), std.float()
 
     # ----------------------------------------------------------------------------------- evaluation
     @torch.no_grad()

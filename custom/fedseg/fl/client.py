@@ -123,6 +123,7 @@ class SiteRunner:
 
     def _declared(self, statistics: Dict[str, Any]) -> Dict[str, Any]:
         allowed = set(self.objective.declared_statistics) | set(BASE_STATISTICS)
+        allowed |= set(self.objective.declared_arrays(self.engine.train_config))
         undeclared = sorted(set(statistics) - allowed)
         if undeclared:
             raise ValueError(f"{self.site}: objective {self.objective.name!r} tried to send undeclared statistics {undeclared}")

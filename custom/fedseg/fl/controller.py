@@ -15,9 +15,10 @@ import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.workflows.model_controller import ModelController
 
+from fedseg.bundle import build_network
 from fedseg.fl.protocol import META_KEY, EVALUATE_TASK, TRAIN_TASK
 from fedseg.fl.report import RunReport
-from fedseg.fl.validation import InvalidUpdateError, to_tensor_params, validate_params, validate_statistics
+from fedseg.fl.validation import InvalidUpdateError, to_tensor_params, validate_arrays, validate_params, validate_statistics
 from fedseg.objectives.registry import build_objective
 from fedseg.strategies.base import ClientUpdate, SitePayload
 from fedseg.strategies.registry import build_strategy
@@ -71,7 +72,9 @@ class FedSegController(ModelController):
         self.final_evaluation = bool(final_evaluation)
         # fail at job start, not after an hour of training, if a name or an option is wrong
         self._strategy = build_strategy(self.strategy, **self.strategy_args)
-        self._allowed_statistics = build_objective(self.objective, **self.objective_args).declared_statistics
+        objective_ = build_objective(self.objective, **self.objective_args)
+        self._allowed_statistics = objective_.declared_statistics
+        self._declared_arrays = objective_.declared_arrays(self.train_config)
         self._reference: Dict[str, torch.Tensor] = {}
         self._rejected: Dict[str, str] = {}
         self._task_times: Dict[str, float] = {}
@@ -84,6 +87,9 @@ class FedSegController(ModelController):
         clients = sorted(self.sample_clients())
         if len(clients) < self.min_clients:
             raise RuntimeError(f"{len(clients)} sites connected, the job needs at least {self.min_clients}")
+        if getattr(self._strategy, "needs_network", False):
+            # strategies that run the sites' models (PathFL's SSA) build the job's own network
+            self._strategy.network_factory = lambda: build_network(self.train_config)
         self._strategy.start(clients, self._reference)
         report = RunReport(
             method=self.method,
@@ -234,6 +240,7 @@ class FedSegController(ModelController):
             params = validate_params(site, result.params or {}, self._reference)
         metrics = validate_statistics(site, result.metrics or {}, (result.metrics or {}).keys())
         statistics = validate_statistics(site, meta, self._allowed_statistics)
+        statistics.update(validate_arrays(site, meta, self._declared_arrays))
         n_samples = int(meta.get("n_samples", 0))
         if require_params and n_samples <= 0:
             raise InvalidUpdateError(f"{site}: result does not say how many training images it used")

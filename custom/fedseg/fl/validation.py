@@ -46,6 +46,28 @@ def validate_params(site: str, params: Mapping[str, Any], reference: Mapping[str
     return tensors
 
 
+def validate_arrays(site: str, meta: Mapping[str, Any], declared: Mapping[str, tuple]) -> Dict[str, torch.Tensor]:
+    """Keep only declared arrays; each must have exactly its declared shape and finite float values.
+
+    Raises:
+        InvalidUpdateError: a declared array of another shape, dtype or with NaN/Inf.
+    """
+    out: Dict[str, torch.Tensor] = {}
+    for key, shape in declared.items():
+        if key not in meta:
+            continue
+        try:
+            value = torch.as_tensor(np.asarray(meta[key]))
+        except (TypeError, ValueError) as e:
+            raise InvalidUpdateError(f"{site}: '{key}' is not an array") from e
+        if tuple(value.shape) != tuple(shape):
+            raise InvalidUpdateError(f"{site}: '{key}' has shape {tuple(value.shape)}, declared {tuple(shape)}")
+        if not torch.is_floating_point(value) or not bool(torch.isfinite(value).all()):
+            raise InvalidUpdateError(f"{site}: '{key}' must be finite floats")
+        out[key] = value.float()
+    return out
+
+
 def validate_statistics(site: str, meta: Mapping[str, Any], allowed: Iterable[str]) -> Dict[str, Any]:
     """Keep only declared statistics; each must be a finite scalar or a short list of finite scalars."""
     allowed = set(allowed)

@@ -1,3 +1,4 @@
+from .feature_alignment import FeatureAlignment
 from .unet import FeatureUNet
 
-__all__ = ["FeatureUNet"]
+__all__ = ["FeatureAlignment", "FeatureUNet"]

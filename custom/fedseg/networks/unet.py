@@ -10,6 +10,10 @@ Feature names (``L = len(channels)``, level 0 is full resolution):
     ``bottleneck``        deepest map, shape (B, channels[-1], H/2^(L-1), W/2^(L-1))
     ``dec{L-2} .. dec0``  decoder block outputs, ``dec{i}`` at the resolution of ``enc{i}``
     ``decoder_last``      alias of ``dec0``: the last decoder map before the 1x1 head, (B, channels[0], H, W)
+
+With ``feature_alignment=True`` the bottleneck output passes through a ``FeatureAlignment`` layer
+(``bottleneck_alignment``, PathFL's AFA; identity until the server activates it); ``bottleneck`` is then
+the aligned map, the one the decoder sees.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from monai.networks.blocks import Convolution
 from torch import nn
+
+from .feature_alignment import FeatureAlignment
 
 
 class _DoubleConv(nn.Sequential):
@@ -44,6 +50,8 @@ class FeatureUNet(nn.Module):
         dropout: dropout rate inside the bottleneck and decoder blocks (0 disables; MC-dropout needs > 0).
         init_seed: if given, the initial weights depend only on this seed (the global RNG is left
             untouched), so the server's persistor and every site build the same round-0 model.
+        feature_alignment: add PathFL's bottleneck ``FeatureAlignment`` layer (its moments are buffers in
+            the ``state_dict``).
 
     Input ``(B, in_channels, H, W)`` with H, W divisible by ``2 ** (len(channels) - 1)``;
     output logits ``(B, out_channels, H, W)``.
@@ -59,6 +67,7 @@ class FeatureUNet(nn.Module):
         act: str = "relu",
         dropout: float = 0.0,
         init_seed: Optional[int] = None,
+        feature_alignment: bool = False,
     ):
         super().__init__()
         # constructor arguments stored under their own names: NVFlare's job export reads them back
@@ -68,6 +77,7 @@ class FeatureUNet(nn.Module):
         self.act = act
         self.dropout = dropout
         self.init_seed = init_seed
+        self.feature_alignment = bool(feature_alignment)
         if init_seed is None:
             self._build(spatial_dims, in_channels, out_channels, channels, norm, act, dropout)
         else:
@@ -102,6 +112,8 @@ class FeatureUNet(nn.Module):
         self.ups = nn.ModuleList(ups)
         self.decoders = nn.ModuleList(decoders)
         self.head = head(self.channels[0], out_channels, kernel_size=1)
+        # parameter-free, so the initial weights are the same with or without it
+        self.bottleneck_alignment = FeatureAlignment() if self.feature_alignment else nn.Identity()
 
     @property
     def feature_names(self) -> List[str]:
@@ -119,7 +131,7 @@ class FeatureUNet(nn.Module):
             skips.append(x)
             x = self.pool(x)
             level += 1
-        x = self.bottleneck(x)
+        x = self.bottleneck_alignment(self.bottleneck(x))
         feats["bottleneck"] = x
         level = self.depth - 1
         for up, dec in zip(self.ups, self.decoders):

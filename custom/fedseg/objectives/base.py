@@ -2,6 +2,8 @@
 
 The engine calls, per round:
     begin_round(ctx, model)                      once, after the received weights are loaded
+    prepare_inputs(inputs, labels) -> inputs     every training iteration, before the forward pass
+                                                 (PathFL's style mixing; default: unchanged)
     loss(batch_out) -> scalar tensor             every training iteration
       with differential privacy on (``train_config["dp_target_epsilon"]``), instead:
     data_loss(batch_out) -> scalar tensor        the data term, privatised (per-sample clip + noise)
@@ -16,7 +18,9 @@ The engine calls, per round:
 
 Only keys listed in ``declared_statistics`` may leave the site in ``FLModel.meta`` (the client loop
 enforces it), and each must be a finite scalar or a short list of finite scalars — never images,
-labels, predictions or per-image lists.
+labels, predictions or per-image lists. An objective that must send an array that is not data (PathFL's
+Gaussian noise batch) declares its name and exact shape in ``declared_arrays``; the server rejects any
+other shape.
 """
 
 from __future__ import annotations
@@ -91,8 +95,17 @@ class ClientObjective:
         if self.seg_loss is None:
             self.seg_loss = seg_loss
 
+    def declared_arrays(self, train_config: Dict[str, Any]) -> Dict[str, Tuple[int, ...]]:
+        """``{meta key: exact shape}`` of the float arrays this objective may send (none by default)."""
+        return {}
+
     def begin_round(self, ctx: RoundContext, model: nn.Module) -> None:
         """Called after the received weights are loaded into ``model``, before local training."""
+
+    def prepare_inputs(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The training images ``(B, C_in, H, W)`` as the network should see them this iteration. Must
+        treat each image on its own (DP-SGD clips per image). Default: unchanged."""
+        return inputs
 
     def loss(self, out: BatchOutput) -> torch.Tensor:
         """Scalar training loss for one batch."""

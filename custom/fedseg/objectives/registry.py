@@ -13,6 +13,7 @@ _REGISTRY: Dict[str, str] = {
     "graphfedseg": "fedseg.objectives.graphfedseg:GraphFedSegObjective",
     "fedevi": "fedseg.objectives.fedevi:FedEviObjective",
     "fvac": "fedseg.objectives.fvac:FVACObjective",
+    "pathfl": "fedseg.objectives.pathfl:PathFLObjective",
 }
 
 

@@ -20,6 +20,8 @@ def plot_report(data: Dict[str, Any], out_dir: Path) -> List[Path]:
     rounds = data.get("rounds") or []
     if rounds and "graph" in rounds[-1]:
         figures.append(plot_graph_heatmaps(data, out_dir / "graph_heatmaps.png"))
+    if rounds and isinstance(rounds[-1].get("ssa_similarity"), dict):
+        figures.append(plot_stratum_heatmaps(data, out_dir / "ssa_similarity.png"))
     for field in ("effective_weight", "beta", "aggregation_weight"):
         if rounds and isinstance(rounds[-1].get(field), dict):
             figures.append(plot_site_field(data, field, out_dir / f"{field}.png"))
@@ -75,6 +77,31 @@ def plot_graph_heatmaps(data: Dict[str, Any], path: Path, max_panels: int = 4):
         ax.set_yticks(range(len(names)), names, fontsize=6)
         fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_stratum_heatmaps(data: Dict[str, Any], path: Path, field: str = "ssa_similarity"):
+    """PathFL's per-stratum site similarity (row i = site i of ``ssa_sites``) in the last round that has it."""
+    rounds = [r for r in data.get("rounds") or [] if isinstance(r.get(field), dict)]
+    if not rounds:
+        return None
+    last = rounds[-1]
+    names = last.get("ssa_sites") or data["clients"]
+    strata = list(last[field])
+    cols = min(5, len(strata))
+    rows = (len(strata) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(2.8 * cols, 2.8 * rows), squeeze=False)
+    for ax in axes.flat[len(strata):]:
+        ax.set_axis_off()
+    for ax, stratum in zip(axes.flat, strata):
+        im = ax.imshow(np.asarray(last[field][stratum], dtype=float), vmin=0, vmax=1, cmap="viridis")
+        ax.set_title(stratum, fontsize=8)
+        ax.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
+        ax.set_yticks(range(len(names)), names, fontsize=6)
+    fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.02)
+    fig.suptitle(f"{data['method']}: {field}, round {last['round'] + 1}", fontsize=9)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

@@ -10,6 +10,7 @@ _RECIPES: Dict[str, str] = {
     "fedevi": "fedseg.recipes.fedevi:FedEviRecipe",
     "fvac": "fedseg.recipes.fvac:FVACRecipe",
     "graphfedseg": "fedseg.recipes.graphfedseg:GraphFedSegRecipe",
+    "pathfl": "fedseg.recipes.pathfl:PathFLRecipe",
 }
 
 

@@ -14,7 +14,7 @@ from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 from nvflare.client.config import ExchangeFormat, TransferType
 from nvflare.recipe.spec import Recipe
 
-from fedseg.bundle import load_bundle
+from fedseg.bundle import build_network
 from fedseg.fl.audit import ResultAuditFilter
 from fedseg.fl.controller import FedSegController
 from fedseg.fl.protocol import EVALUATE_TASK, TRAIN_TASK
@@ -62,7 +62,7 @@ def split_options(options: Dict[str, Any]) -> tuple:
 
 def build_initial_network(train_config: Dict[str, Any]):
     """The bundle's network with the job's overrides — the same constructor (and ``init_seed``) the sites use."""
-    return load_bundle(None, train_config).get_parsed_content("network_def", instantiate=True)
+    return build_network(train_config)
 
 
 class FedSegRecipe(Recipe):

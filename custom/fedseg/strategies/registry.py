@@ -11,6 +11,7 @@ _REGISTRY: Dict[str, str] = {
     "fedavg": "fedseg.strategies.fedavg:FedAvgStrategy",
     "graphfedseg": "fedseg.strategies.graphfedseg:GraphFedSegStrategy",
     "fedevi": "fedseg.strategies.fedevi:FedEviStrategy",
+    "pathfl": "fedseg.strategies.pathfl:PathFLStrategy",
 }
 
 

@@ -1,0 +1,173 @@
+"""PathFL client objective (Medical Image Analysis 2025): image-level style mixing (CSE), the statistics
+for feature alignment (AFA) and the noise batch for stratified similarity aggregation (SSA).
+
+The loss is the bundle's segmentation loss (the PathFL recipe sets it to cross-entropy as in the paper).
+What the site sends besides its weights, each only when its module is on:
+
+* CSE: ``cse_mean``, ``cse_std`` — per-channel mean/std of its training batches this round (2 x C numbers);
+* AFA: ``afa_mean``, ``afa_sq_mean`` — first and second moments of the raw bottleneck elements seen in
+  this round's training forward passes (2 numbers; no extra pass);
+* SSA: ``ssa_noise`` — a ``(ssa_noise_batch, C, ssa_noise_size, ssa_noise_size)`` batch of Gaussian noise
+  drawn from the per-channel mean/std of its whole training set. Pure noise: no pixel of an image.
+
+Under DP-SGD these statistics are, like every declared statistic, outside the epsilon (``engine.py``).
+The AFA re-normalisation itself is a layer of the network (``fedseg.networks.FeatureAlignment``), whose
+global moments the server writes into the weights it sends.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import deque
+from typing import Any, Deque, Dict, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedseg.alignment.style import channel_statistics, hybrid_images
+
+from .base import ClientObjective, RoundContext
+
+#: server meta key of the style pool: {"mean": [[C floats] per site], "std": [[C floats] per site]}
+STYLE_POOL_KEY = "cse_style_pool"
+
+
+class PathFLObjective(ClientObjective):
+    """Segmentation loss on CSE hybrids; AFA moments and the SSA noise batch as declared statistics.
+
+    Args:
+        seg_loss: the segmentation loss (default: the bundle's, handed over by the engine).
+        use_cse: mix every training image with a restyled copy of itself once the server sends a style pool.
+        use_afa: report bottleneck moments (the alignment layer is in the network: ``feature_alignment``).
+        use_ssa: send a Gaussian noise batch each round.
+        ssa_noise_batch, ssa_noise_size: the noise batch is ``(ssa_noise_batch, C, size, size)``; ``size``
+            must suit the network (a multiple of ``2 ** depth``).
+        keep_examples: how many (original, restyled, hybrid) triples to keep for the site-local figure.
+    """
+
+    name = "pathfl"
+    declared_statistics: Tuple[str, ...] = ("cse_mean", "cse_std", "afa_mean", "afa_sq_mean")
+
+    def __init__(
+        self,
+        seg_loss: Optional[nn.Module] = None,
+        use_cse: bool = True,
+        use_afa: bool = True,
+        use_ssa: bool = True,
+        ssa_noise_batch: int = 4,
+        ssa_noise_size: int = 64,
+        keep_examples: int = 4,
+        **kwargs: Any,
+    ):
+        super().__init__(seg_loss=seg_loss, **kwargs)
+        if ssa_noise_batch < 1 or ssa_noise_size < 1:
+            raise ValueError(f"ssa_noise_batch and ssa_noise_size must be >= 1, got {ssa_noise_batch}, {ssa_noise_size}")
+        self.use_cse = bool(use_cse)
+        self.use_afa = bool(use_afa)
+        self.use_ssa = bool(use_ssa)
+        self.ssa_noise_batch = int(ssa_noise_batch)
+        self.ssa_noise_size = int(ssa_noise_size)
+        self._pool: Optional[Tuple[list, list]] = None
+        self._generator: Optional[torch.Generator] = None
+        self._batch_sum: Optional[torch.Tensor] = None  # (2, C): sums of batch means and stds
+        self._batches = 0
+        self._moments = [0.0, 0.0, 0]  # sum Z, sum Z^2, count, of this round's raw bottleneck elements
+        self._hooked: Optional[int] = None
+        self._hook = None
+        self._training_stats: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        self._examples: Deque[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = deque(maxlen=int(keep_examples))
+
+    def declared_arrays(self, train_config: Dict[str, Any]) -> Dict[str, Tuple[int, ...]]:
+        if not self.use_ssa:
+            return {}
+        channels = int(train_config.get("in_channels", 3))
+        return {"ssa_noise": (self.ssa_noise_batch, channels, self.ssa_noise_size, self.ssa_noise_size)}
+
+    # ------------------------------------------------------------------------------------- round
+    def begin_round(self, ctx: RoundContext, model: nn.Module) -> None:
+        if self._generator is None:
+            seed = int(ctx.train_config.get("seed", 0)) * 1_000_003 + zlib.crc32(ctx.site.encode())
+            self._generator = torch.Generator().manual_seed(seed)
+        pool = ctx.server_meta.get(STYLE_POOL_KEY) if self.use_cse else None
+        self._pool = (pool["mean"], pool["std"]) if pool and pool.get("mean") else None
+        self._batch_sum, self._batches = None, 0
+        self._moments = [0.0, 0.0, 0]
+        if self.use_afa:
+            self._watch_bottleneck(model)
+
+    def _watch_bottleneck(self, model: nn.Module) -> None:
+        """Record the raw bottleneck (before alignment) of every training forward pass."""
+        if self._hooked == id(model):
+            return
+        if not hasattr(model, "bottleneck"):
+            raise TypeError("AFA needs a network with a `bottleneck` block (the bundle's FeatureUNet)")
+
+        def record(module: nn.Module, args: Any, out: torch.Tensor) -> None:
+            if module.training:
+                z = out.detach().double()
+                self._moments[0] += float(z.sum())
+                self._moments[1] += float((z * z).sum())
+                self._moments[2] += z.numel()
+
+        if self._hook is not None:
+            self._hook.remove()
+        self._hook = model.bottleneck.register_forward_hook(record)
+        self._hooked = id(model)
+
+    def prepare_inputs(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Record this batch's style; return CSE hybrids when a style pool has arrived (else ``inputs``)."""
+        if not self.use_cse:
+            return inputs
+        mean, std = channel_statistics(inputs.detach())
+        batch = torch.stack([mean.mean(0), std.mean(0)]).double().cpu()
+        self._batch_sum = batch if self._batch_sum is None else self._batch_sum + batch
+        self._batches += 1
+        if self._pool is None:
+            return inputs
+        hybrids, restyled = hybrid_images(inputs, self._pool[0], self._pool[1], generator=self._generator)
+        self._examples.append((inputs[0].detach().cpu(), restyled[0].detach().cpu(), hybrids[0].detach().cpu()))
+        return hybrids
+
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: Any) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        if self.use_cse and self._batches:
+            mean, std = (self._batch_sum / self._batches).tolist()
+            out["cse_mean"], out["cse_std"] = mean, std
+        if self.use_afa and self._moments[2]:
+            out["afa_mean"] = self._moments[0] / self._moments[2]
+            out["afa_sq_mean"] = self._moments[1] / self._moments[2]
+        if self.use_ssa:
+            out["ssa_noise"] = self.noise_batch(engine, ctx.round)
+        return out
+
+    # -------------------------------------------------------------------------------------- SSA
+    def noise_batch(self, engine: Any, round_: int) -> np.ndarray:
+        """``g_m ~ N(mu_m, sigma_m)`` per channel, ``(ssa_noise_batch, C, S, S)`` float32, where ``mu_m``,
+        ``sigma_m`` are the whole training set's intensity statistics (computed once)."""
+        if self._training_stats is None:
+            self._training_stats = engine.intensity_statistics("training")
+        mean, std = self._training_stats
+        generator = torch.Generator().manual_seed(int(self._generator.initial_seed()) + 7919 * (int(round_) + 1))
+        shape = (self.ssa_noise_batch, mean.numel(), self.ssa_noise_size, self.ssa_noise_size)
+        noise = torch.randn(shape, generator=generator) * std.view(1, -1, 1, 1) + mean.view(1, -1, 1, 1)
+        return noise.numpy().astype(np.float32)
+
+    # ------------------------------------------------------------------------------------ figure
+    def last_examples(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(originals, restyled, hybrids)``, each ``(N, C, H, W)``, from the most recent batches."""
+        if not self._examples:
+            raise LookupError("no CSE examples recorded (CSE off, or no style pool arrived yet)")
+        return tuple(torch.stack(t) for t in zip(*self._examples))  # type: ignore[return-value]
+
+    def save_site_figures(self, out_dir: str, ctx: RoundContext) -> None:
+        """Original / restyled / hybrid training patches of this site (site-local, never sent)."""
+        from pathlib import Path
+
+        from fedseg.plots.pathfl_figures import save_style_figure
+
+        try:
+            originals, restyled, hybrids = self.last_examples()
+        except LookupError:
+            return
+        save_style_figure(originals, restyled, hybrids, Path(out_dir) / "pathfl_cse_examples.png")

@@ -1,0 +1,144 @@
+"""PathFL server strategy: the style pool (CSE), global bottleneck moments (AFA) and stratified similarity
+aggregation (SSA), each switchable for the paper's 8-way ablation.
+
+Per round, from the sites' validated results:
+  * CSE: the pool holds each site's latest per-channel (mean, std); it is sent to every site with the next
+    model (``cse_style_pool``);
+  * AFA: ``(mu_z, sigma_z)`` from the sites' bottleneck moments (``fedseg.alignment.moments``), written into
+    the aggregated model's ``bottleneck_alignment`` buffers, which activates the layer at every site;
+  * SSA: the server runs site m's model on site m's noise batch, compares stratum outputs between sites and
+    averages each stratum with its own convex weights (``fedseg.alignment.stratified``); with SSA off the
+    model is FedAvg's (``weighting``).
+Report fields: ``style_pool_size``, ``afa_global_mean``/``afa_global_std``, ``ssa_sites``, and per stratum
+``ssa_similarity`` and ``ssa_coefficients`` (``K x K``, row i = site i of ``ssa_sites``; row m is site m's
+term of the average, ``P = (I + S) / 2``) and ``ssa_weights`` (the weight of each site's stratum).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from fedseg.alignment.moments import global_feature_moments
+from fedseg.alignment.strata import stratum_names, stratum_of, stratum_outputs
+from fedseg.alignment.stratified import similarity_matrix, ssa_mixing_matrix, stratified_average
+
+from .aggregation import sample_weights, weighted_average
+from .base import ClientUpdate, Exchange, ServerStrategy, SitePayload
+
+#: FeatureAlignment buffers in the state_dict
+ALIGN = "bottleneck_alignment."
+
+
+class PathFLStrategy(ServerStrategy):
+    """Args:
+        use_cse, use_afa, use_ssa: the three modules (all on = PathFL).
+        weighting: FedAvg weighting used when SSA is off ("samples" or "uniform").
+        afa_at_inference: keep the feature alignment on in eval mode (validation, test, bundle inference).
+    """
+
+    name = "pathfl"
+    objective = "pathfl"
+    #: the controller sets ``network_factory`` (a callable returning a fresh bundle network) before start
+    needs_network = True
+
+    def __init__(self, use_cse: bool = True, use_afa: bool = True, use_ssa: bool = True, weighting: str = "samples", afa_at_inference: bool = True):
+        super().__init__()
+        if weighting not in ("samples", "uniform"):
+            raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
+        self.use_cse, self.use_afa, self.use_ssa = bool(use_cse), bool(use_afa), bool(use_ssa)
+        self.weighting = weighting
+        self.afa_at_inference = bool(afa_at_inference)
+        self.network_factory: Optional[Callable[[], torch.nn.Module]] = None
+        self._styles: Dict[str, tuple] = {}
+        self._network: Optional[torch.nn.Module] = None
+
+    def config(self) -> Dict[str, Any]:
+        return {
+            "strategy": self.name,
+            "use_cse": self.use_cse,
+            "use_afa": self.use_afa,
+            "use_ssa": self.use_ssa,
+            "weighting": self.weighting,
+            "afa_at_inference": self.afa_at_inference,
+        }
+
+    def start(self, clients: List[str], initial_params) -> None:
+        super().start(clients, initial_params)
+        if self.use_afa and not any(k.startswith(ALIGN) for k in initial_params):
+            raise ValueError("AFA needs the network built with feature_alignment=True (train_config['feature_alignment'])")
+        if self.use_ssa and self.network_factory is None:
+            raise RuntimeError("SSA runs the sites' models on the server: set network_factory before start()")
+
+    def style_pool(self) -> Dict[str, list]:
+        sites = [s for s in self.clients if s in self._styles]
+        return {"mean": [self._styles[s][0] for s in sites], "std": [self._styles[s][1] for s in sites]}
+
+    def payload(self, site: str, round_: int) -> SitePayload:
+        meta = {"cse_style_pool": self.style_pool()} if self.use_cse and self._styles else {}
+        return SitePayload(params=self._global, meta=meta)
+
+    # ------------------------------------------------------------------------------------ aggregate
+    def aggregate(self, round_: int, updates: Dict[str, ClientUpdate], exchange: Exchange) -> Dict[str, Any]:
+        sites = [s for s in self.clients if s in updates]
+        models = [updates[s].params for s in sites]
+        fields: Dict[str, Any] = {}
+        if self.use_ssa:
+            weights, ssa_fields = self._ssa_weights(sites, updates)
+            depth = self._depth()
+            self._global = stratified_average(models, weights, lambda name: stratum_of(name, depth))
+            fields.update(ssa_fields)
+        else:
+            w = [1.0 / len(sites)] * len(sites) if self.weighting == "uniform" else sample_weights({s: updates[s].n_samples for s in sites}, sites)
+            self._global = weighted_average(models, w)
+            fields["aggregation_weight"] = dict(zip(sites, w))
+        if self.use_cse:
+            for s in sites:
+                meta = updates[s].meta
+                if "cse_mean" in meta and "cse_std" in meta:
+                    self._styles[s] = (list(meta["cse_mean"]), [max(float(v), 1e-6) for v in meta["cse_std"]])
+            fields["style_pool_size"] = len(self._styles)
+        if self.use_afa:
+            fields.update(self._align(sites, updates))
+        return fields
+
+    def _align(self, sites: List[str], updates: Dict[str, ClientUpdate]) -> Dict[str, Any]:
+        reporting = [s for s in sites if "afa_mean" in updates[s].meta and "afa_sq_mean" in updates[s].meta]
+        if not reporting:
+            return {}
+        mu, sigma = global_feature_moments(
+            [updates[s].meta["afa_mean"] for s in reporting], [updates[s].meta["afa_sq_mean"] for s in reporting]
+        )
+        dtype = self._global[ALIGN + "target_mean"].dtype
+        self._global[ALIGN + "target_mean"] = torch.tensor(mu, dtype=dtype)
+        self._global[ALIGN + "target_std"] = torch.tensor(max(sigma, 1e-6), dtype=dtype)
+        self._global[ALIGN + "active"] = torch.tensor(1.0, dtype=dtype)
+        self._global[ALIGN + "at_inference"] = torch.tensor(1.0 if self.afa_at_inference else 0.0, dtype=dtype)
+        return {"afa_global_mean": mu, "afa_global_std": sigma}
+
+    # ------------------------------------------------------------------------------------------ SSA
+    def _depth(self) -> int:
+        return 1 + max(int(k.split(".")[1]) for k in self._global if k.startswith("encoders."))
+
+    @torch.no_grad()
+    def _ssa_weights(self, sites: List[str], updates: Dict[str, ClientUpdate]):
+        """Per-stratum aggregation weights from the stratum outputs of model m on noise batch m."""
+        missing = [s for s in sites if "ssa_noise" not in updates[s].meta]
+        if missing:
+            raise ValueError(f"SSA: no noise batch from {missing}")
+        if self._network is None:
+            self._network = self.network_factory().cpu().eval()
+        outputs: List[Dict[str, torch.Tensor]] = []
+        for s in sites:
+            self._network.load_state_dict(updates[s].params)
+            noise = torch.as_tensor(updates[s].meta["ssa_noise"], dtype=torch.float32)
+            outputs.append({k: v.detach().clone() for k, v in stratum_outputs(self._network, noise).items()})
+        weights, similarity, coefficients = {}, {}, {}
+        for stratum in stratum_names(self._depth()):
+            sim = similarity_matrix([o[stratum] for o in outputs])
+            mixing = ssa_mixing_matrix(sim)
+            weights[stratum] = mixing.mean(0).tolist()
+            similarity[stratum] = sim.tolist()
+            coefficients[stratum] = mixing.tolist()
+        return weights, {"ssa_sites": sites, "ssa_similarity": similarity, "ssa_coefficients": coefficients, "ssa_weights": weights}
