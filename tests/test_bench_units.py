@@ -188,3 +188,18 @@ def test_compare_script_maps_onto_fedseg_bench(tmp_path):
     assert parsed.cmd == "bench" and parsed.family == "vessel" and parsed.sites == ["a", "b"]
     assert parsed.methods == ["fedavg", "x=fvac:beta=1"] and parsed.references == [] and parsed.seeds == [3]
     assert (parsed.rounds, parsed.local_epochs, parsed.image_size, parsed.task_request_interval) == (2, 1, 32, 0.2)
+
+
+def test_result_bytes_from_audit_descriptions():
+    """Upload size from an audit record: arrays by shape x dtype size, lists and scalars at 8 bytes."""
+    import numpy as np
+    import torch
+
+    from fedseg.fl.audit import describe_value, result_bytes
+
+    record = {
+        "params": {"w": describe_value(torch.zeros(2, 3)), "b": describe_value(torch.zeros(5, dtype=torch.float64))},
+        "meta": {"n_samples": describe_value(7), "cse_mean": describe_value([0.1, 0.2, 0.3]),
+                 "ssa_noise": describe_value(np.zeros((4, 3, 8, 8), np.float32))},
+    }
+    assert result_bytes(record) == 2 * 3 * 4 + 5 * 8 + 8 + 3 * 8 + 4 * 3 * 8 * 8 * 4

@@ -87,11 +87,14 @@ def _timing(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
         walls = [w for r in recs for w in (r.get("round_walls") or [])[1:] or (r.get("round_walls") or [])]
         out[label] = {"kind": recs[0]["kind"], "runs": len(recs), "wall_s_per_run": seed_spread([r["wall_s"] for r in recs]),
                       "wall_s_total": sum(r["wall_s"] for r in recs),
-                      "median_round_wall": statistics.median(walls) if walls else None}
+                      "median_round_wall": statistics.median(walls) if walls else None,
+                      "upload_mb_per_site_round": recs[0].get("upload_mb_per_site_round")}
     base = (out.get(BASELINE) or {}).get("median_round_wall")
     for entry in out.values():
         mine = entry["median_round_wall"]
         entry["round_wall_ratio_to_fedavg"] = mine / base if mine and base else None
+        up, base_up = entry.get("upload_mb_per_site_round"), (out.get(BASELINE) or {}).get("upload_mb_per_site_round")
+        entry["upload_ratio_to_fedavg"] = up / base_up if up and base_up else None
     return out
 
 
@@ -199,13 +202,15 @@ def markdown(results: Dict[str, Any]) -> str:
                 lines.append(f"| {name} | {a['n']} | {diff} | {_p(a['wilcoxon_p'])} | {_p(a['ttest_p'])} |")
             lines.append("")
     lines += ["## Cost", "",
-              "| approach | runs | wall time per run (s) | total (s) | median round wall (s) | vs FedAvg |",
-              "|---|---|---|---|---|---|"]
+              "| approach | runs | wall time per run (s) | total (s) | median round wall (s) | vs FedAvg | upload per site per round (MB) | vs FedAvg |",
+              "|---|---|---|---|---|---|---|---|"]
     for label, t in results["timing"].items():
         kind = "simulator job" if t["kind"] == "method" else "in-process training"
         med = "-" if t["median_round_wall"] is None else f"{t['median_round_wall']:.2f}"
         ratio = "-" if t["round_wall_ratio_to_fedavg"] is None else f"{t['round_wall_ratio_to_fedavg']:.2f}x"
-        lines.append(f"| {label} | {t['runs']} | {_pm(t['wall_s_per_run'], 1)} ({kind}) | {t['wall_s_total']:.1f} | {med} | {ratio} |")
+        up = "-" if t.get("upload_mb_per_site_round") is None else f"{t['upload_mb_per_site_round']:.3f}"
+        up_ratio = "-" if t.get("upload_ratio_to_fedavg") is None else f"{t['upload_ratio_to_fedavg']:.3f}x"
+        lines.append(f"| {label} | {t['runs']} | {_pm(t['wall_s_per_run'], 1)} ({kind}) | {t['wall_s_total']:.1f} | {med} | {ratio} | {up} | {up_ratio} |")
     if results.get("plots"):
         lines += ["", "Plots: " + ", ".join(f"`{Path(p).name}`" for p in results["plots"])]
     return "\n".join(lines) + "\n"

@@ -226,6 +226,7 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
         "median_round_wall": statistics.median(walls[1:] if len(walls) > 1 else walls) if walls else None,
         "median_task_times": _median_task_times(report["rounds"][1:] or report["rounds"]),
         "val_dice_per_round": [_mean([clean(m.get("val_dice")) for m in r["metrics"].values()]) for r in report["rounds"]],
+        "upload_mb_per_site_round": _upload_mb(Path(res["report_path"]).parent),
         "final": {}, "per_image": {},
     }
     for model in ("global", "personalized"):
@@ -236,6 +237,29 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
         # site-local files, read here because every site of the bench runs on this machine
         record["per_image"][model] = {s: read_site_per_image(workspace, s, model) for s in sites if s in final}
     return record
+
+
+def _upload_mb(run_dir: Path) -> Optional[float]:
+    """Median payload a site sends per round (MB, 1e6 bytes): every task result of a round from one site,
+    from the run's privacy audit (shapes and dtypes, so the figure excludes serialisation overhead)."""
+    from fedseg.fl.audit import AUDIT_NAME, result_bytes
+
+    path = run_dir / AUDIT_NAME
+    if not path.is_file():
+        return None
+    per_site_task: Dict[tuple, int] = {}
+    counts: Dict[tuple, int] = {}
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("task") == "evaluate":
+            continue
+        key = (rec.get("site"), rec.get("task"))
+        per_site_task[key] = per_site_task.get(key, 0) + result_bytes(rec)
+        counts[key] = counts.get(key, 0) + 1
+    per_round = {}
+    for (site, task), total in per_site_task.items():
+        per_round[site] = per_round.get(site, 0.0) + total / counts[(site, task)]
+    return statistics.median(per_round.values()) / 1e6 if per_round else None
 
 
 # --------------------------------------------------------------------------------- reference runs

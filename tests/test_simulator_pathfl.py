@@ -1,0 +1,83 @@
+"""PathFL end to end in NVFlare's simulator on tiny built-in nuclei data: the full method with a privacy
+audit, and each module switched off on its own."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedseg.cli import export_job
+from sim_utils import read_audit, run_simulator
+
+pytestmark = pytest.mark.slow
+SITES = ["site-1", "site-2", "site-3"]
+STRATA = ["enc0", "enc1", "enc2", "bottleneck", "dec2", "dec1", "dec0", "head"]  # tiny U-Net, depth 3
+CSE_KEYS = {"cse_mean", "cse_std"}
+AFA_KEYS = {"afa_mean", "afa_sq_mean"}
+
+
+def test_pathfl_job_report_and_privacy_audit(tmp_path):
+    job = export_job("pathfl", tmp_path / "jobs", profile="tiny")
+    report = run_simulator(job, tmp_path / "ws", n_clients=3)
+    assert report["method"] == "pathfl"
+    cfg = report["config"]
+    assert cfg["train_config"]["data_family"] == "nuclei" and cfg["train_config"]["feature_alignment"] is True
+    assert cfg["use_cse"] and cfg["use_afa"] and cfg["use_ssa"]
+    for r in report["rounds"]:
+        assert r["style_pool_size"] == 3
+        assert r["ssa_sites"] == SITES
+        assert list(r["ssa_similarity"]) == STRATA == list(r["ssa_coefficients"])
+        for stratum in STRATA:
+            sim = np.array(r["ssa_similarity"][stratum])
+            mix = np.array(r["ssa_coefficients"][stratum])
+            assert sim.shape == mix.shape == (3, 3)
+            np.testing.assert_allclose(np.diag(sim), 1.0, atol=1e-6)
+            np.testing.assert_allclose(mix.sum(1), 1.0, atol=1e-9)
+            assert r["ssa_weights"][stratum] == pytest.approx(mix.mean(0).tolist())
+        assert r["afa_global_std"] > 0 and math.isfinite(r["afa_global_mean"])
+    for s in SITES:
+        assert all(math.isfinite(v) for v in report["final"]["global"][s].values())
+        out = tmp_path / "ws" / s / "fedseg_outputs" / s
+        assert (out / "pathfl_cse_examples.png").is_file()  # site-local figure of restyled patches
+    # the final model carries the global moments (bundle inference reproduces the alignment)
+    ckpt = torch.load(next((tmp_path / "ws").rglob("FL_global_model.pt")), weights_only=False)
+    last = report["rounds"][-1]
+    assert float(ckpt["model"]["bottleneck_alignment.active"]) == 1.0
+    assert float(ckpt["model"]["bottleneck_alignment.target_mean"]) == pytest.approx(last["afa_global_mean"], rel=1e-5)
+    assert ckpt["train_config"]["feature_alignment"] is True
+
+    # privacy: weights plus 2 x 3 style numbers, 2 moments and a noise batch of the declared shape
+    audit = read_audit(report)
+    train = [a for a in audit if a["task"] == "train"]
+    assert len(train) == 3 * len(report["rounds"])
+    for rec in train:
+        assert set(rec["meta"]) == {"n_samples"} | CSE_KEYS | AFA_KEYS | {"ssa_noise"}
+        assert rec["meta"]["ssa_noise"]["shape"] == [4, 3, 64, 64]
+        assert all(rec["meta"][k] == {"type": "list", "length": 3} for k in CSE_KEYS)
+        assert all(rec["meta"][k]["type"] == "float" for k in AFA_KEYS)
+    for rec in (a for a in audit if a["task"] == "evaluate"):
+        assert rec["params"] == {} and not set(rec["meta"]) & (CSE_KEYS | AFA_KEYS | {"ssa_noise"})
+
+
+@pytest.mark.parametrize("switch", ["use_cse", "use_afa", "use_ssa"])
+def test_pathfl_each_module_switches_off(tmp_path, switch):
+    job = export_job("pathfl", tmp_path / "jobs", profile="tiny", **{switch: False})
+    report = run_simulator(job, tmp_path / "ws", n_clients=2)
+    sites = SITES[:2]
+    assert report["config"][switch] is False
+    sent = set().union(*(a["meta"] for a in read_audit(report) if a["task"] == "train"))
+    last = report["rounds"][-1]
+    if switch == "use_cse":
+        assert not sent & CSE_KEYS and "style_pool_size" not in last
+        assert not (tmp_path / "ws" / "site-1" / "fedseg_outputs" / "site-1" / "pathfl_cse_examples.png").exists()
+    if switch == "use_afa":
+        assert not sent & AFA_KEYS and "afa_global_mean" not in last
+        assert report["config"]["train_config"]["feature_alignment"] is False
+    if switch == "use_ssa":
+        assert "ssa_noise" not in sent and "ssa_similarity" not in last
+        assert sorted(last["aggregation_weight"]) == sites
+    for s in sites:
+        assert all(math.isfinite(v) for v in report["final"]["global"][s].values())
