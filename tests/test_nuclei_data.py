@@ -191,6 +191,8 @@ def test_import_errors_name_the_file(fake_root, tmp_path):
         import_nuclei(fake_root, tmp_path / "out", sites=("MoNuSeg", "GlaS"))
     with pytest.raises(ValueError):
         import_nuclei(fake_root, tmp_path / "out", layout="patient")
+    with pytest.raises(ValueError, match="layout='organ'"):
+        import_nuclei(fake_root, tmp_path / "out", organs=["breast"])
     with pytest.raises(ValueError):
         import_nuclei(fake_root, tmp_path / "out", val_fraction=0.6, test_fraction=0.5)
     # a manifest without the slide column (source layout) or the organ column (organ layout)

@@ -66,11 +66,9 @@ def _canonicalise(path: Path) -> None:
 
 
 def _cmd_data(args: argparse.Namespace) -> None:
-    from fedseg.data.datalist import DatalistError
-
     try:
         _import_data(args)
-    except DatalistError as e:
+    except ValueError as e:  # DatalistError (naming the file) or a bad option value
         raise SystemExit(f"fedseg data {args.data_cmd}: {e}") from None
 
 

@@ -237,6 +237,8 @@ def import_nuclei(
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if organs and layout != "organ":
+        raise ValueError(f"organs={list(organs)} needs layout='organ'")
     if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
         raise ValueError(f"need 0 < val_fraction, test_fraction and their sum < 1; got {val_fraction}, {test_fraction}")
     log = log or logger.warning

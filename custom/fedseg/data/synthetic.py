@@ -592,7 +592,8 @@ def generate_federation(
 # family "nuclei" (its own module; it uses the shared helpers above, so it is registered last)
 # ----------------------------------------------------------------------------------------------
 
-from .synthetic_nuclei import NUCLEI_FRACTION_BAND, draw_nuclei_anatomy, nuclei_image  # noqa: E402
+# NUCLEI_FRACTION_BAND is re-exported next to the other families' bands
+from .synthetic_nuclei import NUCLEI_FRACTION_BAND, draw_nuclei_anatomy, nuclei_image  # noqa: E402, F401
 
 _RENDERERS["nuclei"] = _Family(
     draw_nuclei_anatomy, nuclei_image, label="nucleus", spatial_mode="patch", style_size=96
