@@ -2,8 +2,8 @@
 ``fedseg bench`` (the comparison logic lives in ``fedseg.bench``; see ``fedseg bench --help``).
 
 Scenarios (``--scenario``):
-    polyp, vessel  built-in synthetic federations (sites ``--sites``, default site-1..site-3), generated
-                   under ``<out>/data`` (``fedseg bench --family``);
+    polyp, vessel, nuclei  built-in synthetic federations (sites ``--sites``, default site-1..site-3),
+                   generated under ``<out>/data`` (``fedseg bench --family``);
     retina         the real DRIVE / STARE / CHASE_DB1 benchmark as three sites (``import_retina``:
                    datalists under ``<out>/data`` point at the original files in ``--retina-root``; no pixel
                    is copied; optional ``--participants`` split), passed as ``fedseg bench --site-datalists``.
@@ -61,7 +61,7 @@ def main(argv=None) -> Dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="*", default=["fedavg"],
                         help="methods or ablation rows LABEL=METHOD:key=value,... (fedseg.bench.runs.parse_variant)")
-    parser.add_argument("--scenario", choices=["polyp", "vessel", "retina"], default="polyp")
+    parser.add_argument("--scenario", choices=["polyp", "vessel", "nuclei", "retina"], default="polyp")
     parser.add_argument("--retina-root", default=os.environ.get("FEDSEG_RETINA_ROOT", "/work/shared/data/retina_vessels"))
     parser.add_argument("--participants", default=None,
                         help="retina only: split domains among participants, e.g. DRIVE=3,STARE=1,CHASE_DB1=1")

@@ -140,7 +140,7 @@ def main(argv=None) -> Dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="JSON file to write")
     parser.add_argument("--data", choices=["memory", "loader", "both"], default="both")
-    parser.add_argument("--family", choices=["polyp", "vessel"], default="polyp")
+    parser.add_argument("--family", choices=["polyp", "vessel", "nuclei"], default="polyp")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=2, help="epochs per timed call")

@@ -90,7 +90,7 @@ def main(argv=None) -> Dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=2, help="runs per variant (interleaved, order reversed each repeat)")
     parser.add_argument("--profile", default="default")
-    parser.add_argument("--family", default="polyp", choices=["polyp", "vessel"])
+    parser.add_argument("--family", default="polyp", choices=["polyp", "vessel", "nuclei"])
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--local-epochs", type=int, default=1)
     parser.add_argument("--sites", nargs="+", default=["site-1", "site-2", "site-3"])

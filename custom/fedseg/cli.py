@@ -2,6 +2,7 @@
 
     fedseg data synth   --family polyp --sites site-1 site-2 site-3 --out DIR
     fedseg data retina  --src ../shared/data/retina_vessels --out DIR
+    fedseg data nuclei  --src ../shared/data/nuclei_he --out DIR --layout source|organ
     fedseg export       [--method fedavg | --all] [--profile default] [--out jobs]
     fedseg run METHOD   [-n 3] [-w WORKSPACE] [--profile default] [--rounds R] [--site-datalists FILE]
                         [--seed S] [--set key=value ...]
@@ -22,6 +23,10 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import List, Optional
+
+#: built-in synthetic families (== fedseg.data.synthetic.FAMILIES, checked by a test; kept literal so that
+#: building the parser does not import numpy/scipy)
+FAMILY_CHOICES = ("polyp", "vessel", "nuclei")
 
 
 def find_reports(path: os.PathLike) -> List[Path]:
@@ -61,10 +66,24 @@ def _canonicalise(path: Path) -> None:
 
 
 def _cmd_data(args: argparse.Namespace) -> None:
+    try:
+        _import_data(args)
+    except ValueError as e:  # DatalistError (naming the file) or a bad option value
+        raise SystemExit(f"fedseg data {args.data_cmd}: {e}") from None
+
+
+def _import_data(args: argparse.Namespace) -> None:
     if args.data_cmd == "synth":
         from fedseg.data.synthetic import generate_federation
 
         paths = generate_federation(args.family, args.sites, args.out, seed=args.seed, profile=args.profile)
+    elif args.data_cmd == "nuclei":
+        from fedseg.data.nuclei import import_nuclei
+
+        paths = import_nuclei(
+            args.src, args.out, layout=args.layout, seed=args.seed, val_fraction=args.val_fraction,
+            test_fraction=args.test_fraction, organs=args.organs, min_images=args.min_images, log=print,
+        )
     else:
         from fedseg.data.retina import import_retina
 
@@ -213,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="generate built-in data or import real data")
     data_sub = data.add_subparsers(dest="data_cmd", required=True)
     synth = data_sub.add_parser("synth", help="built-in synthetic multi-site data")
-    synth.add_argument("--family", default="polyp", choices=["polyp", "vessel"])
+    synth.add_argument("--family", default="polyp", choices=FAMILY_CHOICES)
     synth.add_argument("--sites", nargs="+", default=["site-1", "site-2", "site-3"])
     synth.add_argument("--out", required=True)
     synth.add_argument("--profile", default="default")
@@ -226,7 +245,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--rescale", default=None,
         help="fixed rescale factor per data set for patch mode, e.g. CHASE_DB1=0.5 (the default); '' for none",
     )
-    for p in (synth, retina):
+    nuclei = data_sub.add_parser(
+        "nuclei", help="MoNuSeg / TNBC H&E nuclei: one site per data set or per MoNuSeg organ (read in place)",
+        description="Write one datalist per site pointing at the original files (nothing is copied) and "
+                    "site_datalists.json. Images of one slide never span two splits; MoNuSeg's official test "
+                    "split is kept where a site has one.")
+    nuclei.add_argument("--src", required=True, help="folder with manifest.csv (e.g. ../shared/data/nuclei_he)")
+    nuclei.add_argument("--out", required=True)
+    nuclei.add_argument("--layout", default="source", choices=["source", "organ"],
+                        help="source: sites MoNuSeg and TNBC; organ: MoNuSeg organs as sites")
+    nuclei.add_argument("--val-fraction", type=float, default=0.15, help="share of slides for validation")
+    nuclei.add_argument("--test-fraction", type=float, default=0.2,
+                        help="share of slides for test where a site has no official test split")
+    nuclei.add_argument("--seed", type=int, default=0)
+    nuclei.add_argument("--organs", nargs="+", default=None,
+                        help="organ layout: organs to import (an organ that cannot be split is an error); "
+                             "default: organs with at least --min-images images (others skipped with a notice)")
+    nuclei.add_argument("--min-images", type=int, default=6,
+                        help="organ layout without --organs: least images for an organ to become a site (default 6: "
+                             "breast, kidney, liver, prostate)")
+    for p in (synth, retina, nuclei):
         p.add_argument(
             "--participants", default=None,
             help="split domains into participants with disjoint training shares, e.g. DRIVE=3,STARE=1,CHASE_DB1=1 (FVAC setting)",
@@ -246,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-w", "--workspace", default=None)
     run.add_argument("--profile", default="default")
     run.add_argument("--rounds", type=int, default=None)
-    run.add_argument("--family", default=None, choices=["polyp", "vessel"], help="built-in data family")
+    run.add_argument("--family", default=None, choices=FAMILY_CHOICES, help="built-in data family")
     run.add_argument("--image-size", type=int, default=None, help="network input size (images are resized on load)")
     run.add_argument("--local-epochs", type=int, default=None)
     run.add_argument("--site-datalists", default=None, help="JSON map site -> datalist (real data)")
@@ -262,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "--out. Repeating the command with the same --out skips finished runs.")
     data_src = bench.add_mutually_exclusive_group()
     data_src.add_argument("--site-datalists", default=None, help="JSON map site -> datalist path")
-    data_src.add_argument("--family", default=None, choices=["polyp", "vessel"], help="built-in data family (default polyp)")
+    data_src.add_argument("--family", default=None, choices=FAMILY_CHOICES, help="built-in data family (default polyp)")
     bench.add_argument("--sites", nargs="+", default=["site-1", "site-2", "site-3"], help="built-in data: site names")
     bench.add_argument("--data-profile", default="default", help="built-in data: profile (image count / size)")
     bench.add_argument("--data-seed", type=int, default=0, help="built-in data: federation seed")

@@ -1,9 +1,10 @@
-"""Data layer: datalists, built-in synthetic multi-site generators and the real retina importer.
+"""Data layer: datalists, built-in synthetic multi-site generators and the real-data importers.
 
-    generate_site_data / generate_federation   synthetic "vessel" / "polyp" sites as PNG + datalist
+    generate_site_data / generate_federation   synthetic "vessel" / "polyp" / "nuclei" sites as PNG + datalist
     load_datalist / validate_pair              strict loading with absolute paths (DatalistError)
     summarise_datalist                         aggregate numbers for reports
     import_retina / participant_split          DRIVE/STARE/CHASE_DB1 datalists, FVAC participant shares
+    import_nuclei                              MoNuSeg/TNBC H&E nuclei datalists (by source or by organ)
 """
 
 from .datalist import (
@@ -16,6 +17,7 @@ from .datalist import (
     validate_pair,
     write_json_atomic,
 )
+from .nuclei import DEFAULT_NUCLEI_ROOT, import_nuclei
 from .retina import DEFAULT_RETINA_ROOT, import_retina, participant_split, read_manifest
 from .synthetic import FAMILIES, GENERATOR_VERSION, PROFILES, generate_federation, generate_site_data, site_seed
 
@@ -38,4 +40,6 @@ __all__ = [
     "import_retina",
     "participant_split",
     "read_manifest",
+    "DEFAULT_NUCLEI_ROOT",
+    "import_nuclei",
 ]

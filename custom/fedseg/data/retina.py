@@ -60,18 +60,24 @@ def _stable_rng(*parts: Any) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32("/".join(str(p) for p in parts).encode("utf-8")))
 
 
-def read_manifest(src_root: str | os.PathLike) -> List[Dict[str, str]]:
+def read_manifest(
+    src_root: str | os.PathLike, required: Sequence[str] = _REQUIRED_COLUMNS, what: str = "retina"
+) -> List[Dict[str, str]]:
     """Rows of ``<src_root>/manifest.csv`` as dicts of strings.
+
+    Args:
+        required: columns the manifest must have (default: the retina importer's).
+        what: the data set's name for error messages.
 
     Raises:
         DatalistError: the manifest is missing, empty, or lacks a required column.
     """
     manifest = Path(src_root) / "manifest.csv"
     if not manifest.is_file():
-        raise DatalistError(f"retina manifest not found: {manifest}")
+        raise DatalistError(f"{what} manifest not found: {manifest}")
     with open(manifest, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        missing = [c for c in _REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+        missing = [c for c in required if c not in (reader.fieldnames or [])]
         if missing:
             raise DatalistError(f"manifest {manifest} lacks column(s) {missing}; has {reader.fieldnames}")
         rows = [{k: (v or "").strip() for k, v in row.items() if k is not None} for row in reader]

@@ -1,15 +1,19 @@
 """Built-in synthetic multi-site segmentation data: real PNG files plus a decathlon-style datalist.
 
-Two families stand in for the benchmark domains when the licensed data is not available:
+Three families stand in for the benchmark domains when the licensed data is not available:
 
 * ``"vessel"`` — retina-fundus-like images: a dark orange/red fundus inside a circular field of
   view (FOV) on black, a bright optic disc, a darker macula, and branching vessel trees grown from
   the disc (random walks with tapering width). Vessels cover roughly 5-15 % of the FOV.
 * ``"polyp"`` — endoscopy-like images: pink/red mucosa with folds, vignetting and specular
   highlights; 1-3 irregular blob lesions with their own tint and texture (3-30 % of the image).
+* ``"nuclei"`` — H&E-histology-like images (:mod:`fedseg.data.synthetic_nuclei`): pink fibrous stroma
+  and purple-blue nuclei of varied size, shape and clustering, rendered with a per-site stain colour
+  (Beer-Lambert hematoxylin/eosin optical densities) and magnification; nuclei cover 10-35 %.
 
 Each site draws a *scanner style* (per-channel gain, brightness, contrast, gamma, blur, noise) and
-an *anatomy* (vessel width/branching or lesion size/shape) from its own RNG, so sites differ in a
+an *anatomy* (vessel width/branching, lesion size/shape, or stain and nucleus size) from its own RNG,
+so sites differ in a
 measurable way (mean colour, foreground fraction, image count) — the feature-shift non-IID setting
 federated segmentation methods are built for.
 
@@ -33,8 +37,9 @@ import os
 import re
 import zlib
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -54,7 +59,7 @@ __all__ = [
 #: bump whenever the generated pixels or the datalist layout change; part of the cache fingerprint
 GENERATOR_VERSION = 1
 
-FAMILIES: Tuple[str, ...] = ("vessel", "polyp")
+FAMILIES: Tuple[str, ...] = ("vessel", "polyp", "nuclei")
 
 #: image_size (square, divisible by 16 for a 5-level U-Net) and the per-site image-count range
 PROFILES: Dict[str, Dict[str, Any]] = {
@@ -383,7 +388,31 @@ def _polyp_image(rng: np.random.Generator, size: int, anatomy: Dict[str, Any], s
     return _to_uint8(img), (mask.astype(np.uint8) * 255)
 
 
-_RENDERERS = {"vessel": (_draw_vessel_anatomy, _vessel_image), "polyp": (_draw_polyp_anatomy, _polyp_image)}
+@dataclass(frozen=True)
+class _Family:
+    """How one family is generated and declared.
+
+    ``draw_anatomy(site_rng) -> dict`` draws the site-level parameters; ``render(rng, size, anatomy,
+    style) -> (image uint8 (H, W, 3), label uint8 (H, W) in {0, 255})`` draws one image.
+    ``label`` names class 1 and ``spatial_mode`` is the datalist's ``"spatial_mode"``.
+    ``style_size`` is the image size the scanner style's blur is scaled for: ``None`` = the generated size
+    (content that scales with the image: vessels, polyps); a number = fixed, for content drawn at a fixed
+    pixel scale (nuclei are a few pixels across at every image size, the field of view grows instead).
+    """
+
+    draw_anatomy: Callable[[np.random.Generator], Dict[str, Any]]
+    render: Callable[..., Tuple[np.ndarray, np.ndarray]]
+    label: str
+    spatial_mode: str
+    style_size: Optional[int] = None
+
+
+# thin vessels (and tiny nuclei, registered at the end of this module) are trained on native-resolution
+# patches; blob-like polyps survive a resize
+_RENDERERS: Dict[str, _Family] = {
+    "vessel": _Family(_draw_vessel_anatomy, _vessel_image, label="vessel", spatial_mode="patch"),
+    "polyp": _Family(_draw_polyp_anatomy, _polyp_image, label="polyp", spatial_mode="resize"),
+}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -450,7 +479,7 @@ def generate_site_data(
     """Generate (or reuse) one site's synthetic images, masks and datalist.
 
     Args:
-        family: ``"vessel"`` or ``"polyp"``.
+        family: one of :data:`FAMILIES` (``"vessel"``, ``"polyp"``, ``"nuclei"``).
         site: any name without path separators (``"site-1"``, ``"hospital_a"``).
         out_dir: root folder; files go to ``out_dir/<family>/<site>/``.
         seed: federation seed; with ``family`` and ``site`` it determines everything.
@@ -481,9 +510,9 @@ def generate_site_data(
     drawn = int(site_rng.integers(lo, hi + 1))
     n = int(num_images) if num_images is not None else drawn
     n_train, n_val, n_test = _split_counts(n, split_fractions)
-    style = _draw_style(site_rng, size)
-    draw_anatomy, render = _RENDERERS[family]
-    anatomy = draw_anatomy(site_rng)
+    spec = _RENDERERS[family]
+    style = _draw_style(site_rng, spec.style_size or size)
+    anatomy = spec.draw_anatomy(site_rng)
 
     site_dir = Path(out_dir) / family / site
     datalist_path = site_dir / "datalist.json"
@@ -509,7 +538,7 @@ def generate_site_data(
     names = [f"{i:0{width}d}.png" for i in range(n)]
     for i, name in enumerate(names):
         # one RNG stream per image: image i is the same whatever n is
-        image, label = render(np.random.default_rng([base_seed, 1, i]), size, anatomy, style)
+        image, label = spec.render(np.random.default_rng([base_seed, 1, i]), size, anatomy, style)
         _save_png_atomic(image, site_dir / "images" / name)
         _save_png_atomic(label, site_dir / "labels" / name)
     # remove numbered files left over from an earlier, larger generation
@@ -529,9 +558,8 @@ def generate_site_data(
         "fingerprint": fingerprint,
         "style": style,
         "anatomy": anatomy,
-        "labels": {"0": "background", "1": "vessel" if family == "vessel" else "polyp"},
-        # thin vessels are trained on native-resolution patches; blob-like polyps survive a resize
-        "spatial_mode": "patch" if family == "vessel" else "resize",
+        "labels": {"0": "background", "1": spec.label},
+        "spatial_mode": spec.spatial_mode,
         "training": pick(order[:n_train]),
         "validation": pick(order[n_train : n_train + n_val]),
         "test": pick(order[n_train + n_val :]),
@@ -558,3 +586,15 @@ def generate_federation(
     if len(set(sites)) != len(sites):
         raise ValueError(f"duplicate site names in {sites}")
     return {site: generate_site_data(family, site, out_dir, seed=seed, profile=profile, **kw) for site in sites}
+
+
+# ----------------------------------------------------------------------------------------------
+# family "nuclei" (its own module; it uses the shared helpers above, so it is registered last)
+# ----------------------------------------------------------------------------------------------
+
+# NUCLEI_FRACTION_BAND is re-exported next to the other families' bands
+from .synthetic_nuclei import NUCLEI_FRACTION_BAND, draw_nuclei_anatomy, nuclei_image  # noqa: E402, F401
+
+_RENDERERS["nuclei"] = _Family(
+    draw_nuclei_anatomy, nuclei_image, label="nucleus", spatial_mode="patch", style_size=96
+)
