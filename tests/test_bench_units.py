@@ -190,16 +190,13 @@ def test_compare_script_maps_onto_fedseg_bench(tmp_path):
     assert (parsed.rounds, parsed.local_epochs, parsed.image_size, parsed.task_request_interval) == (2, 1, 32, 0.2)
 
 
-def test_result_bytes_from_audit_descriptions():
-    """Upload size from an audit record: arrays by shape x dtype size, lists and scalars at 8 bytes."""
+
+def test_payload_bytes_counts_tensors_arrays_and_numbers():
     import numpy as np
     import torch
 
-    from fedseg.fl.audit import describe_value, result_bytes
+    from fedseg.fl.controller import payload_bytes
 
-    record = {
-        "params": {"w": describe_value(torch.zeros(2, 3)), "b": describe_value(torch.zeros(5, dtype=torch.float64))},
-        "meta": {"n_samples": describe_value(7), "cse_mean": describe_value([0.1, 0.2, 0.3]),
-                 "ssa_noise": describe_value(np.zeros((4, 3, 8, 8), np.float32))},
-    }
-    assert result_bytes(record) == 2 * 3 * 4 + 5 * 8 + 8 + 3 * 8 + 4 * 3 * 8 * 8 * 4
+    value = {"w": torch.zeros(2, 3), "b": torch.zeros(5, dtype=torch.float64), "n": 7, "s": [0.1, 0.2, 0.3],
+             "noise": np.zeros((4, 3, 8, 8), np.float32), "name": "site-1"}
+    assert payload_bytes(value) == 2 * 3 * 4 + 5 * 8 + 8 + 3 * 8 + 4 * 3 * 8 * 8 * 4

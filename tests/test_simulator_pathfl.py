@@ -49,6 +49,14 @@ def test_pathfl_job_report_and_privacy_audit(tmp_path):
     assert float(ckpt["model"]["bottleneck_alignment.target_mean"]) == pytest.approx(last["afa_global_mean"], rel=1e-5)
     assert ckpt["train_config"]["feature_alignment"] is True
 
+    # payload accounting: each site sends its weights, 2 x 3 style numbers, 2 moments, n_samples, the
+    # train metrics and a (4, 3, 64, 64) float32 noise batch per round
+    n_weights = sum(v.numel() * v.element_size() for v in ckpt["model"].values())
+    for r in report["rounds"]:
+        per_site = r["bytes_received"] / 3
+        assert n_weights + 4 * 3 * 64 * 64 * 4 <= per_site <= n_weights + 4 * 3 * 64 * 64 * 4 + 1000  # + a few dozen numbers
+        assert r["bytes_sent"] >= 3 * n_weights
+
     # privacy: weights plus 2 x 3 style numbers, 2 moments and a noise batch of the declared shape
     audit = read_audit(report)
     train = [a for a in audit if a["task"] == "train"]

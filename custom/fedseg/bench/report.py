@@ -88,7 +88,8 @@ def _timing(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
         out[label] = {"kind": recs[0]["kind"], "runs": len(recs), "wall_s_per_run": seed_spread([r["wall_s"] for r in recs]),
                       "wall_s_total": sum(r["wall_s"] for r in recs),
                       "median_round_wall": statistics.median(walls) if walls else None,
-                      "upload_mb_per_site_round": recs[0].get("upload_mb_per_site_round")}
+                      "upload_mb_per_site_round": recs[0].get("upload_mb_per_site_round"),
+                      "download_mb_per_site_round": recs[0].get("download_mb_per_site_round")}
     base = (out.get(BASELINE) or {}).get("median_round_wall")
     for entry in out.values():
         mine = entry["median_round_wall"]
@@ -202,13 +203,14 @@ def markdown(results: Dict[str, Any]) -> str:
                 lines.append(f"| {name} | {a['n']} | {diff} | {_p(a['wilcoxon_p'])} | {_p(a['ttest_p'])} |")
             lines.append("")
     lines += ["## Cost", "",
-              "| approach | runs | wall time per run (s) | total (s) | median round wall (s) | vs FedAvg | upload per site per round (MB) | vs FedAvg |",
+              "| approach | runs | wall time per run (s) | total (s) | median round wall (s) | vs FedAvg | upload / download per site per round (MB) | upload vs FedAvg |",
               "|---|---|---|---|---|---|---|---|"]
     for label, t in results["timing"].items():
         kind = "simulator job" if t["kind"] == "method" else "in-process training"
         med = "-" if t["median_round_wall"] is None else f"{t['median_round_wall']:.2f}"
         ratio = "-" if t["round_wall_ratio_to_fedavg"] is None else f"{t['round_wall_ratio_to_fedavg']:.2f}x"
-        up = "-" if t.get("upload_mb_per_site_round") is None else f"{t['upload_mb_per_site_round']:.3f}"
+        up = "-" if t.get("upload_mb_per_site_round") is None else (
+            f"{t['upload_mb_per_site_round']:.3f} / {t.get('download_mb_per_site_round') or 0:.3f}")
         up_ratio = "-" if t.get("upload_ratio_to_fedavg") is None else f"{t['upload_ratio_to_fedavg']:.3f}x"
         lines.append(f"| {label} | {t['runs']} | {_pm(t['wall_s_per_run'], 1)} ({kind}) | {t['wall_s_total']:.1f} | {med} | {ratio} | {up} | {up_ratio} |")
     if results.get("plots"):

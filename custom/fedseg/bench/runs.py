@@ -226,7 +226,8 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
         "median_round_wall": statistics.median(walls[1:] if len(walls) > 1 else walls) if walls else None,
         "median_task_times": _median_task_times(report["rounds"][1:] or report["rounds"]),
         "val_dice_per_round": [_mean([clean(m.get("val_dice")) for m in r["metrics"].values()]) for r in report["rounds"]],
-        "upload_mb_per_site_round": _upload_mb(Path(res["report_path"]).parent),
+        "upload_mb_per_site_round": _payload_mb(report["rounds"], "bytes_received", len(sites)),
+        "download_mb_per_site_round": _payload_mb(report["rounds"], "bytes_sent", len(sites)),
         "final": {}, "per_image": {},
     }
     for model in ("global", "personalized"):
@@ -239,27 +240,11 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
     return record
 
 
-def _upload_mb(run_dir: Path) -> Optional[float]:
-    """Median payload a site sends per round (MB, 1e6 bytes): every task result of a round from one site,
-    from the run's privacy audit (shapes and dtypes, so the figure excludes serialisation overhead)."""
-    from fedseg.fl.audit import AUDIT_NAME, result_bytes
-
-    path = run_dir / AUDIT_NAME
-    if not path.is_file():
-        return None
-    per_site_task: Dict[tuple, int] = {}
-    counts: Dict[tuple, int] = {}
-    for line in path.read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("task") == "evaluate":
-            continue
-        key = (rec.get("site"), rec.get("task"))
-        per_site_task[key] = per_site_task.get(key, 0) + result_bytes(rec)
-        counts[key] = counts.get(key, 0) + 1
-    per_round = {}
-    for (site, task), total in per_site_task.items():
-        per_round[site] = per_round.get(site, 0.0) + total / counts[(site, task)]
-    return statistics.median(per_round.values()) / 1e6 if per_round else None
+def _payload_mb(rounds: List[Dict[str, Any]], field: str, n_sites: int) -> Optional[float]:
+    """Median over rounds of a round's payload bytes (``bytes_sent`` / ``bytes_received`` in report.json)
+    per site, in MB (1e6 bytes)."""
+    values = [r[field] / n_sites for r in rounds if r.get(field)]
+    return statistics.median(values) / 1e6 if values else None
 
 
 # --------------------------------------------------------------------------------- reference runs

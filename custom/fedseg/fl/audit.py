@@ -38,30 +38,6 @@ def describe_value(value: Any) -> Dict[str, Any]:
     return {"type": type(value).__name__}
 
 
-_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
-
-
-def described_bytes(desc: Dict[str, Any]) -> int:
-    """Payload bytes of a value described by :func:`describe_value`: arrays by shape and dtype, lists and
-    scalars at 8 bytes per number (serialisation overhead not counted)."""
-    if "shape" in desc:
-        count = 1
-        for n in desc["shape"]:
-            count *= int(n)
-        return count * _ITEMSIZE.get(str(desc.get("dtype", "")).replace("torch.", ""), 4)
-    if desc.get("type") == "dict":
-        return sum(described_bytes(v) for v in desc.get("items", {}).values())
-    if desc.get("type") == "list":
-        return 8 * int(desc.get("length", 0))
-    return 8 if desc.get("type") in ("int", "float", "bool") else 0
-
-
-def result_bytes(record: Dict[str, Any]) -> int:
-    """Bytes of one audited task result: parameters (or data) plus meta."""
-    parts = list((record.get("params") or record.get("data") or {}).values()) + list((record.get("meta") or {}).values())
-    return sum(described_bytes(d) for d in parts)
-
-
 class ResultAuditFilter(Filter):
     """Task-result filter for the server: records, never modifies."""
 

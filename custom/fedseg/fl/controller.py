@@ -78,6 +78,7 @@ class FedSegController(ModelController):
         self._reference: Dict[str, torch.Tensor] = {}
         self._rejected: Dict[str, str] = {}
         self._task_times: Dict[str, float] = {}
+        self._bytes: Dict[str, int] = {"sent": 0, "received": 0}
 
     # ---------------------------------------------------------------------------------- workflow
     def run(self) -> None:
@@ -100,7 +101,7 @@ class FedSegController(ModelController):
             if self.abort_signal.triggered:
                 return
             started = time.perf_counter()
-            self._rejected, self._task_times = {}, {}
+            self._rejected, self._task_times, self._bytes = {}, {}, {"sent": 0, "received": 0}
             payloads = {site: self._strategy.payload(site, round_) for site in clients}
             updates = self._exchange(TRAIN_TASK, payloads, round_)
             fields = self._strategy.aggregate(
@@ -115,6 +116,10 @@ class FedSegController(ModelController):
                 # seconds from sending each task to the last answer: lets a benchmark see what a
                 # method's extra task (e.g. FedEvi's evaluate_surrogate) costs within the round
                 task_times=dict(self._task_times),
+                # payload bytes (tensors by size, scalars at 8 bytes; no serialisation overhead) of every
+                # task of the round, server -> sites and sites -> server
+                bytes_sent=self._bytes["sent"],
+                bytes_received=self._bytes["received"],
                 **fields,
             )
             self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
@@ -196,6 +201,7 @@ class FedSegController(ModelController):
 
         def on_result(result: FLModel) -> bool:
             site = result.meta.get("client_name", "?")
+            self._bytes["received"] += payload_bytes(result.params) + payload_bytes(result.meta)
             try:
                 results[site] = self._to_update(site, result, require_params)
                 return True
@@ -218,6 +224,7 @@ class FedSegController(ModelController):
                     total_rounds=self.num_rounds,
                     meta=self._task_meta(round_, payloads[targets[0]].meta),
                 )
+                self._bytes["sent"] += len(targets) * (payload_bytes(data.params) + payload_bytes(data.meta))
                 self.send_model(task_name, data, targets=targets, timeout=self.task_timeout, callback=on_result)
         while self.get_num_standing_tasks() > 0:
             if self.abort_signal.triggered:
@@ -245,6 +252,19 @@ class FedSegController(ModelController):
         if require_params and n_samples <= 0:
             raise InvalidUpdateError(f"{site}: result does not say how many training images it used")
         return ClientUpdate(site=site, params=params, n_samples=n_samples, metrics=metrics, meta=statistics)
+
+
+def payload_bytes(value: Any) -> int:
+    """Bytes of a payload: tensors and arrays by their size, numbers at 8 bytes, containers summed."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if hasattr(value, "nbytes"):
+        return int(value.nbytes)
+    if isinstance(value, dict):
+        return sum(payload_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(payload_bytes(v) for v in value)
+    return 8 if isinstance(value, (int, float, bool)) else 0
 
 
 def _same_meta(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
