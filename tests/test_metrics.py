@@ -80,4 +80,36 @@ def test_empty_mask_policy():
 
 def test_unknown_metric_rejected():
     with pytest.raises(ValueError, match="unknown metrics"):
-        SegmentationMetrics(metrics=("dice", "iou"))
+        SegmentationMetrics(metrics=("dice", "volume_similarity"))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_iou_and_miou_match_brute_force(seed):
+    """Jaccard (foreground) and mIoU (background and foreground) against numpy set counts."""
+    rng = np.random.default_rng(seed)
+    pred = (rng.random((3, 1, 17, 23)) < 0.3).astype(np.int64)
+    truth = (rng.random((3, 1, 17, 23)) < 0.4).astype(np.int64)
+    meter = SegmentationMetrics(2, metrics=("dice", "iou", "miou"))
+    meter.update(torch.from_numpy(pred), torch.from_numpy(truth))
+    for i, row in enumerate(meter.per_image()):
+        p, t = pred[i, 0].astype(bool), truth[i, 0].astype(bool)
+        iou_fg = (p & t).sum() / (p | t).sum()
+        iou_bg = (~p & ~t).sum() / (~p | ~t).sum()
+        assert row["iou"] == pytest.approx(iou_fg, abs=1e-6)
+        assert row["miou"] == pytest.approx((iou_fg + iou_bg) / 2, abs=1e-6)
+        # Dice and Jaccard are tied by D = 2J / (1 + J): an independent cross-check
+        assert row["dice"] == pytest.approx(2 * iou_fg / (1 + iou_fg), abs=1e-6)
+
+
+def test_iou_empty_policy():
+    """Both empty -> IoU 1 (as Dice); prediction empty but truth not -> 0."""
+    empty = torch.zeros(1, 1, 8, 8, dtype=torch.long)
+    some = empty.clone()
+    some[..., 2:4, 2:4] = 1
+    meter = SegmentationMetrics(2, metrics=("iou", "miou"))
+    meter.update(empty, empty)
+    meter.update(empty, some)
+    both, missed = meter.per_image()
+    assert both["iou"] == pytest.approx(1.0) and both["miou"] == pytest.approx(1.0)
+    assert missed["iou"] == pytest.approx(0.0)
+    assert missed["miou"] == pytest.approx((60 / 64) / 2)

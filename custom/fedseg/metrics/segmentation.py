@@ -1,4 +1,4 @@
-"""Foreground Dice, HD95 and ASSD from MONAI's metric implementations.
+"""Foreground Dice, HD95 and ASSD (and, on request, Jaccard and mIoU) from MONAI's metric implementations.
 
 Metrics are computed on whatever grid they are given; the engine gives them the prediction at each
 image's own size against the mask as stored, so distances are in pixels of the original image.
@@ -9,8 +9,12 @@ Per image, always: ``dice``, ``hd95``, ``assd`` over the whole image. Optionally
   * with a pixel spacing in mm: ``hd95_mm``, ``assd_mm`` (over the FOV when there is one, else the whole
     image), from MONAI's ``spacing`` argument.
 
+On request (``metrics=`` or ``train_config["eval_metrics"]``; FedEFM's downstream table uses them):
+  * ``iou``: foreground Jaccard index ``|P & T| / |P | T|``;
+  * ``miou``: mean IoU over all classes, background included (the segmentation-benchmark mIoU).
+
 Empty-mask policy (MONAI returns NaN/Inf there, which would poison averages):
-  * Dice: prediction and truth both empty -> 1 (``ignore_empty=False``).
+  * Dice, IoU: prediction and truth both empty -> 1 (``ignore_empty=False``).
   * HD95 / ASSD: both empty -> 0; exactly one empty -> the image diagonal, the largest distance
     possible on that grid, so a missed lesion is penalised instead of silently dropped.
 """
@@ -21,10 +25,13 @@ import math
 from typing import Dict, List, Optional, Sequence
 
 import torch
-from monai.metrics import DiceMetric, HausdorffDistanceMetric, SurfaceDistanceMetric
+from monai.metrics import DiceMetric, HausdorffDistanceMetric, MeanIoU, SurfaceDistanceMetric
 from monai.networks.utils import one_hot
 
+#: computed unless the caller asks for fewer
 ALL_METRICS = ("dice", "hd95", "assd")
+#: every metric a caller may ask for
+AVAILABLE_METRICS = ALL_METRICS + ("iou", "miou")
 
 
 class SegmentationMetrics:
@@ -37,14 +44,16 @@ class SegmentationMetrics:
     """
 
     def __init__(self, num_classes: int = 2, metrics: Sequence[str] = ALL_METRICS):
-        unknown = set(metrics) - set(ALL_METRICS)
+        unknown = set(metrics) - set(AVAILABLE_METRICS)
         if unknown:
-            raise ValueError(f"unknown metrics {sorted(unknown)}; choose from {ALL_METRICS}")
+            raise ValueError(f"unknown metrics {sorted(unknown)}; choose from {AVAILABLE_METRICS}")
         self.num_classes = num_classes
         self.metrics = tuple(metrics)
         self._dice = DiceMetric(include_background=False, reduction="none", ignore_empty=False)
         self._hd95 = HausdorffDistanceMetric(include_background=False, percentile=95, reduction="none")
         self._assd = SurfaceDistanceMetric(include_background=False, symmetric=True, reduction="none")
+        self._iou = MeanIoU(include_background=False, reduction="none", ignore_empty=False)
+        self._miou = MeanIoU(include_background=True, reduction="none", ignore_empty=False)
         self._rows: List[Dict[str, float]] = []
 
     @property
@@ -81,6 +90,11 @@ class SegmentationMetrics:
             for row, v in zip(rows, self._dice(pred, truth).mean(dim=1).tolist()):
                 row["dice" + suffix] = v
             self._dice.reset()
+        for name, metric in (("iou", self._iou), ("miou", self._miou)):
+            if name in self.metrics and not distances_only:
+                for row, v in zip(rows, metric(pred, truth).mean(dim=1).tolist()):
+                    row[name + suffix] = v
+                metric.reset()
         kwargs = {} if spacing is None else {"spacing": [float(s) for s in spacing]}
         for name, metric in (("hd95", self._hd95), ("assd", self._assd)):
             if name not in self.metrics:
