@@ -8,9 +8,12 @@ import subprocess
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from fedseg.fl.component_policy import prepare_simulator_workspace
+
 
 def run_simulator(job: Path, workspace: Path, n_clients: int = 3, timeout: int = 900, clients: Optional[List[str]] = None) -> Dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    prepare_simulator_workspace(workspace)  # jobs carry no code: the simulated sites allow fedseg's components
     cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-t", str(len(clients) if clients else n_clients)]
     cmd += ["-c", ",".join(clients)] if clients else ["-n", str(n_clients)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)

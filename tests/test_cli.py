@@ -39,4 +39,5 @@ def test_export_all_writes_every_job(tmp_path):
     main(["export", "--all", "--out", str(tmp_path)])
     for method in ("fedavg", "fedevi", "fvac", "graphfedseg"):
         assert (tmp_path / method / "meta.json").is_file()
-        assert (tmp_path / method / "app" / "custom" / "site_script.py").is_file()
+        # configuration only: the site entry is the installed fedseg package (no BYOC, deploy/README.md)
+        assert not (tmp_path / method / "app" / "custom").exists()

@@ -125,6 +125,8 @@ def _train_sets(items: Optional[List[str]]) -> dict:
 
 
 def _cmd_run(args: argparse.Namespace) -> None:
+    from fedseg.fl.component_policy import prepare_simulator_workspace
+
     sets = _train_sets(args.set)  # before anything is exported or started
     workspace = Path(args.workspace or Path("workspaces") / args.method).resolve()
     overrides = dict(sets)
@@ -152,6 +154,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
             args.method, tmp, args.profile, num_rounds=args.rounds, script_args=script_args,
             min_clients=min(len(sites) if sites else args.n_clients, args.n_clients), **overrides,
         )
+        prepare_simulator_workspace(workspace)  # jobs carry no code: the simulated sites allow fedseg's components
         cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-t", str(len(sites) if sites else args.n_clients)]
         cmd += ["-c", ",".join(sites)] if sites else ["-n", str(args.n_clients)]
         print(" ".join(cmd), flush=True)

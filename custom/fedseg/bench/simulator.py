@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from fedseg.fl.component_policy import prepare_simulator_workspace
+
 
 def patch_job(job_dir: Path, task_request_interval: Optional[float] = None,
               task_fetch_interval: Optional[float] = None) -> None:
@@ -65,6 +67,7 @@ def run_simulator(job_dir: Path, workspace: Path, sites: Sequence[str], threads:
         env["OMP_NUM_THREADS"] = str(omp_threads)
     if fedseg_threads not in (None, "", "default"):
         env["FEDSEG_NUM_THREADS"] = str(fedseg_threads)
+    prepare_simulator_workspace(workspace)  # jobs carry no code: the simulated sites allow fedseg's components
     cmd = ["nvflare", "simulator", str(job_dir), "-w", str(workspace), "-t", str(threads or len(sites)),
            "-c", ",".join(sites)]
     started = time.perf_counter()

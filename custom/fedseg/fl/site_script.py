@@ -1,4 +1,7 @@
-"""Entry point NVFlare's ScriptRunner copies into each job (app/custom/site_script.py)."""
+"""Site entry run in-process by ``fedseg.fl.site_executor.FedSegSiteExecutor`` from the installed package.
+
+It is never copied into a job (a job carrying code is BYOC, refused by a production deployment).
+"""
 
 from fedseg.fl.client import main
 

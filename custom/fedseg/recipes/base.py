@@ -5,45 +5,32 @@ A method's recipe module only picks the strategy, the objective, their options a
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Dict, Optional
 
-from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
 from nvflare.app_opt.pt.job_config.base_fed_job import BaseFedJob
 from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
-from nvflare.client.config import ExchangeFormat, TransferType
 from nvflare.recipe.spec import Recipe
 
 from fedseg.bundle import build_network
 from fedseg.fl.audit import ResultAuditFilter
 from fedseg.fl.controller import FedSegController
 from fedseg.fl.protocol import EVALUATE_TASK, TRAIN_TASK
+from fedseg.fl.site_executor import FedSegSiteExecutor
 from fedseg.strategies.registry import get_strategy_class
 
-SITE_SCRIPT = str(Path(__file__).resolve().parent.parent / "fl" / "site_script.py")
-
-
 class SiteScript:
-    """Adds the site entry script to a job as ``app/custom/site_script.py`` run in-process.
+    """Adds the site executor to a job: the installed ``fedseg`` site entry, run in-process.
 
-    NVFlare's ScriptRunner would record the script's absolute path on the exporting machine; this
-    keeps the exported job relocatable (the script only imports the installed ``fedseg`` package).
+    Nothing is copied into ``app/custom/``: a job that carries code is "bring your own code" (BYOC), which
+    a production deployment refuses (``deploy/``). The executor resolves the site script inside the fedseg
+    package installed at the site, so the exported job is configuration only and relocatable.
     """
 
     def __init__(self, script_args: str = ""):
         self.script_args = script_args
 
     def add_to_fed_job(self, job, ctx, **kwargs):
-        executor = ClientAPIExecutor(
-            execution_mode="in_process",
-            task_script_path=Path(SITE_SCRIPT).name,
-            task_script_args=self.script_args,
-            params_exchange_format=ExchangeFormat.PYTORCH,
-            server_expected_format=ExchangeFormat.PYTORCH,
-            params_transfer_type=TransferType.FULL,
-        )
-        job.add_executor(executor, tasks=["*"], ctx=ctx)
-        job.add_file_source(src_path=SITE_SCRIPT, dest_dir=None, app_folder_type="custom", ctx=ctx)
+        job.add_executor(FedSegSiteExecutor(self.script_args), tasks=["*"], ctx=ctx)
         return {}
 
 
