@@ -401,6 +401,18 @@ class Deployment:
                 time.sleep(1.0)
         pytest.fail(f"no admin session as {admin} within {START_TIMEOUT:.0f}s ({last}):\n{self.server.text()[-4000:]}")
 
+    def ensure_sites(self, sites=SITES) -> None:
+        """Start the genuine sites not running yet and wait until every one of them is registered."""
+        running = {p.kit for p in self.participants if p.proc.poll() is None}
+        orgs = {"hospital-a": "hospital_a", "hospital-b": "hospital_b"}
+        for site in sites:
+            if self.prod / site not in running:
+                self.start(self.prod / site, orgs[site], client=True)
+        deadline = time.monotonic() + START_TIMEOUT
+        while not set(sites) <= self.registered_sites():
+            assert time.monotonic() < deadline, f"sites {sites} not all registered: {self.registered_sites()}"
+            time.sleep(1.0)
+
     def registered_sites(self) -> set:
         return {c.name for c in self.session(PROJECT_ADMIN).get_system_info().client_info}
 
@@ -412,6 +424,9 @@ class Deployment:
                 pass
         for p in reversed(self.participants):
             p.stop()
+        # job processes the server/sites spawned in their own sessions (normally gone after the abort): by PID,
+        # matched on this deployment's folder in their command line
+        _load_run_poc().kill_poc_processes(self.root)
 
 
 @pytest.fixture(scope="module")
@@ -504,3 +519,57 @@ def test_client_with_a_certificate_from_another_ca_is_refused(deployment):
         assert genuine.proc.poll() is None, genuine.text()[-3000:]
         assert time.monotonic() < deadline, f"hospital-a did not register:\n{genuine.text()[-3000:]}"
         time.sleep(1.0)
+
+
+def _stage_job(src: Path, dst: Path, with_code: bool) -> Path:
+    """A copy of an exported job (the Flare API signs the folder it submits, in place); with ``with_code`` it also
+    carries Python in app/custom/ — what a job that brings its own code looks like."""
+    shutil.copytree(src, dst)
+    if with_code:
+        custom = dst / "app" / "custom"
+        custom.mkdir()
+        (custom / "site_hook.py").write_text("import os\nprint(os.listdir('/'))  # runs at every site if accepted\n")
+    return dst
+
+
+def _wait_status(session, job_id: str, done, timeout: float = 60.0) -> dict:
+    """Poll the job's meta until ``done(status)`` (e.g. FINISHED:..., RUNNING) or ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = session.get_job_meta(job_id)
+        if done(str(meta.get("status"))) or time.monotonic() > deadline:
+            return meta
+        time.sleep(1.0)
+
+
+@pytest.mark.slow
+def test_job_with_custom_code_is_refused_and_our_job_is_accepted(deployment, tmp_path):
+    """NVFlare checks the byoc right when it deploys a job (at the server, then at each site, each with its own
+    authorization.json): a job with app/custom code never runs, whoever submits it; our exported job runs."""
+    deployment.ensure_sites()  # the job needs min_clients=2 sites to be scheduled at all
+    our_job = REPO / "jobs" / "fedavg"
+    for admin in (PROJECT_ADMIN, LEAD):  # the two roles NVFlare's default policy lets submit custom code
+        session = deployment.session(admin)
+        job_id = session.submit_job(str(_stage_job(our_job, tmp_path / admin / "fedavg", with_code=True)))
+        meta = _wait_status(session, job_id, lambda s: s.startswith("FINISHED"))
+        assert meta["status"] == "FINISHED:FAILED_TO_RUN", meta
+        assert meta["byoc"] is True and meta["submitter_role"] == _role_of(DEPLOY_PROJECT)[admin]
+        assert any("BYOC not permitted" in d for d in meta.get("job_deploy_detail", [])), meta
+        assert meta.get("start_time") in ("", None), meta  # it never started anywhere
+
+    # our exported job (configuration only): deployed to the server and both sites and running; then aborted
+    session = deployment.session(PROJECT_ADMIN)
+    job_id = session.submit_job(str(_stage_job(our_job, tmp_path / "ours" / "fedavg", with_code=False)))
+    try:
+        meta = _wait_status(session, job_id, lambda s: s != "SUBMITTED" and s != "DISPATCHED", timeout=90.0)
+        assert meta["status"] == "RUNNING", meta
+        assert not meta.get("byoc") and not any("BYOC" in d for d in meta.get("job_deploy_detail", [])), meta
+        for site in SITES:  # each site accepted it under its own policy: the job's app is in its workspace
+            deadline = time.monotonic() + 30
+            while not (deployment.prod / site / job_id).is_dir():
+                assert time.monotonic() < deadline, f"{site} did not deploy job {job_id}"
+                time.sleep(1.0)
+    finally:
+        session.abort_job(job_id)
+    meta = _wait_status(session, job_id, lambda s: s.startswith("FINISHED"), timeout=60.0)
+    assert meta["status"] == "FINISHED:ABORTED", meta
