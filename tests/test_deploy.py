@@ -573,3 +573,20 @@ def test_job_with_custom_code_is_refused_and_our_job_is_accepted(deployment, tmp
         session.abort_job(job_id)
     meta = _wait_status(session, job_id, lambda s: s.startswith("FINISHED"), timeout=60.0)
     assert meta["status"] == "FINISHED:ABORTED", meta
+
+
+def test_allow_in_kit_edits_the_file_nvflare_reads(tmp_path):
+    from fedseg.fl.component_policy import allow_in_kit, class_allow_list
+
+    kit = tmp_path / "site-1"
+    (kit / "local").mkdir(parents=True)
+    default = kit / "local" / "resources.json.default"
+    default.write_text(json.dumps({"format_version": 2, "components": [{"id": "x"}]}))
+    assert allow_in_kit(kit) == default  # no site override: the default file
+    assert json.loads(default.read_text())["components"] == [{"id": "x"}]
+    override = kit / "local" / "resources.json"
+    override.write_text(json.dumps({"format_version": 2}))
+    assert allow_in_kit(kit) == override  # the site's own file wins in NVFlare, so that is the one to edit
+    assert json.loads(override.read_text())["class_allow_list"] == class_allow_list()
+    with pytest.raises(FileNotFoundError, match="no local"):
+        allow_in_kit(tmp_path / "nothing")

@@ -76,8 +76,28 @@ def add_to_resources(resources_path: os.PathLike, extra: Iterable[str] = ()) -> 
     return resources[CLASS_ALLOW_LIST]
 
 
+def allow_in_kit(kit_dir: os.PathLike) -> Path:
+    """Allow fedseg's components in a provisioned participant folder (``<kit>/local/``), in the file NVFlare reads:
+    ``resources.json`` when the site has one (it replaces the default), else ``resources.json.default``."""
+    local = Path(kit_dir) / "local"
+    if not local.is_dir():
+        raise FileNotFoundError(f"{kit_dir} is not a provisioned server/site folder (no local/)")
+    path = local / RESOURCES_FILE
+    if not path.is_file():
+        path = local / (RESOURCES_FILE + ".default")
+    add_to_resources(path)
+    return path
+
+
 def prepare_simulator_workspace(workspace: os.PathLike) -> Path:
     """Write ``<workspace>/local/resources.json`` with the fedseg allow list before ``nvflare simulator -w``."""
     path = Path(workspace) / "local" / RESOURCES_FILE
     add_to_resources(path)
     return path
+
+
+if __name__ == "__main__":  # python -m fedseg.fl.component_policy KIT_DIR... (kits provisioned without fedseg's builder)
+    import sys
+
+    for kit in sys.argv[1:]:
+        print(f"fedseg components allowed in {allow_in_kit(kit)}")
