@@ -1,0 +1,237 @@
+"""Provisioned NVFlare deployments on one machine for tests: provision, start a server/site from its kit, stop.
+
+Used by tests/test_deploy.py. Every process is started in its own process group and stopped by its id.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY_PROJECT = REPO / "deploy" / "project.yml"
+POC_PROJECT = REPO / "poc_workspace" / "project.yml"
+SERVER = "fl-server.hospital.example"
+SITES = ["hospital-a", "hospital-b"]
+PROJECT_ADMIN = "admin@fedseg-consortium.example"
+LEAD = "researcher@hospital-b.example"
+ROLES = ("project_admin", "org_admin", "lead", "member")
+
+
+def nvflare_env(**extra) -> dict:
+    """The environment for nvflare processes: this checkout's fedseg first, private HOME, one thread each."""
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1", FEDSEG_NUM_THREADS="1")
+    env.pop("NVFLARE_POC_WORKSPACE", None)
+    env.update(extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "custom"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    return env
+
+
+def run_nvflare(args, cwd: Path, home: Path, timeout: float = 180, **env) -> str:
+    home.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nvflare.cli", *args], cwd=cwd, env=nvflare_env(HOME=str(home), **env),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+    )
+    assert proc.returncode == 0, f"nvflare {' '.join(args)} failed:\n{proc.stdout[-4000:]}"
+    return proc.stdout
+
+
+def provision(project_file: Path, workspace: Path) -> Path:
+    """``nvflare provision -p project_file -w workspace``; returns ``<workspace>/<project>/prod_00``."""
+    args = ["provision", "-p", str(project_file), "-w", str(workspace)]
+    run_nvflare(args, cwd=workspace.parent, home=workspace.parent / "home")
+    name = yaml.safe_load(project_file.read_text())["name"]
+    prod = workspace / name / "prod_00"
+    assert prod.is_dir(), f"provision wrote no {prod}"
+    return prod
+
+
+SERVER_MODULE = "nvflare.private.fed.app.server.server_train"
+CLIENT_MODULE = "nvflare.private.fed.app.client.client_train"
+START_TIMEOUT = 90.0  # seconds for the server to accept an admin session / a site to register (normally ~5-10 s)
+
+
+def load_run_poc():
+    before = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        spec = importlib.util.spec_from_file_location("fedseg_run_poc", REPO / "poc_workspace" / "run_poc.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.dont_write_bytecode = before
+
+
+def loopback_project(dst: Path, fed_learn_port: int, admin_port: int, name: str = None) -> Path:
+    """A copy of deploy/project.yml for one machine: given ports, sites/admins connect to localhost, and the
+    server listens on 127.0.0.1 only. The certificates still name the server's DNS name."""
+    project = yaml.safe_load(DEPLOY_PROJECT.read_text())
+    if name:
+        project["name"] = name
+    for p in project["participants"]:
+        if p["type"] == "server":
+            # sites and admins connect to localhost; the certificate keeps naming the DNS name too
+            p.update(fed_learn_port=fed_learn_port, admin_port=admin_port, default_host="localhost")
+            p["host_names"] = [*p.get("host_names", []), p["name"]]
+    builders = project["builders"]
+    at = next(i for i, b in enumerate(builders) if b["path"].endswith(".CertBuilder"))
+    builders.insert(at, {"path": "fedseg.deploy.LoopbackServerBuilder", "args": {"host": "127.0.0.1"}})
+    dst.write_text(yaml.safe_dump(project, sort_keys=False))
+    return dst
+
+
+class Participant:
+    """One server or site process started from its startup kit as ``startup/sub_start.sh`` would (no restart loop)."""
+
+    def __init__(self, kit: Path, org: str, log: Path, home: Path, client: bool):
+        args = ["-m", str(kit), "-s", "fed_client.json" if client else "fed_server.json", "--set", "secure_train=true"]
+        args += ([f"uid={kit.name}"] if client else []) + [f"org={org}", "config_folder=config"]
+        self.log = log
+        self._out = open(log, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", "-m", CLIENT_MODULE if client else SERVER_MODULE, *args], cwd=kit,
+            env=nvflare_env(HOME=str(home)), stdin=subprocess.DEVNULL, stdout=self._out, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stop() ends it and any job process it spawned
+        )
+        self.kit = kit
+
+    def text(self) -> str:
+        files = [self.log, self.kit / "log.txt"]
+        return "\n".join(f.read_text(errors="replace") for f in files if f.is_file())
+
+    def stop(self) -> None:
+        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+            if self.proc.poll() is not None:
+                break
+            try:
+                os.killpg(self.proc.pid, sig)  # the group this test created (pgid == the child's pid)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                pass
+        self._out.close()
+
+
+class Deployment:
+    """deploy/project.yml provisioned for loopback, plus a second project (another root CA), server running."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.home = root / "home"
+        self.fed_port, self.admin_port = load_run_poc().pick_free_ports(2)
+        self.prod = provision(loopback_project(root / "project.yml", self.fed_port, self.admin_port), root / "ws")
+        foreign_yml = loopback_project(root / "foreign.yml", self.fed_port, self.admin_port, name="other_consortium")
+        self.foreign = provision(foreign_yml, root / "foreign_ws")
+        from nvflare.lighter.utils import update_storage_locations
+
+        update_storage_locations(str(self.prod / SERVER / "local"), workspace=str(root / "server_storage"))
+        self.participants = []
+        self.server = self.start(self.prod / SERVER, "fedseg_consortium", client=False)
+        self.sessions = {}
+
+    def start(self, kit: Path, org: str, client: bool) -> Participant:
+        p = Participant(kit, org, self.root / f"{kit.parent.parent.parent.name}_{kit.name}.out", self.home, client)
+        self.participants.append(p)
+        return p
+
+    def session(self, admin: str):
+        """A Flare API session as ``admin`` (its startup kit in this deployment), retried while the server boots."""
+        from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+        if admin in self.sessions:
+            return self.sessions[admin]
+        deadline, last = time.monotonic() + START_TIMEOUT, None
+        while time.monotonic() < deadline:
+            if self.server.proc.poll() is not None:
+                pytest.fail(f"the server exited (rc {self.server.proc.returncode}):\n{self.server.text()[-4000:]}")
+            try:
+                self.sessions[admin] = new_secure_session(admin, str(self.prod / admin), timeout=10.0)
+                return self.sessions[admin]
+            except Exception as e:  # NoConnection while the server boots
+                last = e
+                time.sleep(1.0)
+        pytest.fail(f"no admin session as {admin} within {START_TIMEOUT:.0f}s ({last}):\n{self.server.text()[-4000:]}")
+
+    def ensure_sites(self, sites=SITES) -> None:
+        """Start the genuine sites not running yet and wait until every one of them is registered."""
+        running = {p.kit for p in self.participants if p.proc.poll() is None}
+        orgs = {"hospital-a": "hospital_a", "hospital-b": "hospital_b"}
+        for site in sites:
+            if self.prod / site not in running:
+                self.start(self.prod / site, orgs[site], client=True)
+        deadline = time.monotonic() + START_TIMEOUT
+        while not set(sites) <= self.registered_sites():
+            assert time.monotonic() < deadline, f"sites {sites} not all registered: {self.registered_sites()}"
+            time.sleep(1.0)
+
+    def registered_sites(self) -> set:
+        return {c.name for c in self.session(PROJECT_ADMIN).get_system_info().client_info}
+
+    def close(self) -> None:
+        for sess in self.sessions.values():
+            try:
+                sess.close()
+            except Exception:
+                pass
+        for p in reversed(self.participants):
+            p.stop()
+        # job processes the server/sites spawned in their own sessions (normally gone after the abort): by PID,
+        # matched on this deployment's folder in their command line
+        load_run_poc().kill_poc_processes(self.root)
+
+
+def https_get(port: int, kit: Path, server_name: str = SERVER) -> bytes:
+    """``GET /`` over TLS to the server as the holder of ``kit``'s client certificate, trusting ``kit``'s root CA and
+    checking that the server's certificate names ``server_name``; returns what the server answered.
+
+    With TLS 1.3 the server checks the client's certificate after the client's side of the handshake: a refused
+    certificate shows as an alert or as a connection closed with no answer (b"") on the first read.
+    """
+    import socket
+    import ssl
+
+    startup = kit / "startup"
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(startup / "rootCA.pem"))
+    ctx.load_cert_chain(str(startup / "client.crt"), str(startup / "client.key"))
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname=server_name) as tls:
+            tls.sendall(f"GET / HTTP/1.1\r\nHost: {server_name}\r\nConnection: close\r\n\r\n".encode())
+            try:
+                return tls.recv(64)
+            except (ssl.SSLError, ConnectionError) as e:  # the server's alert / reset
+                return f"refused: {type(e).__name__}: {e}".encode()
+
+
+def stage_job(src: Path, dst: Path, with_code: bool) -> Path:
+    """A copy of an exported job (the Flare API signs the folder it submits, in place); with ``with_code`` it also
+    carries Python in app/custom/ — what a job that brings its own code looks like."""
+    shutil.copytree(src, dst)
+    if with_code:
+        custom = dst / "app" / "custom"
+        custom.mkdir()
+        (custom / "site_hook.py").write_text("import os\nprint(os.listdir('/'))  # runs at every site if accepted\n")
+    return dst
+
+
+def wait_status(session, job_id: str, done, timeout: float = 60.0) -> dict:
+    """Poll the job's meta until ``done(status)`` (e.g. FINISHED:..., RUNNING) or ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = session.get_job_meta(job_id)
+        if done(str(meta.get("status"))) or time.monotonic() > deadline:
+            return meta
+        time.sleep(1.0)

@@ -1,0 +1,130 @@
+"""fedseg jobs carry no code, and every site's component allow list lets NVFlare build exactly their classes.
+
+Checked with NVFlare's own app validator and component authorizer (the code a site runs before building a job).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _components(node):
+    """Every ``{"path": ...}`` component config inside a job config, nested ones (e.g. the persistor's model) too."""
+    if isinstance(node, dict):
+        if isinstance(node.get("path"), str):
+            yield node
+        for value in node.values():
+            yield from _components(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _components(value)
+
+
+class _Workspace:
+    """What NVFlare's ComponentPathAuthorizer asks of a workspace: where the site's resources file is."""
+
+    def __init__(self, resources_file: Path):
+        self.resources_file = resources_file
+
+    def get_resources_file_path(self) -> str:
+        return str(self.resources_file)
+
+    def get_root_dir(self) -> str:
+        return str(self.resources_file.parent)
+
+
+@pytest.mark.parametrize("method", sorted(p.name for p in (REPO / "jobs").iterdir() if (p / "meta.json").is_file()))
+def test_committed_job_carries_no_code_and_every_component_is_allowed(method, tmp_path):
+    """NVFlare's own checks: its app validator finds no custom code; its component authorizer builds every class."""
+    from nvflare.apis.app_validation import AppValidationKey
+    from nvflare.apis.fl_exception import UnsafeComponentError
+    from nvflare.app_common.widgets.component_path_authorizer import ComponentPathAuthorizer
+    from nvflare.private.fed.app.default_app_validator import DefaultAppValidator
+
+    from fedseg.fl.component_policy import add_to_resources
+
+    job = REPO / "jobs" / method
+    assert not any(p.suffix == ".py" for p in job.rglob("*")), f"jobs/{method} carries Python code"
+    for app in (p for p in job.iterdir() if p.is_dir()):
+        for site_type in ("server", "client"):
+            err, info = DefaultAppValidator(site_type).validate(str(app))
+            assert err == "" and not info.get(AppValidationKey.BYOC), (app, site_type, err, info)
+
+    resources = tmp_path / "local" / "resources.json"
+    add_to_resources(resources)
+    authorizer, workspace = ComponentPathAuthorizer(), _Workspace(resources)
+    configs = list(job.rglob("config_fed_*.json"))
+    assert len(configs) == 2
+    paths = []
+    for config in configs:
+        for component in _components(json.loads(config.read_text())):
+            authorizer.authorize_component_config(component, workspace=workspace)  # raises if not allowed
+            paths.append(component["path"])
+    assert "fedseg.fl.site_executor.FedSegSiteExecutor" in paths and "fedseg.fl.controller.FedSegController" in paths
+    # the same authorizer refuses what a hostile job could name instead
+    hostile = ("subprocess.Popen", "fedseg_evil.fl.Controller", "nvflare.app_common.executors.client_api_executor.ClientAPIExecutor")
+    for path in hostile:
+        with pytest.raises(UnsafeComponentError, match="not in allow_list"):
+            authorizer.authorize_component_config({"path": path, "args": {}}, workspace=workspace)
+
+
+def test_class_allow_list_matches_nvflare_matching_rule():
+    from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
+    from nvflare.app_common.widgets.component_path_authorizer import ComponentPathAuthorizer
+
+    from fedseg.fl.component_policy import FEDSEG_COMPONENTS, class_allow_list, is_allowed
+
+    allow = class_allow_list(["my_site.models."])
+    assert allow[: len(DEFAULT_CLASS_ALLOW_LIST)] == list(DEFAULT_CLASS_ALLOW_LIST)
+    assert set(FEDSEG_COMPONENTS) | {"my_site.models."} <= set(allow) and len(allow) == len(set(allow))
+    ComponentPathAuthorizer._normalize_allow_list(allow)  # NVFlare accepts every entry
+    probes = [
+        "fedseg.fl.controller.FedSegController", "fedseg.flx.Controller", "fedseg.networks.unet.FeatureUNet",
+        "fedseg.cli.main", "my_site.models.Net", "my_site.modelsX.Net",
+        "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",
+        "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistorX", "nvflare.app_common.workflows.fedavg.FedAvg",
+    ]
+    for path in probes:
+        reference = any(ComponentPathAuthorizer._path_matches_prefix(path, prefix) for prefix in allow)
+        assert is_allowed(path, allow) == reference, path
+
+
+def test_add_to_resources_keeps_site_entries_and_names_bad_files(tmp_path):
+    from fedseg.fl.component_policy import add_to_resources, class_allow_list
+
+    path = tmp_path / "resources.json"
+    path.write_text(json.dumps({"format_version": 2, "class_allow_list": ["hospital.tools."], "other": 1}))
+    written = add_to_resources(path)
+    data = json.loads(path.read_text())
+    assert data["other"] == 1 and data["class_allow_list"] == written == class_allow_list(["hospital.tools."])
+    assert add_to_resources(path) == written  # idempotent
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="resources.json"):
+        add_to_resources(path)
+    path.write_text(json.dumps({"class_allow_list": "fedseg."}))
+    with pytest.raises(ValueError, match="must be a list"):
+        add_to_resources(path)
+
+
+
+
+def test_allow_in_kit_edits_the_file_nvflare_reads(tmp_path):
+    from fedseg.fl.component_policy import allow_in_kit, class_allow_list
+
+    kit = tmp_path / "site-1"
+    (kit / "local").mkdir(parents=True)
+    default = kit / "local" / "resources.json.default"
+    default.write_text(json.dumps({"format_version": 2, "components": [{"id": "x"}]}))
+    assert allow_in_kit(kit) == default  # no site override: the default file
+    assert json.loads(default.read_text())["components"] == [{"id": "x"}]
+    override = kit / "local" / "resources.json"
+    override.write_text(json.dumps({"format_version": 2}))
+    assert allow_in_kit(kit) == override  # the site's own file wins in NVFlare, so that is the one to edit
+    assert json.loads(override.read_text())["class_allow_list"] == class_allow_list()
+    with pytest.raises(FileNotFoundError, match="no local"):
+        allow_in_kit(tmp_path / "nothing")
