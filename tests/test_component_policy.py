@@ -128,3 +128,16 @@ def test_allow_in_kit_edits_the_file_nvflare_reads(tmp_path):
     assert json.loads(override.read_text())["class_allow_list"] == class_allow_list()
     with pytest.raises(FileNotFoundError, match="no local"):
         allow_in_kit(tmp_path / "nothing")
+
+
+def test_command_line_prepares_a_simulator_workspace_and_kits(tmp_path, capsys):
+    from fedseg.fl.component_policy import class_allow_list, main
+
+    main(["--simulator", str(tmp_path / "ws")])
+    resources = json.loads((tmp_path / "ws" / "local" / "resources.json").read_text())
+    assert resources["class_allow_list"] == class_allow_list()
+    kit = tmp_path / "site-1"
+    (kit / "local").mkdir(parents=True)
+    main([str(kit)])
+    assert (kit / "local" / "resources.json.default").is_file()
+    assert "fedseg components allowed in" in capsys.readouterr().out

@@ -96,8 +96,19 @@ def prepare_simulator_workspace(workspace: os.PathLike) -> Path:
     return path
 
 
-if __name__ == "__main__":  # python -m fedseg.fl.component_policy KIT_DIR... (kits provisioned without fedseg's builder)
-    import sys
+def main(argv=None) -> None:
+    """``python -m fedseg.fl.component_policy [--simulator] DIR...``: allow fedseg's components in provisioned
+    participant folders, or (``--simulator``) in ``nvflare simulator -w`` workspaces before the run."""
+    import argparse
 
-    for kit in sys.argv[1:]:
-        print(f"fedseg components allowed in {allow_in_kit(kit)}")
+    parser = argparse.ArgumentParser(prog="python -m fedseg.fl.component_policy", description=main.__doc__)
+    parser.add_argument("dirs", nargs="+", help="participant folders (<kit>/local/ exists) or simulator workspaces")
+    parser.add_argument("--simulator", action="store_true", help="the folders are `nvflare simulator -w` workspaces")
+    args = parser.parse_args(argv)
+    for folder in args.dirs:
+        path = prepare_simulator_workspace(folder) if args.simulator else allow_in_kit(folder)
+        print(f"fedseg components allowed in {path}")
+
+
+if __name__ == "__main__":
+    main()
