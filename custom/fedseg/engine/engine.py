@@ -218,8 +218,10 @@ class SegEngine:
         return private
 
     # ------------------------------------------------------------------------------------- training
-    def train(self, model: nn.Module, objective: ClientObjective, ctx: RoundContext) -> Dict[str, float]:
-        """Run ``local_epochs`` epochs of ``objective.loss`` on the training split. Returns ``train_loss``
+    def train(
+        self, model: nn.Module, objective: ClientObjective, ctx: RoundContext, epochs: Optional[int] = None
+    ) -> Dict[str, float]:
+        """Run ``epochs`` (default ``local_epochs``) epochs of ``objective.loss`` on the training split. Returns ``train_loss``
         (mean over all local iterations) and ``steps``; with DP on (module docstring) DP-SGD on
         ``objective.data_loss`` + ``objective.parameter_loss``, and also ``dp_epsilon`` / ``dp_delta``."""
         objective.set_seg_loss(self.build_loss())
@@ -228,7 +230,7 @@ class SegEngine:
         lr = float(self.train_config.get("learning_rate", 1e-3)) * float(self.train_config.get("lr_decay_per_round", 1.0)) ** ctx.round
         for group in optimizer.param_groups:
             group["lr"] = lr
-        epochs = int(self.train_config.get("local_epochs", 1))
+        epochs = int(self.train_config.get("local_epochs", 1) if epochs is None else epochs)
         if self.dp_enabled:
             return self._train_private(model, objective, ctx, epochs)
         losses = []

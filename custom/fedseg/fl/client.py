@@ -5,6 +5,9 @@ What leaves the site (``FLModel`` sent back):
               the objective's declared statistics;
   * evaluate: ``metrics`` {dice, hd95, assd} of the received model on the test split, nothing else
               (the per-image values stay in ``<site workspace>/fedseg_outputs/<site>/per_image_<model>.json``);
+  * weight tasks (the objective's ``weight_tasks``, e.g. FedEFM's overseas training and gossip): weights
+    (main and/or extra named models, ``fedseg.fl.protocol.pack_models``), ``meta`` {n_samples} plus
+    declared statistics;
   * other tasks (method-specific): the objective's declared statistics only.
 Images, labels, predictions and overlays stay in the site's workspace.
 """
@@ -23,7 +26,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from fedseg.engine.engine import SegEngine
-from fedseg.fl.protocol import BASE_STATISTICS, EVALUATE_TASK, META_KEY, TRAIN_TASK
+from fedseg.fl.protocol import BASE_STATISTICS, EVALUATE_TASK, META_KEY, TRAIN_TASK, pack_models, unpack_models
 from fedseg.fl.site_data import resolve_site_datalist
 from fedseg.objectives.base import RoundContext
 from fedseg.objectives.registry import build_objective
@@ -64,7 +67,9 @@ class SiteRunner:
         """Run one task; returns ``{"params", "metrics", "meta"}`` — exactly what will be sent."""
         job = meta[META_KEY]
         self._setup(job)
-        self.model.load_state_dict({k: torch.as_tensor(v) for k, v in params.items()})
+        main, extra = unpack_models(params)
+        if main or not extra:  # a task may carry only extra models (FedEFM's overseas training)
+            self.model.load_state_dict({k: torch.as_tensor(v) for k, v in main.items()})
         ctx = RoundContext(
             site=self.site,
             round=int(job["round"]),
@@ -72,11 +77,19 @@ class SiteRunner:
             server_meta=meta,
             train_config=job["train_config"],
             state_dir=str(self.state_dir),
+            models={name: {k: torch.as_tensor(v) for k, v in state.items()} for name, state in extra.items()},
         )
         if task == TRAIN_TASK:
             return self._train(ctx)
         if task == EVALUATE_TASK:
             return self._evaluate(meta.get("model_name", "global"), ctx.round)
+        if task in self.objective.weight_tasks:
+            weights, models, statistics = self.objective.handle_weight_task(task, ctx, self.model, self.engine)
+            params = pack_models(
+                {n: {k: v.detach().cpu().clone() for k, v in m.items()} for n, m in models.items()},
+                main={k: v.detach().cpu().clone() for k, v in weights.items()},
+            )
+            return {"params": params, "metrics": {}, "meta": {"n_samples": self.engine.n_train, **self._declared(statistics)}}
         statistics = self.objective.handle_task(task, ctx, self.model, self.engine)
         return {"params": {}, "metrics": {}, "meta": self._declared(statistics)}
 

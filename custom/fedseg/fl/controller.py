@@ -16,7 +16,7 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.workflows.model_controller import ModelController
 
 from fedseg.bundle import build_network
-from fedseg.fl.protocol import META_KEY, EVALUATE_TASK, TRAIN_TASK
+from fedseg.fl.protocol import META_KEY, EVALUATE_TASK, TRAIN_TASK, unpack_models
 from fedseg.fl.report import RunReport
 from fedseg.fl.validation import InvalidUpdateError, to_tensor_params, validate_arrays, validate_params, validate_statistics
 from fedseg.objectives.registry import build_objective
@@ -74,6 +74,7 @@ class FedSegController(ModelController):
         self._strategy = build_strategy(self.strategy, **self.strategy_args)
         objective_ = build_objective(self.objective, **self.objective_args)
         self._allowed_statistics = objective_.declared_statistics
+        self._weight_tasks = tuple(objective_.weight_tasks)
         self._declared_arrays = objective_.declared_arrays(self.train_config)
         self._reference: Dict[str, torch.Tensor] = {}
         self._rejected: Dict[str, str] = {}
@@ -91,6 +92,7 @@ class FedSegController(ModelController):
         if getattr(self._strategy, "needs_network", False):
             # strategies that run the sites' models (PathFL's SSA) build the job's own network
             self._strategy.network_factory = lambda: build_network(self.train_config)
+        self._strategy.total_rounds = self.num_rounds
         self._strategy.start(clients, self._reference)
         report = RunReport(
             method=self.method,
@@ -105,7 +107,7 @@ class FedSegController(ModelController):
             payloads = {site: self._strategy.payload(site, round_) for site in clients}
             updates = self._exchange(TRAIN_TASK, payloads, round_)
             fields = self._strategy.aggregate(
-                round_, updates, lambda task, p, r=round_: self._exchange(task, p, r, require_params=False)
+                round_, updates, lambda task, p, r=round_: self._exchange(task, p, r, require_params=task in self._weight_tasks)
             )
             report.add_round(
                 round_,
@@ -122,9 +124,16 @@ class FedSegController(ModelController):
                 bytes_received=self._bytes["received"],
                 **fields,
             )
-            self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
+            if self._strategy.has_global_model:
+                self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
             report.write(self.get_run_dir(), plots=False)
             self.info(f"round {round_ + 1}/{self.num_rounds} done: {report.round_summary(round_)}")
+
+        finished = self._strategy.finish()
+        if finished:
+            report.final.update(finished)
+        if not self._strategy.has_global_model:
+            self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
 
         if self.final_evaluation:
             report.final["global"] = self._evaluate({s: self._strategy.global_params() for s in clients}, "global")
@@ -243,15 +252,20 @@ class FedSegController(ModelController):
         if meta.get("error"):
             raise InvalidUpdateError(f"{site}: the site could not run the task ({meta['error']}; details in its log)")
         params: Dict[str, torch.Tensor] = {}
+        models: Dict[str, Dict[str, torch.Tensor]] = {}
         if require_params:
-            params = validate_params(site, result.params or {}, self._reference)
+            main, extra = unpack_models(result.params or {})
+            if main or not extra:
+                params = validate_params(site, main, self._reference)
+            # every packed model (FedEFM's overseas experts) passes the same checks as the main one
+            models = {name: validate_params(f"{site} [{name}]", state, self._reference) for name, state in extra.items()}
         metrics = validate_statistics(site, result.metrics or {}, (result.metrics or {}).keys())
         statistics = validate_statistics(site, meta, self._allowed_statistics)
         statistics.update(validate_arrays(site, meta, self._declared_arrays))
         n_samples = int(meta.get("n_samples", 0))
         if require_params and n_samples <= 0:
             raise InvalidUpdateError(f"{site}: result does not say how many training images it used")
-        return ClientUpdate(site=site, params=params, n_samples=n_samples, metrics=metrics, meta=statistics)
+        return ClientUpdate(site=site, params=params, n_samples=n_samples, metrics=metrics, meta=statistics, models=models)
 
 
 def payload_bytes(value: Any) -> int:

@@ -6,3 +6,39 @@ EVALUATE_TASK = "evaluate"
 META_KEY = "fedseg"
 #: what a site may always send besides the objective's declared statistics
 BASE_STATISTICS = ("n_samples",)
+
+#: key prefix of the extra models a task carries besides the main weights (FedEFM's overseas experts
+#: and neighbours): ``"__model__/<name>/<parameter>"``
+EXTRA_MODEL_PREFIX = "__model__/"
+
+
+def pack_models(models, main=None):
+    """Flatten named state dicts (and optionally the main weights, unprefixed) into one params dict.
+
+    Args:
+        models: ``{name: {parameter: tensor}}``; names must not contain ``/``.
+        main: the main model's ``{parameter: tensor}`` or ``None``.
+    Returns:
+        ``{parameter or "__model__/<name>/<parameter>": tensor}``.
+    """
+    flat = dict(main or {})
+    for name, state in models.items():
+        if not name or "/" in name:
+            raise ValueError(f"model name {name!r} must be non-empty and contain no '/'")
+        for key, value in state.items():
+            flat[f"{EXTRA_MODEL_PREFIX}{name}/{key}"] = value
+    return flat
+
+
+def unpack_models(flat):
+    """Inverse of :func:`pack_models`: ``(main {parameter: tensor}, {name: {parameter: tensor}})``."""
+    main, models = {}, {}
+    for key, value in flat.items():
+        if key.startswith(EXTRA_MODEL_PREFIX):
+            name, _, parameter = key[len(EXTRA_MODEL_PREFIX):].partition("/")
+            if not name or not parameter:
+                raise ValueError(f"malformed packed model key {key!r}")
+            models.setdefault(name, {})[parameter] = value
+        else:
+            main[key] = value
+    return main, models

@@ -15,6 +15,8 @@ The engine calls, per round:
     save_site_figures(out_dir, ctx)              after the last round's training: site-local figures
     handle_task(name, ctx, model, engine)        for method-specific extra tasks (e.g. FedEvi's
                                                  ``evaluate_surrogate``); returns metrics/meta scalars
+    handle_weight_task(name, ctx, model, engine) for the extra tasks in ``weight_tasks`` (FedEFM's
+                                                 overseas training, gossip): returns weights to send
 
 Only keys listed in ``declared_statistics`` may leave the site in ``FLModel.meta`` (the client loop
 enforces it), and each must be a finite scalar or a short list of finite scalars — never images,
@@ -46,6 +48,8 @@ class RoundContext:
         server_meta: the ``FLModel.meta`` the server sent with this task (method-specific payload).
         train_config: effective training hyper-parameters sent by the server.
         state_dir: a folder in this site's workspace for state that must survive a process restart.
+        models: extra named models the task carried besides the main weights (``fedseg.fl.protocol``
+            ``pack_models``; FedEFM's overseas experts and gossip neighbours), ``{name: state_dict}``.
     """
 
     site: str
@@ -54,6 +58,7 @@ class RoundContext:
     server_meta: Dict[str, Any] = field(default_factory=dict)
     train_config: Dict[str, Any] = field(default_factory=dict)
     state_dir: Optional[str] = None
+    models: Dict[str, Dict[str, torch.Tensor]] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,6 +89,8 @@ class ClientObjective:
     needs_features: bool = False
     #: meta keys this objective may send to the server
     declared_statistics: Tuple[str, ...] = ()
+    #: extra tasks whose answer is weights (``handle_weight_task``), validated like trained models
+    weight_tasks: Tuple[str, ...] = ()
 
     def __init__(self, seg_loss: Optional[nn.Module] = None, **kwargs: Any):
         if kwargs:
@@ -141,3 +148,10 @@ class ClientObjective:
     ) -> Dict[str, Any]:
         """Run a method-specific task on ``model`` (already loaded with the received weights)."""
         raise ValueError(f"objective {self.name!r} does not handle task {task_name!r}")
+
+    def handle_weight_task(
+        self, task_name: str, ctx: RoundContext, model: nn.Module, engine: "SegEngine"
+    ) -> Tuple[Dict[str, torch.Tensor], Dict[str, Dict[str, torch.Tensor]], Dict[str, Any]]:
+        """Run a task of ``weight_tasks``. Returns ``(main weights or {}, {name: extra weights},
+        declared statistics)``; the site packs the weights with ``fedseg.fl.protocol.pack_models``."""
+        raise ValueError(f"objective {self.name!r} does not handle weight task {task_name!r}")

@@ -14,6 +14,8 @@ _REGISTRY: Dict[str, str] = {
     "fedevi": "fedseg.objectives.fedevi:FedEviObjective",
     "fvac": "fedseg.objectives.fvac:FVACObjective",
     "pathfl": "fedseg.objectives.pathfl:PathFLObjective",
+    "fedefm": "fedseg.objectives.fedefm:FedEFMObjective",
+    "cross_entropy": "fedseg.objectives.fedefm:CrossEntropyObjective",
 }
 
 

@@ -4,6 +4,7 @@ The controller (``fedseg.fl.controller.FedSegController``) drives the rounds and
     start(clients, initial_params)            once
     payload(site, round) -> SitePayload       the model (and meta) each site trains from
     aggregate(round, updates, exchange)       after the train task; returns this round's report fields
+    finish()                                  once, after the last round (e.g. FedEFM's final averaging)
     global_params()                           the model evaluated as ``final.global``
     personalized_params()                     per-site models evaluated as ``final.personalized`` (or None)
 
@@ -40,6 +41,8 @@ class ClientUpdate:
         n_samples: number of local training images.
         metrics: scalar metrics (train_loss, val_dice, ...).
         meta: the declared statistics the objective sent (e.g. GraphFedSeg's uncertainty).
+        models: extra named models a weight task returned (FedEFM's overseas experts), each validated
+            against the global model's names and shapes.
     """
 
     site: str
@@ -47,6 +50,7 @@ class ClientUpdate:
     n_samples: int = 0
     metrics: Dict[str, float] = field(default_factory=dict)
     meta: Dict[str, Any] = field(default_factory=dict)
+    models: Dict[str, Params] = field(default_factory=dict)
 
 
 Exchange = Callable[[str, Dict[str, SitePayload]], Dict[str, ClientUpdate]]
@@ -60,10 +64,15 @@ class ServerStrategy:
     objective: str = "fedavg"
     #: task names besides train/evaluate that ``aggregate`` sends through ``exchange``
     extra_tasks: tuple = ()
+    #: ``False`` for strategies without a global model during training (FedEFM's DFL): the controller
+    #: then saves no per-round global checkpoint, only the one ``finish`` produces
+    has_global_model: bool = True
 
     def __init__(self) -> None:
         self.clients: List[str] = []
         self._global: Params = {}
+        #: set by the controller before ``start``
+        self.total_rounds: int = 0
 
     def config(self) -> Dict[str, Any]:
         """Effective hyper-parameters, written into ``report.json['config']``."""
@@ -78,6 +87,10 @@ class ServerStrategy:
 
     def aggregate(self, round_: int, updates: Dict[str, ClientUpdate], exchange: Exchange) -> Dict[str, Any]:
         raise NotImplementedError
+
+    def finish(self) -> Dict[str, Any]:
+        """Called once after the last round; returns report fields (none by default)."""
+        return {}
 
     def global_params(self) -> Params:
         return self._global

@@ -12,6 +12,7 @@ _REGISTRY: Dict[str, str] = {
     "graphfedseg": "fedseg.strategies.graphfedseg:GraphFedSegStrategy",
     "fedevi": "fedseg.strategies.fedevi:FedEviStrategy",
     "pathfl": "fedseg.strategies.pathfl:PathFLStrategy",
+    "fedefm": "fedseg.strategies.fedefm:FedEFMStrategy",
 }
 
 
