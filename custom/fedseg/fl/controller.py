@@ -87,6 +87,8 @@ class FedSegController(ModelController):
         self._attach_train_config()
         self._reference = {k: v.clone() for k, v in to_tensor_params(initial.params).items()}
         clients = sorted(self.sample_clients())
+        # sent to every site: built-in data whose classes depend on the whole federation (FedEFM's silos)
+        self._clients = list(clients)
         if len(clients) < self.min_clients:
             raise RuntimeError(f"{len(clients)} sites connected, the job needs at least {self.min_clients}")
         if getattr(self._strategy, "needs_network", False):
@@ -173,6 +175,7 @@ class FedSegController(ModelController):
                 "train_config": self.train_config,
                 "round": round_,
                 "total_rounds": self.num_rounds,
+                "clients": list(getattr(self, "_clients", [])),
             },
             **extra,
         }
