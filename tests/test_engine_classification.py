@@ -261,3 +261,43 @@ def test_round_learning_rate(cls_datalist):
     optimizer = engine.prepare_optimizer(model, RoundContext("site-a", 3, 5))
     assert optimizer is engine.make_optimizer(model)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5**3)
+
+
+# ------------------------------------------------------------------------------- factory and client
+def test_factory_picks_the_engine_by_task(cls_datalist, tiny_datalist, tiny_train_config):
+    from fedseg.engine import SegEngine
+    from fedseg.engine.classification import ClassificationEngine
+    from fedseg.engine.factory import build_engine
+
+    assert isinstance(build_engine("site-a", cls_datalist, CONFIG), ClassificationEngine)
+    assert isinstance(build_engine("site-a", cls_datalist, {**CONFIG, "task": "classification"}), ClassificationEngine)
+    assert isinstance(build_engine("site-a", tiny_datalist, tiny_train_config), SegEngine)
+    with pytest.raises(ValueError, match="job's task is 'segmentation' but the datalist .* 'classification'"):
+        build_engine("site-a", cls_datalist, {**CONFIG, "task": "segmentation"})
+    with pytest.raises(ValueError, match="job's task is 'classification'"):
+        build_engine("site-a", tiny_datalist, {**tiny_train_config, "task": "classification"})
+
+
+def test_site_runner_trains_and_evaluates_a_classifier(cls_datalist, tmp_path):
+    """The site client's task handling on a classification site: val_accuracy with the weights, test
+    accuracy metrics on evaluate, per-image rows kept in the site's workspace only."""
+    import argparse
+
+    from fedseg.config import resolve_profile
+    from fedseg.engine.factory import build_engine
+    from fedseg.fl.client import SiteRunner
+    from fedseg.fl.protocol import META_KEY
+
+    cfg = {**resolve_profile("tiny")["train_config"], **CONFIG, "task": "classification"}
+    initial = {k: v.clone() for k, v in build_engine("site-a", cls_datalist, cfg).build_network().state_dict().items()}
+    args = argparse.Namespace(datalist=str(cls_datalist), site_datalists=None, data_root=None, bundle_dir=None)
+    runner = SiteRunner("site-a", args, workspace=str(tmp_path))
+    meta = {META_KEY: {"objective": "fedavg", "objective_args": {}, "train_config": cfg, "round": 0, "total_rounds": 1}}
+    out = runner.handle("train", initial, meta)
+    assert {"train_loss", "steps", "val_accuracy"} <= set(out["metrics"]) and "val_dice" not in out["metrics"]
+    assert out["meta"] == {"n_samples": 12} and set(out["params"]) == set(initial)
+    out = runner.handle("evaluate", out["params"], {**meta, "model_name": "global"})
+    assert {"accuracy", "balanced_accuracy"} <= set(out["metrics"]) and out["params"] == {}
+    record = json.loads(runner.per_image_path("global").read_text())
+    assert len(record["rows"]) == 6 and {"id", "label", "prediction", "correct"} == set(record["rows"][0])
+    assert not list((tmp_path / "fedseg_outputs" / "site-a").glob("overlays_*"))
