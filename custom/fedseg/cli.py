@@ -26,7 +26,7 @@ from typing import List, Optional
 
 #: built-in synthetic families (== fedseg.data.synthetic.FAMILIES, checked by a test; kept literal so that
 #: building the parser does not import numpy/scipy)
-FAMILY_CHOICES = ("polyp", "vessel", "nuclei")
+FAMILY_CHOICES = ("polyp", "vessel", "nuclei", "xray")
 
 
 def find_reports(path: os.PathLike) -> List[Path]:
