@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from fedseg.data import generate_site_data, load_datalist
+from fedseg.data import DEFAULT_NUCLEI_ROOT, DEFAULT_RETINA_ROOT, DatalistError, generate_site_data, load_datalist
+from fedseg.data.foundation import build_foundation
 from fedseg.data.silos import (
     MIN_CLASSES_PER_SILO,
     assign_classes,
@@ -22,6 +26,7 @@ from fedseg.data.silos import (
 )
 from fedseg.data.synthetic import FAMILIES
 from fedseg.data.synthetic_xray import DEVICES, _acquire, draw_xray_anatomy, xray_frame
+from fedseg.data.xray_angio import ARCADE_CLASSES, DEFAULT_XRAY_ANGIO_ROOT, arcade_crops, import_dca1
 from fedseg.data.xray_builtin import (
     builtin_assignment,
     builtin_downstream_sites,
@@ -299,3 +304,120 @@ def test_builtin_bad_input(tmp_path):
         builtin_foundation_silos(tmp_path, SITES, profile="huge")
     with pytest.raises(ValueError, match="duplicate"):
         builtin_foundation_silos(tmp_path, ["a", "a"], profile="tiny")
+
+
+# ---------------------------------------------------------------------------------------------
+# real-data importers (skipped where the shared data is absent) and the phase-1 assembly
+# ---------------------------------------------------------------------------------------------
+
+XRAY_ROOT = Path(os.environ.get("FEDSEG_XRAY_ANGIO_ROOT", DEFAULT_XRAY_ANGIO_ROOT))
+RETINA_ROOT = Path(os.environ.get("FEDSEG_RETINA_ROOT", DEFAULT_RETINA_ROOT))
+NUCLEI_ROOT = Path(os.environ.get("FEDSEG_NUCLEI_ROOT", DEFAULT_NUCLEI_ROOT))
+needs_xray = pytest.mark.skipif(not (XRAY_ROOT / "manifest.csv").is_file(), reason="xray_angio data not available")
+needs_all = pytest.mark.skipif(
+    not all((r / "manifest.csv").is_file() for r in (XRAY_ROOT, RETINA_ROOT, NUCLEI_ROOT)), reason="shared data not available"
+)
+
+
+@needs_xray
+def test_dca1_import_reads_in_place_with_image_level_disjoint_splits(tmp_path):
+    paths = import_dca1(XRAY_ROOT, tmp_path, sites=["a", "b"], seed=1, limit=12)
+    ids = []
+    for site, path in paths.items():
+        data = json.loads(path.read_text())
+        assert data["spatial_mode"] == "patch" and "image-level" in data["split_rule"]
+        dl = load_datalist(path, check_files=True)  # binary masks, sizes agree
+        for split in ("training", "validation", "test"):
+            assert dl[split]
+            for e in dl[split]:
+                assert Path(e["image"]).is_relative_to(XRAY_ROOT.absolute())  # referenced, never copied
+                ids.append(e["id"])
+    assert len(ids) == len(set(ids)) == 12
+    again = import_dca1(XRAY_ROOT, tmp_path / "again", sites=["a", "b"], seed=1, limit=12)
+    assert json.loads(again["a"].read_text())["training"] == json.loads(paths["a"].read_text())["training"]
+    assert not any(p.suffix == ".png" for p in tmp_path.rglob("*"))
+
+
+@needs_xray
+def test_dca1_mask_check_catches_a_mispaired_mask(tmp_path):
+    """A copy of the source folder (in tmp) whose manifest pairs image 1 with mask 2."""
+    import csv
+
+    rows = [r for r in csv.DictReader(open(XRAY_ROOT / "manifest.csv")) if r["site"] == "DCA1"][:4]
+    rows[0]["mask"] = rows[1]["mask"]
+    with open(tmp_path / "manifest.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (tmp_path / "DCA1").symlink_to(XRAY_ROOT / "DCA1")
+    with pytest.raises(DatalistError, match="foreground fraction"):
+        import_dca1(tmp_path, tmp_path / "out")
+
+
+@needs_xray
+def test_arcade_crops_one_class_per_angiogram_and_stenosis_inside(tmp_path):
+    items = arcade_crops(XRAY_ROOT, tmp_path, crop_size=96, seed=0, limit=8)
+    labels = [it["label"] for it in items]
+    assert set(labels) == set(ARCADE_CLASSES) and abs(labels.count(ARCADE_CLASSES[0]) - labels.count(ARCADE_CLASSES[1])) <= 1
+    by_group = {}
+    for it in items:
+        assert by_group.setdefault(it["group"], it["label"]) == it["label"]
+        crop = _png(Path(it["image"]))
+        y0, x0, size = it["box"]
+        assert crop.shape == (96, 96) and Path(it["image"]).is_relative_to(tmp_path)
+        angiogram_id = it["id"].split("/")[0]
+        mask = _png(XRAY_ROOT / "ARCADE" / "masks" / f"{angiogram_id}.png")[y0 : y0 + size, x0 : x0 + size] > 0
+        source = _png(XRAY_ROOT / "ARCADE" / "images" / f"{angiogram_id}.jpg")[y0 : y0 + size, x0 : x0 + size]
+        assert np.array_equal(crop, source)  # the crop is exactly that window of the angiogram
+        assert mask.any() == (it["label"] == "arcade/stenosis")
+
+
+@needs_all
+def test_build_foundation_from_real_labels(tmp_path):
+    paths = build_foundation(
+        tmp_path, ["s1", "s2", "s3"], unseen=1.0, retina=RETINA_ROOT, nuclei=NUCLEI_ROOT, arcade=XRAY_ROOT,
+        profile="tiny", n_per_class=3, arcade_limit=12, log=lambda line: None,
+    )
+    meta = json.loads((tmp_path / "label_space.json").read_text())
+    space = meta["label_space"]
+    assert {"retina/DRIVE", "nuclei/tnbc", "arcade/stenosis", "xray/scanner-3/both"} <= set(space)
+    assert "nuclei/monuseg-brain" in meta["skipped"]  # 2 slides cannot fill three splits
+    held = [set(load_classification_datalist(p)["classes"]) for p in paths.values()]
+    assert set().union(*held) == set(space) and sum(map(len, held)) == len(space)  # unseen 1.0: disjoint
+    for p in paths.values():
+        d = load_classification_datalist(p)
+        assert d["label_space"] == space
+        images = [e["image"] for s in ("training", "validation", "test") for e in d[s]]
+        assert all(Path(i).is_file() for i in images)
+        # real images are referenced in place; only ARCADE crops and built-in images are generated under out
+        for i in images:
+            inside = Path(i).is_relative_to(tmp_path)
+            assert inside or any(Path(i).is_relative_to(r.absolute()) for r in (RETINA_ROOT, NUCLEI_ROOT))
+
+
+def test_cli_foundation_builtin_only_and_clear_errors(tmp_path, capsys):
+    from fedseg.cli import main
+
+    main(["data", "foundation", "--out", str(tmp_path / "f"), "--sites", "2", "--profile", "tiny", "--n-per-class", "3"])
+    index = json.loads((tmp_path / "f" / "site_datalists.json").read_text())
+    assert set(index) == {"silo-1", "silo-2"}
+    assert len(json.loads((tmp_path / "f" / "label_space.json").read_text())["label_space"]) == 8
+    with pytest.raises(SystemExit, match="at least 2"):
+        main(["data", "foundation", "--out", str(tmp_path / "g"), "--sites", "5", "--xray-scanners", "1"])
+
+
+def test_no_source_images_in_the_repository():
+    """No tracked file has the bytes of a shared source image (data is read by path, never copied)."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        tracked = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True, check=True).stdout.split()
+        files = [repo / f for f in tracked]
+    except (OSError, subprocess.CalledProcessError):
+        files = [p for p in repo.rglob("*") if ".git" not in p.parts]
+    suffixes = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".gif", ".bmp"}
+    ours = {hashlib.sha1(p.read_bytes()).hexdigest() for p in files if p.suffix.lower() in suffixes and p.is_file()}
+    shared = [r for r in (XRAY_ROOT, RETINA_ROOT, NUCLEI_ROOT) if r.is_dir()]
+    if not shared or not ours:
+        return
+    sources = {hashlib.sha1(p.read_bytes()).hexdigest() for r in shared for p in r.rglob("*") if p.suffix.lower() in suffixes}
+    assert not ours & sources

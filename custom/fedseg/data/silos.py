@@ -185,16 +185,19 @@ def make_silos(
         raise ValueError(f"labels {missing} are not in the label space {label_space}")
     assignment = assign_classes(label_space, len(sites), unseen, seed)
     by_class: Dict[str, List[Dict[str, Any]]] = {c: [] for c in label_space}
+    group_label: Dict[str, str] = {}
     for it in items:
-        by_class[str(it["label"])].append(it)
+        label = str(it["label"])
+        group = str(it.get("group", it["image"]))
+        # a group (a patient) with two classes could not stay in one silo and one split
+        if group_label.setdefault(group, label) != label:
+            raise ValueError(f"group {group!r} has images of several classes ({group_label[group]!r}, {label!r})")
+        by_class[label].append(it)
 
     splits: Dict[str, Dict[str, List[Dict[str, Any]]]] = {s: {sp: [] for sp in SPLITS} for s in sites}
     for ci, name in enumerate(label_space):
         holders = [s for s, held in zip(sites, assignment) if name in held]
         groups = _groups(by_class[name])
-        for g, members in groups.items():
-            if any(str(m["label"]) != name for m in members):
-                raise ValueError(f"group {g!r} has images of several classes")
         keys = list(groups)
         rng = np.random.default_rng([zlib.crc32(f"fedseg-silos/{name}".encode()), int(seed)])
         keys = [keys[i] for i in rng.permutation(len(keys))]

@@ -63,7 +63,7 @@ __all__ = [
 BUILTIN_VERSION = 1
 
 #: phase-1 frame size per profile: classification needs less resolution than device segmentation
-FOUNDATION_IMAGE_SIZES: Dict[str, int] = {"tiny": 64, "default": 128, "paper": 256}
+FOUNDATION_IMAGE_SIZES: Dict[str, int] = {"tiny": 64, "default": 96, "paper": 224}
 
 #: phase-1 images per class and silo (>= 3: one per split)
 FOUNDATION_PER_CLASS: Dict[str, int] = {"tiny": 4, "default": 24, "paper": 120}
