@@ -19,13 +19,15 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from fedseg.config import resolve_profile
+from fedseg.config import BASE_TRAIN_CONFIG, resolve_profile
+from fedseg.data.synthetic_xray import DEVICES
+from fedseg.fl.site_data import FOUNDATION_FAMILY
 from fedseg.recipes.base import FedSegRecipe, split_options
 
 #: every FedEFM run is an image classification over the global label space
 CLASSIFICATION_DEFAULTS = {
     "task": "classification",
-    "data_family": "xray_foundation",
+    "data_family": "xray_foundation",  # fedseg.fl.site_data.FOUNDATION_FAMILY
     "in_channels": 3,
     "vit_profile": "tiny",
     "lambda_dice": 0.0,
@@ -88,6 +90,9 @@ class FedEFMRecipe(FedSegRecipe):
             train_overrides.setdefault(key, value)
         if unseen is not None:
             train_overrides["data_unseen"] = float(unseen)
+        if train_overrides["data_family"] == FOUNDATION_FAMILY and "num_classes" not in train_overrides:
+            # the built-in label space: 4 device classes per scanner style
+            train_overrides["num_classes"] = len(DEVICES) * int(train_overrides.get("data_scanners") or BASE_TRAIN_CONFIG["data_scanners"])
         resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
         super().__init__(
             name=name,
