@@ -210,3 +210,82 @@ def test_state_of_another_run_is_refused():
     other_sites.start(["site-a", "site-b"], _small_model(0))
     with pytest.raises(ValueError, match="sites"):
         other_sites.load_state_dict(state)
+
+
+# ------------------------------------------------------------------------------ round checkpoint file
+from fedseg.fl.checkpoint import CHECKPOINT_NAME, CheckpointMismatchError, load_checkpoint, save_checkpoint  # noqa: E402
+
+CONFIG = {"num_rounds": 4, "strategy": "fedevi", "train_config": {"channels": (8, 16), "image_size": 32}}
+
+
+def _save_after(tmp_path, round_: int, strategy, config=CONFIG):
+    state = strategy.state_dict()
+    rounds = [{"round": r, "metrics": {"site-a": {"val_dice": np.float32(0.5)}}, "beta": {"site-a": 1.0}} for r in range(round_ + 1)]
+    return save_checkpoint(
+        tmp_path, config=config, completed_round=round_, global_params=state["global"], strategy_state=state,
+        rounds=rounds, resumed_at=[],
+    )
+
+
+def test_checkpoint_round_trip_restores_the_strategy(tmp_path):
+    name, options, make_model = CASES["fedevi"]()
+    strategy = _new(name, options, make_model(0))
+    _run_round(strategy, FakeSites(name), 0, [])
+    path = _save_after(tmp_path, 0, strategy)
+    assert path == tmp_path / CHECKPOINT_NAME and not list(tmp_path.glob("*.tmp"))
+    # a config with tuples (as the recipes build it) matches its JSON form in the file
+    state = load_checkpoint(tmp_path, CONFIG)
+    assert state["completed_round"] == 0 and state["report"]["rounds"][0]["metrics"]["site-a"]["val_dice"] == 0.5
+    assert_same(state["global"], strategy.global_params())
+    restored = _new(name, options, make_model(5))
+    restored.load_state_dict(state["strategy"])
+    assert restored.beta == strategy.beta
+
+
+def test_missing_checkpoint_means_a_fresh_start(tmp_path):
+    assert load_checkpoint(tmp_path / "nothing-here", CONFIG) is None
+
+
+def test_checkpoint_of_another_job_names_what_differs(tmp_path):
+    strategy = _new("fedavg", {}, _small_model(0))
+    _save_after(tmp_path, 0, strategy)
+    other = {**CONFIG, "num_rounds": 6, "train_config": {"channels": (8, 16), "image_size": 64}}
+    with pytest.raises(CheckpointMismatchError, match=r"differs in \['num_rounds', 'train_config'\]"):
+        load_checkpoint(tmp_path, other)
+
+
+def test_checkpoint_needs_every_round_once(tmp_path):
+    strategy = _new("fedavg", {}, _small_model(0))
+    state = strategy.state_dict()
+    for rounds in ([{"round": 0}], [{"round": 0}, {"round": 0}, {"round": 1}]):
+        with pytest.raises(ValueError, match="rounds 0..1 once each"):
+            save_checkpoint(tmp_path, config=CONFIG, completed_round=1, global_params=state["global"],
+                            strategy_state=state, rounds=rounds, resumed_at=[])
+
+
+def test_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    strategy = _new("fedavg", {}, _small_model(0))
+    _save_after(tmp_path, 0, strategy)
+
+    def dies_half_way(obj, f, *a, **k):
+        f.write(b"\x80\x02half a pickle")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", dies_half_way)
+    with pytest.raises(OSError):
+        _save_after(tmp_path, 1, strategy)
+    monkeypatch.undo()
+    assert load_checkpoint(tmp_path, CONFIG)["completed_round"] == 0
+
+
+def test_foreign_or_truncated_file_is_refused_with_its_path(tmp_path):
+    (tmp_path / CHECKPOINT_NAME).write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match=CHECKPOINT_NAME):
+        load_checkpoint(tmp_path, CONFIG)
+    torch.save({"format": 99}, tmp_path / CHECKPOINT_NAME)
+    with pytest.raises(ValueError, match="format 1"):
+        load_checkpoint(tmp_path, CONFIG)
+    # a pickle that would run code is not loaded (weights_only)
+    torch.save({"format": 1, "config": CONFIG, "evil": SitePayload(params={})}, tmp_path / CHECKPOINT_NAME)
+    with pytest.raises(ValueError, match="not a readable"):
+        load_checkpoint(tmp_path, CONFIG)
