@@ -58,7 +58,7 @@ def _run_until_checkpoint(job, workspace, folder, stop_after: int, timeout: floa
 
 def test_killed_simulator_resumes_from_its_checkpoint(tmp_path):
     folder = tmp_path / "persistent"
-    job = export_job("fedevi", tmp_path / "jobs", profile="tiny", num_rounds=ROUNDS, checkpoint_dir=str(folder))
+    job = export_job("fedevi", tmp_path / "jobs", profile="tiny", num_rounds=ROUNDS, checkpoint_dir=str(folder), local_epochs=1)
 
     _run_until_checkpoint(job, tmp_path / "ws1", folder, stop_after=1)
     before = _checkpoint(folder)
