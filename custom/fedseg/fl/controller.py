@@ -2,7 +2,9 @@
 
 A method changes only the ``ServerStrategy`` (how results become the next models) and the client
 objective (named here and shipped to sites in the task meta). The controller writes ``report.json``,
-a markdown summary and plots into the run directory.
+a markdown summary and plots into the run directory, and after every round ``round_checkpoint.pt``
+(``fedseg.fl.checkpoint``) into ``checkpoint_dir``: a job started with the same configuration and a
+checkpoint there continues from the round after the checkpoint's instead of starting over.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.workflows.model_controller import ModelController
 
 from fedseg.bundle import build_network
+from fedseg.fl.checkpoint import load_checkpoint, save_checkpoint
 from fedseg.fl.protocol import META_KEY, EVALUATE_TASK, TRAIN_TASK, unpack_models
 from fedseg.fl.report import RunReport
 from fedseg.fl.screening import (
@@ -54,6 +57,9 @@ class FedSegController(ModelController):
         screening: options of the checks made on every result before aggregation
             (``fedseg.fl.screening.ScreeningConfig``: stale rounds, statistic ranges, all-zero models,
             update norms and directions far from the other sites'); ``None`` = the defaults.
+        checkpoint_dir: absolute path of the folder for ``round_checkpoint.pt``; None = the job's run
+            directory (lost with the job's workspace: a POC or production server that must survive a
+            restart points this at persistent storage).
     """
 
     def __init__(
@@ -71,6 +77,7 @@ class FedSegController(ModelController):
         task_check_period: float = 0.5,
         persistor_id: str = "persistor",
         screening: Optional[Dict[str, Any]] = None,
+        checkpoint_dir: Optional[str] = None,
     ):
         super().__init__(persistor_id=persistor_id, ignore_result_error=True, task_check_period=task_check_period)
         self.task_check_period = float(task_check_period)
@@ -84,6 +91,10 @@ class FedSegController(ModelController):
         self.min_clients = int(min_clients)
         self.task_timeout = int(task_timeout)
         self.final_evaluation = bool(final_evaluation)
+        if checkpoint_dir is not None and not Path(checkpoint_dir).is_absolute():
+            # relative to what? the server's working directory differs between POC, production and simulator
+            raise ValueError(f"checkpoint_dir must be an absolute path, got {checkpoint_dir!r}")
+        self.checkpoint_dir = checkpoint_dir
         # fail at job start, not after an hour of training, if a name or an option is wrong
         self._strategy = build_strategy(self.strategy, **self.strategy_args)
         objective_ = build_objective(self.objective, **self.objective_args)
@@ -121,7 +132,8 @@ class FedSegController(ModelController):
             clients=clients,
             config=self._effective_config(clients),
         )
-        for round_ in range(self.num_rounds):
+        first_round = self._resume(report)
+        for round_ in range(first_round, self.num_rounds):
             if self.abort_signal.triggered:
                 return
             started = time.perf_counter()
@@ -149,6 +161,7 @@ class FedSegController(ModelController):
             if self._strategy.has_global_model:
                 self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
             report.write(self.get_run_dir(), plots=False)
+            self._checkpoint(report, round_)
             self.info(f"round {round_ + 1}/{self.num_rounds} done: {report.round_summary(round_)}")
 
         finished = self._strategy.finish()
@@ -165,6 +178,41 @@ class FedSegController(ModelController):
                 report.final["personalized_checkpoints"] = self._save_personalised(personalised)
         path = report.write(self.get_run_dir(), plots=True)
         self.info(f"report written to {path}")
+
+    # ---------------------------------------------------------------------------------- restart
+    def _checkpoint_folder(self) -> Path:
+        return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(self.get_run_dir())
+
+    def _resume(self, report: RunReport) -> int:
+        """Load the checkpoint of this job if there is one; returns the first round still to run.
+
+        The strategy (already started with this job's clients) takes the checkpoint's state, the report
+        takes its rounds, and ``resumed_at`` records the round this process starts from.
+        """
+        state = load_checkpoint(self._checkpoint_folder(), report.config)
+        if state is None:
+            return 0
+        self._strategy.load_state_dict(state["strategy"])
+        first = int(state["completed_round"]) + 1
+        report.rounds = list(state["report"]["rounds"])
+        report.resumed_at = list(state["report"]["resumed_at"]) + [first]
+        if self._strategy.has_global_model:
+            self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
+        self.info(f"resuming from {self._checkpoint_folder()}: rounds 0..{first - 1} done, continuing at round {first}")
+        return first
+
+    def _checkpoint(self, report: RunReport, round_: int) -> None:
+        state = self._strategy.state_dict()
+        save_checkpoint(
+            self._checkpoint_folder(),
+            config=report.config,
+            completed_round=round_,
+            # the same tensors as the strategy state's: torch.save stores them once
+            global_params=state["global"],
+            strategy_state=state,
+            rounds=report.rounds,
+            resumed_at=report.resumed_at,
+        )
 
     # ---------------------------------------------------------------------------------- helpers
     def _attach_train_config(self) -> None:
