@@ -21,7 +21,7 @@ Same public surface as ``SegEngine`` where objectives and the site client use it
 
 train_config keys read here: ``vit_profile`` ("tiny": 96 px, patch 16, 4 blocks, CPU; "small";
 "paper": ViT-B/16 at 224), ``vit_image_size`` (None = the profile's), ``in_channels`` (1 or 3),
-``num_classes``, ``optimizer_name``, ``learning_rate``, ``weight_decay``, ``adam_betas``,
+``num_classes``, ``dropout``, ``optimizer_name``, ``learning_rate``, ``weight_decay``, ``adam_betas``,
 ``lr_decay_per_round``, ``batch_size``, ``local_epochs``, ``augment``, ``seed``, ``cache_max_mb``.
 """
 
@@ -155,9 +155,12 @@ class ClassificationEngine(LocalEngine):
 
     # ----------------------------------------------------------------------------------- components
     def build_network(self) -> nn.Module:
-        """A fresh :class:`~fedseg.foundation.ViTClassifier` (seeded by ``train_config["seed"]``) on the device."""
+        """A fresh :class:`~fedseg.foundation.ViTClassifier` (seeded by ``train_config["seed"]``) on the device:
+        the same constructor and arguments as ``bundles/vit_foundation``'s ``network_def``, which the server
+        builds the round-0 model from (``fedseg.bundle.build_network``)."""
         return build_vit(
-            self.vit["profile"], self.vit["in_channels"], self.num_classes, img_size=self.vit["image_size"], init_seed=self.seed
+            self.vit["profile"], self.vit["in_channels"], self.num_classes, img_size=self.vit["image_size"],
+            init_seed=self.seed, dropout_rate=float(self.train_config.get("dropout") or 0.0),
         ).to(self.device)
 
     def build_loss(self) -> nn.Module:
