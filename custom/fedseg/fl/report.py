@@ -48,13 +48,16 @@ class RunReport:
 
     def round_summary(self, round_: int) -> str:
         entry = next(r for r in self.rounds if r["round"] == round_)
-        dice = [m.get("val_dice") for m in entry["metrics"].values() if m.get("val_dice") is not None]
+        key = "val_accuracy" if any("val_accuracy" in m for m in entry["metrics"].values()) else "val_dice"
+        dice = [m.get(key) for m in entry["metrics"].values() if m.get(key) is not None]
         loss = [m.get("train_loss") for m in entry["metrics"].values() if m.get("train_loss") is not None]
         mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
-        return f"mean train_loss {mean(loss):.4f}, mean val_dice {mean(dice):.4f}, {entry.get('wall_time', 0):.1f}s"
+        return f"mean train_loss {mean(loss):.4f}, mean {key} {mean(dice):.4f}, {entry.get('wall_time', 0):.1f}s"
 
     def as_dict(self) -> Dict[str, Any]:
-        final = {**self.final, "note": METRIC_NOTE} if self.final else self.final
+        task = (self.config.get("train_config") or {}).get("task")
+        note = CLASSIFICATION_NOTE if task == "classification" else METRIC_NOTE
+        final = {**self.final, "note": note} if self.final else self.final
         return _jsonable(
             {
                 "method": self.method,
@@ -89,6 +92,10 @@ METRIC_HEADERS = {
     "assd_fov": "ASSD FOV (px)", "hd95_mm": "HD95 (mm)", "assd_mm": "ASSD (mm)",
 }
 #: what the final metrics mean (written into report.json)
+CLASSIFICATION_NOTE = (
+    "test metrics per site over its test images on the global label space: accuracy, balanced_accuracy (mean "
+    "over the classes present at the site) and accuracy_class_<k> (k indexes the datalists' label_space)"
+)
 METRIC_NOTE = (
     "test metrics per site are means over its test images, each scored at the image's own size against its mask on "
     "disk (distances in pixels of the original image); *_fov: prediction and truth restricted to the image's "
