@@ -421,3 +421,21 @@ def test_no_source_images_in_the_repository():
         return
     sources = {hashlib.sha1(p.read_bytes()).hexdigest() for r in shared for p in r.rglob("*") if p.suffix.lower() in suffixes}
     assert not ours & sources
+
+
+@needs_xray
+def test_arcade_pixel_identical_duplicates_share_a_group(tmp_path):
+    """A manifest listing one angiogram under two ids (as the source does for some): one group, one class."""
+    import csv
+
+    rows = [r for r in csv.DictReader(open(XRAY_ROOT / "manifest.csv")) if r["site"] == "ARCADE"][:3]
+    rows.append({**rows[0], "id": "train_9999"})
+    with open(tmp_path / "manifest.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (tmp_path / "ARCADE").symlink_to(XRAY_ROOT / "ARCADE")
+    items = arcade_crops(tmp_path, tmp_path / "out", crop_size=64, limit=None)
+    groups = {it["id"].split("/")[0]: (it["group"], it["label"]) for it in items}
+    assert groups["train_9999"] == groups[rows[0]["id"]]
+    assert len({g for g, _ in groups.values()}) == 3
