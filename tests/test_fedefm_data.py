@@ -56,6 +56,7 @@ def test_xray_is_a_registered_family_with_native_size_patches(tmp_path):
     data = json.loads(path.read_text())
     assert data["spatial_mode"] == "patch" and data["labels"]["1"] == "device"
     assert data["image_size"] == 64  # the family's own tiny size, not the generic 32 px
+    assert data["style"] is None and "photons" in data["anatomy"]  # its acquisition chain is in the anatomy
 
 
 def test_xray_same_site_is_byte_identical_and_sites_differ(tmp_path):
