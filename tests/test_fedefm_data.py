@@ -32,6 +32,8 @@ from fedseg.data.xray_builtin import (
     builtin_downstream_sites,
     builtin_foundation_silos,
     builtin_label_space,
+    builtin_probe_sites,
+    probe_label_space,
     scanner_anatomy,
     scanner_names,
 )
@@ -296,6 +298,17 @@ def test_downstream_sites_use_unseen_scanner_styles_and_binary_masks(tmp_path):
             assert set(np.unique(lab)) == {0, 255}
     with pytest.raises(ValueError, match="target"):
         builtin_downstream_sites(tmp_path, ["x"], target="stent")
+
+
+def test_probe_sites_hold_every_device_class_on_the_downstream_style(tmp_path):
+    probe = builtin_probe_sites(tmp_path / "p", ["h1", "h2"], profile="tiny", n_per_class=3)
+    seg = builtin_downstream_sites(tmp_path / "s", ["h1"], profile="tiny", num_images=3)
+    d = load_classification_datalist(probe["h1"])
+    assert d["label_space"] == d["classes"] == probe_label_space() == [f"device/{x}" for x in DEVICES]
+    assert sorted({e["label"] for e in d["training"]}) == [0, 1, 2, 3]
+    assert d["scanners"]["h1"] == json.loads(seg["h1"].read_text())["anatomy"]  # same scanner style
+    one = builtin_probe_sites(tmp_path / "one", ["h1", "h2"], profile="tiny", n_per_class=3, only_site="h2")
+    assert _files(one["h2"].parent) == _files(probe["h2"].parent)
 
 
 def test_builtin_bad_input(tmp_path):
