@@ -1,7 +1,7 @@
 """``report.json``: the record of one federated run, written by the server into its run directory.
 
 Schema (fields every method writes; methods add their own per-round fields):
-    method, config, clients,
+    method, config, clients, resumed_at: [round a restarted server continued from] (empty: never restarted),
     rounds: [{round, metrics: {site: {train_loss, val_dice, ...}}, missing: [site], wall_time,
               task_times: {task: seconds from sending it to the last answer}, ...}],
     final: {global: {site: {dice, hd95, assd}}, personalized: {...} (personalised methods only)}
@@ -40,6 +40,8 @@ class RunReport:
         self.config = config
         self.rounds: List[Dict[str, Any]] = []
         self.final: Dict[str, Any] = {}
+        #: rounds at which a restarted server continued this job (``fedseg.fl.checkpoint``)
+        self.resumed_at: List[int] = []
 
     def add_round(self, round_: int, metrics: Dict[str, Dict[str, float]], **fields: Any) -> None:
         self.rounds.append({"round": round_, "metrics": metrics, **fields})
@@ -54,7 +56,14 @@ class RunReport:
     def as_dict(self) -> Dict[str, Any]:
         final = {**self.final, "note": METRIC_NOTE} if self.final else self.final
         return _jsonable(
-            {"method": self.method, "config": self.config, "clients": self.clients, "rounds": self.rounds, "final": final}
+            {
+                "method": self.method,
+                "config": self.config,
+                "clients": self.clients,
+                "resumed_at": self.resumed_at,
+                "rounds": self.rounds,
+                "final": final,
+            }
         )
 
     def write(self, run_dir: os.PathLike, plots: bool = True) -> Path:
