@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from fedseg.data import DEFAULT_NUCLEI_ROOT, DEFAULT_RETINA_ROOT, DatalistError, generate_site_data, load_datalist
+from fedseg.data.classification import load_classification_datalist
 from fedseg.data.foundation import build_foundation
 from fedseg.data.silos import (
     MIN_CLASSES_PER_SILO,
     assign_classes,
-    load_classification_datalist,
     make_silos,
     shared_count,
     write_silos,
@@ -41,6 +41,11 @@ from fedseg.data.xray_builtin import (
 
 def _files(root: Path):
     return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _load(path: Path) -> dict:
+    """A classification datalist: its JSON with the splits as the classification engine loads them."""
+    return {**json.loads(Path(path).read_text()), **load_classification_datalist(path)}
 
 
 def _png(path: Path) -> np.ndarray:
@@ -206,14 +211,13 @@ def test_make_and_write_silos_keep_groups_together_and_share_the_label_space(tmp
                 assert seen.setdefault(group, (site, split)) == (site, split)
     all_images = [e["image"] for d in silos.values() for sp in ("training", "validation", "test") for e in d[sp]]
     assert len(all_images) == len(set(all_images)) == len(items)
-    for p in items[:1]:
-        Path(p["image"]).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "src").mkdir()
     for it in items:
-        Path(it["image"]).touch()
+        Image.fromarray(np.zeros((4, 4), np.uint8)).save(it["image"])
     paths = write_silos(silos, tmp_path / "out")
     index = json.loads((tmp_path / "out" / "site_datalists.json").read_text())
     assert set(index) == {"s1", "s2"}
-    loaded = load_classification_datalist(paths["s1"])
+    loaded = _load(paths["s1"])
     assert loaded["label_space"] == space
     assert all(Path(e["image"]).is_file() for e in loaded["training"])
 
@@ -250,7 +254,7 @@ def test_foundation_silos_balanced_and_labelled_in_the_global_space(foundation_f
     assignment = builtin_assignment(SITES, unseen=0.5, seed=4)
     space = builtin_label_space(3)
     for site, path in paths.items():
-        d = load_classification_datalist(path)
+        d = _load(path)
         assert d["label_space"] == space and d["classes"] == assignment[site]
         for split, n_expected in (("training", 2), ("validation", 1), ("test", 1)):  # tiny: 4 per class
             labels = [e["label"] for e in d[split]]
@@ -303,7 +307,7 @@ def test_downstream_sites_use_unseen_scanner_styles_and_binary_masks(tmp_path):
 def test_probe_sites_hold_every_device_class_on_the_downstream_style(tmp_path):
     probe = builtin_probe_sites(tmp_path / "p", ["h1", "h2"], profile="tiny", n_per_class=3)
     seg = builtin_downstream_sites(tmp_path / "s", ["h1"], profile="tiny", num_images=3)
-    d = load_classification_datalist(probe["h1"])
+    d = _load(probe["h1"])
     assert d["label_space"] == d["classes"] == probe_label_space() == [f"device/{x}" for x in DEVICES]
     assert sorted({e["label"] for e in d["training"]}) == [0, 1, 2, 3]
     assert d["scanners"]["h1"] == json.loads(seg["h1"].read_text())["anatomy"]  # same scanner style
@@ -396,10 +400,10 @@ def test_build_foundation_from_real_labels(tmp_path):
     space = meta["label_space"]
     assert {"retina/DRIVE", "nuclei/tnbc", "arcade/stenosis", "xray/scanner-3/both"} <= set(space)
     assert "nuclei/monuseg-brain" in meta["skipped"]  # 2 slides cannot fill three splits
-    held = [set(load_classification_datalist(p)["classes"]) for p in paths.values()]
+    held = [set(_load(p)["classes"]) for p in paths.values()]
     assert set().union(*held) == set(space) and sum(map(len, held)) == len(space)  # unseen 1.0: disjoint
     for p in paths.values():
-        d = load_classification_datalist(p)
+        d = _load(p)
         assert d["label_space"] == space
         images = [e["image"] for s in ("training", "validation", "test") for e in d[s]]
         assert all(Path(i).is_file() for i in images)

@@ -26,7 +26,8 @@ from .datalist import (
 from .foundation import build_foundation
 from .nuclei import DEFAULT_NUCLEI_ROOT, import_nuclei
 from .retina import DEFAULT_RETINA_ROOT, import_retina, participant_split, read_manifest
-from .silos import assign_classes, load_classification_datalist, make_silos, write_silos
+from .classification import load_classification_datalist
+from .silos import assign_classes, make_silos, write_silos
 from .synthetic import FAMILIES, GENERATOR_VERSION, PROFILES, generate_federation, generate_site_data, site_seed
 from .xray_angio import DEFAULT_XRAY_ANGIO_ROOT, arcade_crops, import_dca1
 from .xray_builtin import (
