@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -152,7 +153,9 @@ def test_assign_classes_partition_properties(n_classes, n_silos, unseen, seed):
     private = {c for c, k in counts.items() if k == 1}
     if n_silos > 1:
         assert shared | private == set(classes)  # a class is in one silo or in all of them
-    n_shared = shared_count(n_classes, n_silos, unseen)
+    # S = round(C (1 - u) / (M u + 1 - u)), halves up, written out here rather than calling shared_count
+    n_shared = n_classes if unseen == 0 else int(math.floor(n_classes * (1 - unseen) / (n_silos * unseen + 1 - unseen) + 0.5))
+    assert shared_count(n_classes, n_silos, unseen) == n_shared
     assert len(shared) == (n_shared if n_silos > 1 else 0)
     priv_counts = [len(h - shared) for h in held]
     assert max(priv_counts) - min(priv_counts) <= 1  # round robin
