@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -15,11 +16,11 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from fedseg.data import DEFAULT_NUCLEI_ROOT, DEFAULT_RETINA_ROOT, DatalistError, generate_site_data, load_datalist
+from fedseg.data.classification import load_classification_datalist
 from fedseg.data.foundation import build_foundation
 from fedseg.data.silos import (
     MIN_CLASSES_PER_SILO,
     assign_classes,
-    load_classification_datalist,
     make_silos,
     shared_count,
     write_silos,
@@ -32,6 +33,8 @@ from fedseg.data.xray_builtin import (
     builtin_downstream_sites,
     builtin_foundation_silos,
     builtin_label_space,
+    builtin_probe_sites,
+    probe_label_space,
     scanner_anatomy,
     scanner_names,
 )
@@ -39,6 +42,11 @@ from fedseg.data.xray_builtin import (
 
 def _files(root: Path):
     return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _load(path: Path) -> dict:
+    """A classification datalist: its JSON with the splits as the classification engine loads them."""
+    return {**json.loads(Path(path).read_text()), **load_classification_datalist(path)}
 
 
 def _png(path: Path) -> np.ndarray:
@@ -56,6 +64,7 @@ def test_xray_is_a_registered_family_with_native_size_patches(tmp_path):
     data = json.loads(path.read_text())
     assert data["spatial_mode"] == "patch" and data["labels"]["1"] == "device"
     assert data["image_size"] == 64  # the family's own tiny size, not the generic 32 px
+    assert data["style"] is None and "photons" in data["anatomy"]  # its acquisition chain is in the anatomy
 
 
 def test_xray_same_site_is_byte_identical_and_sites_differ(tmp_path):
@@ -144,7 +153,9 @@ def test_assign_classes_partition_properties(n_classes, n_silos, unseen, seed):
     private = {c for c, k in counts.items() if k == 1}
     if n_silos > 1:
         assert shared | private == set(classes)  # a class is in one silo or in all of them
-    n_shared = shared_count(n_classes, n_silos, unseen)
+    # S = round(C (1 - u) / (M u + 1 - u)), halves up, written out here rather than calling shared_count
+    n_shared = n_classes if unseen == 0 else int(math.floor(n_classes * (1 - unseen) / (n_silos * unseen + 1 - unseen) + 0.5))
+    assert shared_count(n_classes, n_silos, unseen) == n_shared
     assert len(shared) == (n_shared if n_silos > 1 else 0)
     priv_counts = [len(h - shared) for h in held]
     assert max(priv_counts) - min(priv_counts) <= 1  # round robin
@@ -203,14 +214,13 @@ def test_make_and_write_silos_keep_groups_together_and_share_the_label_space(tmp
                 assert seen.setdefault(group, (site, split)) == (site, split)
     all_images = [e["image"] for d in silos.values() for sp in ("training", "validation", "test") for e in d[sp]]
     assert len(all_images) == len(set(all_images)) == len(items)
-    for p in items[:1]:
-        Path(p["image"]).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "src").mkdir()
     for it in items:
-        Path(it["image"]).touch()
+        Image.fromarray(np.zeros((4, 4), np.uint8)).save(it["image"])
     paths = write_silos(silos, tmp_path / "out")
     index = json.loads((tmp_path / "out" / "site_datalists.json").read_text())
     assert set(index) == {"s1", "s2"}
-    loaded = load_classification_datalist(paths["s1"])
+    loaded = _load(paths["s1"])
     assert loaded["label_space"] == space
     assert all(Path(e["image"]).is_file() for e in loaded["training"])
 
@@ -247,7 +257,7 @@ def test_foundation_silos_balanced_and_labelled_in_the_global_space(foundation_f
     assignment = builtin_assignment(SITES, unseen=0.5, seed=4)
     space = builtin_label_space(3)
     for site, path in paths.items():
-        d = load_classification_datalist(path)
+        d = _load(path)
         assert d["label_space"] == space and d["classes"] == assignment[site]
         for split, n_expected in (("training", 2), ("validation", 1), ("test", 1)):  # tiny: 4 per class
             labels = [e["label"] for e in d[split]]
@@ -295,6 +305,17 @@ def test_downstream_sites_use_unseen_scanner_styles_and_binary_masks(tmp_path):
             assert set(np.unique(lab)) == {0, 255}
     with pytest.raises(ValueError, match="target"):
         builtin_downstream_sites(tmp_path, ["x"], target="stent")
+
+
+def test_probe_sites_hold_every_device_class_on_the_downstream_style(tmp_path):
+    probe = builtin_probe_sites(tmp_path / "p", ["h1", "h2"], profile="tiny", n_per_class=3)
+    seg = builtin_downstream_sites(tmp_path / "s", ["h1"], profile="tiny", num_images=3)
+    d = _load(probe["h1"])
+    assert d["label_space"] == d["classes"] == probe_label_space() == [f"device/{x}" for x in DEVICES]
+    assert sorted({e["label"] for e in d["training"]}) == [0, 1, 2, 3]
+    assert d["scanners"]["h1"] == json.loads(seg["h1"].read_text())["anatomy"]  # same scanner style
+    one = builtin_probe_sites(tmp_path / "one", ["h1", "h2"], profile="tiny", n_per_class=3, only_site="h2")
+    assert _files(one["h2"].parent) == _files(probe["h2"].parent)
 
 
 def test_builtin_bad_input(tmp_path):
@@ -382,10 +403,10 @@ def test_build_foundation_from_real_labels(tmp_path):
     space = meta["label_space"]
     assert {"retina/DRIVE", "nuclei/tnbc", "arcade/stenosis", "xray/scanner-3/both"} <= set(space)
     assert "nuclei/monuseg-brain" in meta["skipped"]  # 2 slides cannot fill three splits
-    held = [set(load_classification_datalist(p)["classes"]) for p in paths.values()]
+    held = [set(_load(p)["classes"]) for p in paths.values()]
     assert set().union(*held) == set(space) and sum(map(len, held)) == len(space)  # unseen 1.0: disjoint
     for p in paths.values():
-        d = load_classification_datalist(p)
+        d = _load(p)
         assert d["label_space"] == space
         images = [e["image"] for s in ("training", "validation", "test") for e in d[s]]
         assert all(Path(i).is_file() for i in images)
@@ -421,3 +442,21 @@ def test_no_source_images_in_the_repository():
         return
     sources = {hashlib.sha1(p.read_bytes()).hexdigest() for r in shared for p in r.rglob("*") if p.suffix.lower() in suffixes}
     assert not ours & sources
+
+
+@needs_xray
+def test_arcade_pixel_identical_duplicates_share_a_group(tmp_path):
+    """A manifest listing one angiogram under two ids (as the source does for some): one group, one class."""
+    import csv
+
+    rows = [r for r in csv.DictReader(open(XRAY_ROOT / "manifest.csv")) if r["site"] == "ARCADE"][:3]
+    rows.append({**rows[0], "id": "train_9999"})
+    with open(tmp_path / "manifest.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (tmp_path / "ARCADE").symlink_to(XRAY_ROOT / "ARCADE")
+    items = arcade_crops(tmp_path, tmp_path / "out", crop_size=64, limit=None)
+    groups = {it["id"].split("/")[0]: (it["group"], it["label"]) for it in items}
+    assert groups["train_9999"] == groups[rows[0]["id"]]
+    assert len({g for g, _ in groups.values()}) == 3

@@ -8,6 +8,7 @@
     assign_classes / make_silos / write_silos  label-space silos with an unseen proportion (classification datalists)
     builtin_foundation_silos                   FedEFM phase 1 on built-in X-ray classes (xray/<scanner>/<device>)
     builtin_downstream_sites                   FedEFM phase 2: catheter/guidewire segmentation on unseen scanner styles
+    builtin_probe_sites                        FedEFM phase 2 classification probe (device classes, same styles)
     import_dca1 / arcade_crops                 DCA1 vessel segmentation datalists, ARCADE stenosis crops
     build_foundation                           phase-1 silos from real labels plus built-in X-ray classes
 """
@@ -25,10 +26,17 @@ from .datalist import (
 from .foundation import build_foundation
 from .nuclei import DEFAULT_NUCLEI_ROOT, import_nuclei
 from .retina import DEFAULT_RETINA_ROOT, import_retina, participant_split, read_manifest
-from .silos import assign_classes, load_classification_datalist, make_silos, write_silos
+from .classification import load_classification_datalist
+from .silos import assign_classes, make_silos, write_silos
 from .synthetic import FAMILIES, GENERATOR_VERSION, PROFILES, generate_federation, generate_site_data, site_seed
 from .xray_angio import DEFAULT_XRAY_ANGIO_ROOT, arcade_crops, import_dca1
-from .xray_builtin import builtin_assignment, builtin_downstream_sites, builtin_foundation_silos, builtin_label_space
+from .xray_builtin import (
+    builtin_assignment,
+    builtin_downstream_sites,
+    builtin_foundation_silos,
+    builtin_label_space,
+    builtin_probe_sites,
+)
 
 __all__ = [
     "SPLITS",
@@ -59,6 +67,7 @@ __all__ = [
     "builtin_assignment",
     "builtin_foundation_silos",
     "builtin_downstream_sites",
+    "builtin_probe_sites",
     "DEFAULT_XRAY_ANGIO_ROOT",
     "import_dca1",
     "arcade_crops",

@@ -29,7 +29,6 @@ them, never duplicated; images of one group, e.g. a patient, stay in one silo an
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import zlib
@@ -39,7 +38,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .datalist import SPLITS, DatalistError, write_json_atomic
+from .datalist import SPLITS, write_json_atomic
 
 __all__ = [
     "MIN_CLASSES_PER_SILO",
@@ -49,7 +48,6 @@ __all__ = [
     "split_counts",
     "make_silos",
     "write_silos",
-    "load_classification_datalist",
 ]
 
 #: every silo must hold at least this many classes (a one-class silo has nothing to classify)
@@ -255,41 +253,3 @@ def write_silos(silos: Mapping[str, Dict[str, Any]], out_dir: str | os.PathLike)
     write_json_atomic(out_dir / "site_datalists.json", {s: str(p.resolve()) for s, p in paths.items()})
     return paths
 
-
-def load_classification_datalist(path: str | os.PathLike, check_files: bool = True) -> Dict[str, Any]:
-    """Read a classification datalist: image paths made absolute (relative to the datalist's folder).
-
-    Returns the datalist dict with ``label_space``, ``classes`` and the three splits.
-
-    Raises:
-        DatalistError: naming the file, when it is not a classification datalist, a label does not
-            index ``label_space``, a split is missing, or (``check_files``) an image is missing.
-    """
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DatalistError(f"cannot read classification datalist {path}: {e}") from None
-    if not isinstance(data, dict) or data.get("task") != "classification":
-        raise DatalistError(f"{path} is not a classification datalist (needs \"task\": \"classification\")")
-    space = data.get("label_space")
-    if not isinstance(space, list) or not space or len(set(space)) != len(space):
-        raise DatalistError(f"{path} needs a non-empty \"label_space\" list of distinct class names")
-    out = dict(data)
-    for split in SPLITS:
-        entries = data.get(split)
-        if not isinstance(entries, list):
-            raise DatalistError(f"{path} has no {split!r} list")
-        resolved = []
-        for i, e in enumerate(entries):
-            if not isinstance(e, dict) or not isinstance(e.get("image"), str) or not e["image"]:
-                raise DatalistError(f"{split}[{i}] in {path} has no 'image' path")
-            label = e.get("label")
-            if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(space):
-                raise DatalistError(f"{split}[{i}] in {path} has label {label!r}, not an index into label_space")
-            image = os.path.normpath(os.path.join(str(path.parent), e["image"]))
-            if check_files and not os.path.isfile(image):
-                raise DatalistError(f"{split}[{i}] in {path}: image {image} does not exist")
-            resolved.append({**e, "image": image})
-        out[split] = resolved
-    return out

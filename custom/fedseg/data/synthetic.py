@@ -403,6 +403,8 @@ class _Family:
     pixel scale (nuclei are a few pixels across at every image size, the field of view grows instead).
     ``image_sizes`` overrides the profile's image size per profile name (families whose structures need
     more native pixels than the generic profile sizes, e.g. guidewires one or two pixels wide).
+    ``uses_style=False``: the family's acquisition chain is part of its anatomy (grey X-ray); the generic
+    style is still drawn (so the anatomy draws stay in place) but not recorded in the datalist.
     """
 
     draw_anatomy: Callable[[np.random.Generator], Dict[str, Any]]
@@ -411,6 +413,7 @@ class _Family:
     spatial_mode: str
     style_size: Optional[int] = None
     image_sizes: Optional[Dict[str, int]] = None
+    uses_style: bool = True
 
 
 # thin vessels (and tiny nuclei, registered at the end of this module) are trained on native-resolution
@@ -563,7 +566,7 @@ def generate_site_data(
         # the generator settings, readable at the top level (and once more as the cache fingerprint)
         **{k: v for k, v in fingerprint.items() if k != "split_fractions"},
         "fingerprint": fingerprint,
-        "style": style,
+        "style": style if spec.uses_style else None,
         "anatomy": anatomy,
         "labels": {"0": "background", "1": spec.label},
         "spatial_mode": spec.spatial_mode,
@@ -615,5 +618,6 @@ from .synthetic_xray import XRAY_IMAGE_SIZES, draw_xray_anatomy, xray_image  # n
 
 # devices are one to a few pixels wide: native-resolution patches, larger frames than the generic profiles
 _RENDERERS["xray"] = _Family(
-    draw_xray_anatomy, xray_image, label="device", spatial_mode="patch", image_sizes=XRAY_IMAGE_SIZES
+    draw_xray_anatomy, xray_image, label="device", spatial_mode="patch", image_sizes=XRAY_IMAGE_SIZES,
+    uses_style=False,
 )

@@ -21,6 +21,9 @@ scanner styles come from ``crc32("xray-downstream/<site>/<seed>")``, a seed doma
 draws from, so the downstream data are unseen by the foundation model in appearance as well as in
 images.
 
+:func:`builtin_probe_sites` is the downstream classification probe: the four device classes
+(``device/<device>``) on the downstream sites' scanner styles, other images than the segmentation sites.
+
 Layouts::
 
     out_dir/<site>/images/c03_007.png   phase 1: grey uint8 (H, W); class 3, image 7
@@ -38,7 +41,7 @@ import json
 import os
 import zlib
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -57,6 +60,8 @@ __all__ = [
     "scanner_anatomy",
     "builtin_foundation_silos",
     "builtin_downstream_sites",
+    "probe_label_space",
+    "builtin_probe_sites",
 ]
 
 #: bump when the phase-1/phase-2 layout or pixels change (with GENERATOR_VERSION in the fingerprint)
@@ -138,6 +143,45 @@ def _prepare(folder: Path, datalist_path: Path) -> None:
     (folder / "images").mkdir(parents=True, exist_ok=True)
 
 
+def _classification_site(
+    folder: Path,
+    name: str,
+    classes: List[str],
+    label_space: List[str],
+    fingerprint: Dict[str, Any],
+    n_per_class: int,
+    split_fractions: Sequence[float],
+    render: Callable[[str, int], np.ndarray],
+    scanners: Dict[str, Dict[str, Any]],
+) -> Path:
+    """Write ``n_per_class`` images of each class (``render(class name, index) -> uint8 image``), split per
+    class (the first images train), and the classification datalist; reuse a complete folder."""
+    datalist_path = folder / "datalist.json"
+    if _complete(datalist_path, fingerprint, ("image",)):
+        return datalist_path
+    _prepare(folder, datalist_path)
+    n_train, n_val, _ = _split_counts(n_per_class, split_fractions)
+    splits: Dict[str, List[Dict[str, Any]]] = {s: [] for s in SPLITS}
+    for cls in classes:
+        ci = label_space.index(cls)
+        for i in range(n_per_class):
+            rel = f"images/c{ci:02d}_{i:03d}.png"
+            _save_png_atomic(render(cls, i), folder / rel)
+            split = "training" if i < n_train else "validation" if i < n_train + n_val else "test"
+            splits[split].append({"image": rel, "label": ci})
+    datalist = classification_datalist(
+        label_space,
+        classes,
+        splits,
+        name=name,
+        **{k: v for k, v in fingerprint.items() if k not in ("split_fractions", "label_space", "classes")},
+        fingerprint=fingerprint,
+        scanners=scanners,
+        spatial_mode="resize",
+    )
+    return write_json_atomic(datalist_path, datalist)
+
+
 def _foundation_silo(
     out_dir: Path,
     site: str,
@@ -150,42 +194,22 @@ def _foundation_silo(
 ) -> Path:
     """Generate one phase-1 silo: ``n_per_class`` images of each of its classes, split per class."""
     seed = common["seed"]
-    folder = out_dir / site
-    datalist_path = folder / "datalist.json"
-    fingerprint = {**common, "site": site, "classes": classes}
-    if _complete(datalist_path, fingerprint, ("image",)):
-        return datalist_path
-    _prepare(folder, datalist_path)
-    n_train, n_val, _ = _split_counts(n_per_class, split_fractions)
-    splits: Dict[str, List[Dict[str, Any]]] = {s: [] for s in SPLITS}
-    anatomies: Dict[str, Dict[str, Any]] = {}
+    scanners = sorted({c.split("/")[1] for c in classes})
+    anatomies = {s: scanner_anatomy(s, seed) for s in scanners}
     site_key = zlib.crc32(site.encode("utf-8"))
-    for name in classes:
-        ci = label_space.index(name)
-        _, scanner, device = name.split("/")
-        if scanner not in anatomies:
-            anatomies[scanner] = scanner_anatomy(scanner, seed)
+
+    def render(cls: str, i: int) -> np.ndarray:
+        _, scanner, device = cls.split("/")
         base = site_seed(_FOUNDATION_DOMAIN, scanner, seed)
-        for i in range(n_per_class):
-            # one stream per (scanner, device, silo, image): independent of which other classes the silo holds
-            rng = np.random.default_rng([base, 1, DEVICES.index(device), site_key, i])
-            image, _ = xray_frame(rng, size, anatomies[scanner], device)
-            rel = f"images/c{ci:02d}_{i:03d}.png"
-            _save_png_atomic(image, folder / rel)
-            split = "training" if i < n_train else "validation" if i < n_train + n_val else "test"
-            splits[split].append({"image": rel, "label": ci})
-    datalist = classification_datalist(
-        label_space,
-        classes,
-        splits,
-        name=f"fedseg-xray-foundation-{site}",
-        site=site,
-        **{k: v for k, v in common.items() if k not in ("split_fractions", "label_space")},
-        fingerprint=fingerprint,
-        scanners={k: v for k, v in anatomies.items()},
-        spatial_mode="resize",
+        # one stream per (scanner, device, silo, image): independent of which other classes the silo holds
+        rng = np.random.default_rng([base, 1, DEVICES.index(device), site_key, i])
+        return xray_frame(rng, size, anatomies[scanner], device)[0]
+
+    fingerprint = {**common, "site": site, "classes": classes}
+    return _classification_site(
+        out_dir / site, f"fedseg-xray-foundation-{site}", classes, label_space, fingerprint, n_per_class,
+        split_fractions, render, anatomies,
     )
-    return write_json_atomic(datalist_path, datalist)
 
 
 def builtin_foundation_silos(
@@ -341,6 +365,71 @@ def builtin_downstream_sites(
             "test": pick(order[n_train + n_val :]),
         }
         paths[site] = write_json_atomic(datalist_path, datalist)
+    if only_site is None:
+        write_json_atomic(out / "site_datalists.json", {s: str(p.resolve()) for s, p in paths.items()})
+    return paths
+
+
+def probe_label_space() -> List[str]:
+    """The downstream classification probe's label space: ``device/<device>``."""
+    return [f"device/{device}" for device in DEVICES]
+
+
+def builtin_probe_sites(
+    out_dir: str | os.PathLike,
+    sites: Sequence[str],
+    seed: int = 0,
+    profile: str = "default",
+    n_per_class: Optional[int] = None,
+    image_size: Optional[int] = None,
+    only_site: Optional[str] = None,
+    split_fractions: Sequence[float] = (0.5, 0.25, 0.25),
+) -> Dict[str, Path]:
+    """Downstream classification probe: device classes (:func:`probe_label_space`) on the downstream
+    sites' scanner styles (the same style as :func:`builtin_downstream_sites` for a site of the same
+    name, other images). Every site holds all four classes, ``n_per_class`` images each.
+
+    Returns:
+        ``{site: classification datalist path}`` under ``out_dir/<site>/`` (and ``site_datalists.json``
+        for a full generation).
+    """
+    sites = _check_sites(sites)
+    if only_site is not None and only_site not in sites:
+        raise ValueError(f"only_site {only_site!r} is not one of the sites {sites}")
+    size = int(image_size if image_size is not None else _profile_value(FOUNDATION_IMAGE_SIZES, profile, "image size"))
+    if size < 16:
+        raise ValueError(f"image_size must be >= 16, got {size}")
+    n = int(n_per_class if n_per_class is not None else _profile_value(FOUNDATION_PER_CLASS, profile, "images per class"))
+    if n < 3:
+        raise ValueError(f"n_per_class must be >= 3 (one image per split), got {n}")
+    _split_counts(n, split_fractions)
+    space = probe_label_space()
+    out = Path(out_dir)
+    paths: Dict[str, Path] = {}
+    for site in [only_site] if only_site is not None else sites:
+        anatomy = scanner_anatomy(site, seed, domain=_DOWNSTREAM_DOMAIN)
+        base = site_seed(_DOWNSTREAM_DOMAIN, site, seed)
+
+        def render(cls: str, i: int, base: int = base, anatomy: Dict[str, Any] = anatomy) -> np.ndarray:
+            device = cls.split("/")[1]
+            # stream key 3: other images than the downstream segmentation site's (key 1)
+            return xray_frame(np.random.default_rng([base, 3, DEVICES.index(device), i]), size, anatomy, device)[0]
+
+        fingerprint = {
+            "generator_version": GENERATOR_VERSION,
+            "builtin_version": BUILTIN_VERSION,
+            "site": site,
+            "seed": int(seed),
+            "profile": profile,
+            "image_size": size,
+            "n_per_class": n,
+            "split_fractions": [float(f) for f in split_fractions],
+            "label_space": space,
+            "classes": space,
+        }
+        paths[site] = _classification_site(
+            out / site, f"fedseg-xray-probe-{site}", space, space, fingerprint, n, split_fractions, render, {site: anatomy}
+        )
     if only_site is None:
         write_json_atomic(out / "site_datalists.json", {s: str(p.resolve()) for s, p in paths.items()})
     return paths
