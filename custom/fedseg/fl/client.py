@@ -56,7 +56,8 @@ class SiteRunner:
             return
         cfg = job["train_config"]
         datalist = resolve_site_datalist(
-            self.site, cfg, self.args.datalist, self.args.site_datalists, self.args.data_root, str(self.workspace)
+            self.site, cfg, self.args.datalist, self.args.site_datalists, self.args.data_root, str(self.workspace),
+            clients=job.get("clients"),
         )
         logger.info("%s: training on %s", self.site, datalist)
         # the task (train_config / datalist) picks the engine; one site logic for every task

@@ -2,7 +2,9 @@
 
 A method changes only the ``ServerStrategy`` (how results become the next models) and the client
 objective (named here and shipped to sites in the task meta). The controller writes ``report.json``,
-a markdown summary and plots into the run directory.
+a markdown summary and plots into the run directory, and after every round ``round_checkpoint.pt``
+(``fedseg.fl.checkpoint``) into ``checkpoint_dir``: a job started with the same configuration and a
+checkpoint there continues from the round after the checkpoint's instead of starting over.
 """
 
 from __future__ import annotations
@@ -16,8 +18,19 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.workflows.model_controller import ModelController
 
 from fedseg.bundle import build_network
+from fedseg.fl.checkpoint import load_checkpoint, save_checkpoint
 from fedseg.fl.protocol import META_KEY, EVALUATE_TASK, TRAIN_TASK, unpack_models
 from fedseg.fl.report import RunReport
+from fedseg.fl.screening import (
+    BASE_STATISTIC_RANGES,
+    MAIN_MODEL,
+    METRIC_RANGES,
+    ScreeningConfig,
+    check_result,
+    check_statistic_ranges,
+    duplicated_sites,
+    screen_models,
+)
 from fedseg.fl.validation import InvalidUpdateError, to_tensor_params, validate_arrays, validate_params, validate_statistics
 from fedseg.objectives.registry import build_objective
 from fedseg.strategies.base import ClientUpdate, SitePayload
@@ -41,6 +54,12 @@ class FedSegController(ModelController):
         task_check_period: how often NVFlare's controller checks task status (seconds); part of the
             per-round framework overhead (see docs/benchmarks.md).
         final_evaluation: evaluate the final global (and personalised) models on every site's test split.
+        screening: options of the checks made on every result before aggregation
+            (``fedseg.fl.screening.ScreeningConfig``: stale rounds, statistic ranges, all-zero models,
+            update norms and directions far from the other sites'); ``None`` = the defaults.
+        checkpoint_dir: absolute path of the folder for ``round_checkpoint.pt``; None = the job's run
+            directory (lost with the job's workspace: a POC or production server that must survive a
+            restart points this at persistent storage).
     """
 
     def __init__(
@@ -57,6 +76,8 @@ class FedSegController(ModelController):
         final_evaluation: bool = True,
         task_check_period: float = 0.5,
         persistor_id: str = "persistor",
+        screening: Optional[Dict[str, Any]] = None,
+        checkpoint_dir: Optional[str] = None,
     ):
         super().__init__(persistor_id=persistor_id, ignore_result_error=True, task_check_period=task_check_period)
         self.task_check_period = float(task_check_period)
@@ -70,12 +91,19 @@ class FedSegController(ModelController):
         self.min_clients = int(min_clients)
         self.task_timeout = int(task_timeout)
         self.final_evaluation = bool(final_evaluation)
+        if checkpoint_dir is not None and not Path(checkpoint_dir).is_absolute():
+            # relative to what? the server's working directory differs between POC, production and simulator
+            raise ValueError(f"checkpoint_dir must be an absolute path, got {checkpoint_dir!r}")
+        self.checkpoint_dir = checkpoint_dir
         # fail at job start, not after an hour of training, if a name or an option is wrong
         self._strategy = build_strategy(self.strategy, **self.strategy_args)
         objective_ = build_objective(self.objective, **self.objective_args)
         self._allowed_statistics = objective_.declared_statistics
         self._weight_tasks = tuple(objective_.weight_tasks)
         self._declared_arrays = objective_.declared_arrays(self.train_config)
+        self.screening = dict(screening or {})
+        self._screening = ScreeningConfig.from_options(self.screening)
+        self._statistic_ranges = {**BASE_STATISTIC_RANGES, **dict(objective_.statistic_ranges)}
         self._reference: Dict[str, torch.Tensor] = {}
         self._rejected: Dict[str, str] = {}
         self._task_times: Dict[str, float] = {}
@@ -87,6 +115,11 @@ class FedSegController(ModelController):
         self._attach_train_config()
         self._reference = {k: v.clone() for k, v in to_tensor_params(initial.params).items()}
         clients = sorted(self.sample_clients())
+        duplicates = duplicated_sites(clients)
+        if duplicates:
+            raise RuntimeError(f"duplicated site names {sorted(duplicates)}: every site needs its own name")
+        # sent to every site: built-in data whose classes depend on the whole federation (FedEFM's silos)
+        self._clients = list(clients)
         if len(clients) < self.min_clients:
             raise RuntimeError(f"{len(clients)} sites connected, the job needs at least {self.min_clients}")
         if getattr(self._strategy, "needs_network", False):
@@ -99,7 +132,8 @@ class FedSegController(ModelController):
             clients=clients,
             config=self._effective_config(clients),
         )
-        for round_ in range(self.num_rounds):
+        first_round = self._resume(report)
+        for round_ in range(first_round, self.num_rounds):
             if self.abort_signal.triggered:
                 return
             started = time.perf_counter()
@@ -127,6 +161,7 @@ class FedSegController(ModelController):
             if self._strategy.has_global_model:
                 self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
             report.write(self.get_run_dir(), plots=False)
+            self._checkpoint(report, round_)
             self.info(f"round {round_ + 1}/{self.num_rounds} done: {report.round_summary(round_)}")
 
         finished = self._strategy.finish()
@@ -143,6 +178,41 @@ class FedSegController(ModelController):
                 report.final["personalized_checkpoints"] = self._save_personalised(personalised)
         path = report.write(self.get_run_dir(), plots=True)
         self.info(f"report written to {path}")
+
+    # ---------------------------------------------------------------------------------- restart
+    def _checkpoint_folder(self) -> Path:
+        return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(self.get_run_dir())
+
+    def _resume(self, report: RunReport) -> int:
+        """Load the checkpoint of this job if there is one; returns the first round still to run.
+
+        The strategy (already started with this job's clients) takes the checkpoint's state, the report
+        takes its rounds, and ``resumed_at`` records the round this process starts from.
+        """
+        state = load_checkpoint(self._checkpoint_folder(), report.config)
+        if state is None:
+            return 0
+        self._strategy.load_state_dict(state["strategy"])
+        first = int(state["completed_round"]) + 1
+        report.rounds = list(state["report"]["rounds"])
+        report.resumed_at = list(state["report"]["resumed_at"]) + [first]
+        if self._strategy.has_global_model:
+            self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
+        self.info(f"resuming from {self._checkpoint_folder()}: rounds 0..{first - 1} done, continuing at round {first}")
+        return first
+
+    def _checkpoint(self, report: RunReport, round_: int) -> None:
+        state = self._strategy.state_dict()
+        save_checkpoint(
+            self._checkpoint_folder(),
+            config=report.config,
+            completed_round=round_,
+            # the same tensors as the strategy state's: torch.save stores them once
+            global_params=state["global"],
+            strategy_state=state,
+            rounds=report.rounds,
+            resumed_at=report.resumed_at,
+        )
 
     # ---------------------------------------------------------------------------------- helpers
     def _attach_train_config(self) -> None:
@@ -161,6 +231,7 @@ class FedSegController(ModelController):
             "objective": self.objective,
             "objective_args": self.objective_args,
             "train_config": self.train_config,
+            "screening": self._screening.as_dict(),
             **self._strategy.config(),
         }
 
@@ -173,6 +244,7 @@ class FedSegController(ModelController):
                 "train_config": self.train_config,
                 "round": round_,
                 "total_rounds": self.num_rounds,
+                "clients": list(getattr(self, "_clients", [])),
             },
             **extra,
         }
@@ -207,16 +279,24 @@ class FedSegController(ModelController):
         for site, payload in payloads.items():
             groups.setdefault(id(payload.params), []).append(site)
         results: Dict[str, ClientUpdate] = {}
+        answered: List[str] = []
+
+        def reject(site: str, reason: str) -> None:
+            self.warning(f"rejected {task_name} result: {reason}")
+            self._rejected[site] = f"{task_name}: {reason}"
 
         def on_result(result: FLModel) -> bool:
             site = result.meta.get("client_name", "?")
+            answered.append(site)
             self._bytes["received"] += payload_bytes(result.params) + payload_bytes(result.meta)
+            if site not in payloads:
+                reject(site, f"{site}: answered a {task_name} task it was not sent")
+                return False
             try:
-                results[site] = self._to_update(site, result, require_params)
+                results[site] = self._to_update(site, result, require_params, round_)
                 return True
             except InvalidUpdateError as e:
-                self.warning(f"rejected {task_name} result: {e}")
-                self._rejected[site] = f"{task_name}: {e}"
+                reject(site, str(e))
                 return False
 
         for sites in groups.values():
@@ -240,6 +320,18 @@ class FedSegController(ModelController):
                 raise RuntimeError("job aborted")
             time.sleep(min(0.05, self.task_check_period))
         self._task_times[task_name] = self._task_times.get(task_name, 0.0) + time.perf_counter() - started
+        # two answers under one name: neither can be trusted to be the site's own
+        for site, count in duplicated_sites(answered).items():
+            results.pop(site, None)
+            reject(site, f"{site}: duplicated site name: {count} results for one task")
+        if require_params:
+            for site, reason in screen_models(
+                {s: {MAIN_MODEL: u.params, **u.models} if u.params else dict(u.models) for s, u in results.items()},
+                {s: _named_models(payloads[s].params) for s in results},
+                self._screening,
+            ).items():
+                results.pop(site)
+                reject(site, reason)
         if len(results) < self.min_clients:
             raise RuntimeError(
                 f"task {task_name} round {round_}: only {len(results)} valid results "
@@ -247,7 +339,8 @@ class FedSegController(ModelController):
             )
         return results
 
-    def _to_update(self, site: str, result: FLModel, require_params: bool) -> ClientUpdate:
+    def _to_update(self, site: str, result: FLModel, require_params: bool, round_: Optional[int] = None) -> ClientUpdate:
+        """One result checked on its own (``round_``: the task's round; ``None`` skips the stale-round check)."""
         meta = result.meta or {}
         if meta.get("error"):
             raise InvalidUpdateError(f"{site}: the site could not run the task ({meta['error']}; details in its log)")
@@ -262,6 +355,16 @@ class FedSegController(ModelController):
         metrics = validate_statistics(site, result.metrics or {}, (result.metrics or {}).keys())
         statistics = validate_statistics(site, meta, self._allowed_statistics)
         statistics.update(validate_arrays(site, meta, self._declared_arrays))
+        check_statistic_ranges(site, metrics, METRIC_RANGES)
+        check_result(
+            site,
+            {MAIN_MODEL: params, **models} if params else models,
+            {**statistics, **validate_statistics(site, meta, ("n_samples",))},
+            self._statistic_ranges,
+            result.current_round,
+            round_,
+            self._screening,
+        )
         n_samples = int(meta.get("n_samples", 0))
         if require_params and n_samples <= 0:
             raise InvalidUpdateError(f"{site}: result does not say how many training images it used")
@@ -279,6 +382,15 @@ def payload_bytes(value: Any) -> int:
     if isinstance(value, (list, tuple)):
         return sum(payload_bytes(v) for v in value)
     return 8 if isinstance(value, (int, float, bool)) else 0
+
+
+def _named_models(params: Dict[str, Any]) -> Dict[str, Dict[str, torch.Tensor]]:
+    """What the server sent a site, ``{model name: params}`` (main model under ``MAIN_MODEL``)."""
+    main, extra = unpack_models(params or {})
+    named = {name: to_tensor_params(state) for name, state in extra.items()}
+    if main:
+        named[MAIN_MODEL] = to_tensor_params(main)
+    return named
 
 
 def _same_meta(a: Dict[str, Any], b: Dict[str, Any]) -> bool:

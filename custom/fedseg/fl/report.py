@@ -1,7 +1,7 @@
 """``report.json``: the record of one federated run, written by the server into its run directory.
 
 Schema (fields every method writes; methods add their own per-round fields):
-    method, config, clients,
+    method, config, clients, resumed_at: [round a restarted server continued from] (empty: never restarted),
     rounds: [{round, metrics: {site: {train_loss, val_dice, ...}}, missing: [site], wall_time,
               task_times: {task: seconds from sending it to the last answer}, ...}],
     final: {global: {site: {dice, hd95, assd}}, personalized: {...} (personalised methods only)}
@@ -40,6 +40,8 @@ class RunReport:
         self.config = config
         self.rounds: List[Dict[str, Any]] = []
         self.final: Dict[str, Any] = {}
+        #: rounds at which a restarted server continued this job (``fedseg.fl.checkpoint``)
+        self.resumed_at: List[int] = []
 
     def add_round(self, round_: int, metrics: Dict[str, Dict[str, float]], **fields: Any) -> None:
         self.rounds.append({"round": round_, "metrics": metrics, **fields})
@@ -53,9 +55,18 @@ class RunReport:
         return f"mean train_loss {mean(loss):.4f}, mean {val} {mean(values):.4f}, {entry.get('wall_time', 0):.1f}s"
 
     def as_dict(self) -> Dict[str, Any]:
-        final = {**self.final, "note": METRIC_NOTE} if self.final else self.final
+        task = (self.config.get("train_config") or {}).get("task")
+        note = CLASSIFICATION_NOTE if task == "classification" else METRIC_NOTE
+        final = {**self.final, "note": note} if self.final else self.final
         return _jsonable(
-            {"method": self.method, "config": self.config, "clients": self.clients, "rounds": self.rounds, "final": final}
+            {
+                "method": self.method,
+                "config": self.config,
+                "clients": self.clients,
+                "resumed_at": self.resumed_at,
+                "rounds": self.rounds,
+                "final": final,
+            }
         )
 
     def write(self, run_dir: os.PathLike, plots: bool = True) -> Path:
@@ -82,11 +93,14 @@ METRIC_HEADERS = {
     "assd_fov": "ASSD FOV (px)", "hd95_mm": "HD95 (mm)", "assd_mm": "ASSD (mm)",
 }
 #: what the final metrics mean (written into report.json)
+CLASSIFICATION_NOTE = (
+    "test metrics per site over its test images on the global label space: accuracy, balanced_accuracy (mean "
+    "over the classes present at the site) and accuracy_class_<k> (k indexes the datalists' label_space)"
+)
 METRIC_NOTE = (
     "test metrics per site are means over its test images, each scored at the image's own size against its mask on "
     "disk (distances in pixels of the original image); *_fov: prediction and truth restricted to the image's "
-    "field-of-view mask; *_mm: distances in millimetres from the datalist's pixel spacing; classification: "
-    "accuracy over the test images, balanced_accuracy = mean recall over the classes present in the site's test split"
+    "field-of-view mask; *_mm: distances in millimetres from the datalist's pixel spacing"
 )
 
 
@@ -149,7 +163,8 @@ def summarise(data: Dict[str, Any], figures: Optional[List[Path]] = None, base: 
         rows = final_table(data, which)
         if rows:
             names = metric_columns(data, which)
-            lines += [f"## Final {which} model on each site's test split", "", METRIC_NOTE + ".", ""]
+            note = CLASSIFICATION_NOTE if validation_metric(data) == "val_accuracy" else METRIC_NOTE
+            lines += [f"## Final {which} model on each site's test split", "", note + ".", ""]
             lines += ["| site | " + " | ".join(METRIC_HEADERS[n] for n in names) + " |", "|---" * (len(names) + 1) + "|"]
             lines += ["| " + " | ".join(r) + " |" for r in rows]
             lines.append("")

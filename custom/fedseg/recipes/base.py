@@ -38,7 +38,7 @@ class SiteScript:
 TASK_REQUEST_INTERVAL = 0.2
 
 #: recipe options that configure the job rather than training (everything else is a train_config override)
-JOB_OPTIONS = ("min_clients", "task_timeout", "task_check_period", "script_args")
+JOB_OPTIONS = ("min_clients", "task_timeout", "task_check_period", "script_args", "screening", "checkpoint_dir")
 
 
 def split_options(options: Dict[str, Any]) -> tuple:
@@ -65,6 +65,10 @@ class FedSegRecipe(Recipe):
         min_clients: sites needed to start, and fewest valid results a round may continue with.
         task_timeout: seconds a site may take for one task before it is left out of that round (0 = no limit).
         script_args: extra arguments for the site script (e.g. ``--site_datalists sites.json``).
+        screening: checks on every result before aggregation (``fedseg.fl.screening.ScreeningConfig`` fields,
+            e.g. ``{"norm_factor": 5, "max_update_norm": 50}``); ``None`` = the documented defaults.
+        checkpoint_dir: absolute folder for the server's ``round_checkpoint.pt`` (None: the run directory);
+            a job re-submitted with the same folder resumes after the last completed round.
     """
 
     def __init__(
@@ -82,6 +86,8 @@ class FedSegRecipe(Recipe):
         task_timeout: int = 0,
         task_check_period: float = 0.5,
         script_args: str = "",
+        screening: Optional[Dict[str, Any]] = None,
+        checkpoint_dir: Optional[str] = None,
     ):
         self.name = name
         self.method = method
@@ -104,6 +110,8 @@ class FedSegRecipe(Recipe):
             min_clients=min_clients,
             task_timeout=task_timeout,
             task_check_period=task_check_period,
+            screening=screening,
+            checkpoint_dir=checkpoint_dir,
         )
         # sites ask for their next task every task_request_interval seconds (NVFlare default 2 s): the
         # largest cut in per-round framework overhead we measured (docs/benchmarks.md, section b)
