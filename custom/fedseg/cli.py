@@ -11,7 +11,7 @@
     fedseg bench        --out DIR (--site-datalists FILE | --family polyp --sites ...) --methods fedavg fedevi ...
                         [--references local pooled] [--seeds 0 1 2] [--rounds R] [--local-epochs E] [--set key=value ...]
     fedseg summarise    WORKSPACE_OR_REPORT
-    fedseg infer        --checkpoint CKPT --input DIR --output DIR
+    fedseg infer        --checkpoint CKPT --input DIR --output DIR [--bundle bundles/unetr_seg]
 """
 
 from __future__ import annotations
@@ -243,7 +243,8 @@ def _cmd_infer(args: argparse.Namespace) -> None:
 
     overrides = json.loads(args.overrides) if args.overrides else None
     written = run_inference(
-        args.checkpoint, args.output, input_dir=args.input, datalist=args.datalist, split=args.split, overrides=overrides
+        args.checkpoint, args.output, input_dir=args.input, datalist=args.datalist, split=args.split, overrides=overrides,
+        bundle_dir=args.bundle,
     )
     print(f"wrote {len(written)} masks to {args.output}")
 
@@ -386,6 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--datalist", default=None)
     infer.add_argument("--split", default="test")
     infer.add_argument("--overrides", default=None, help='bundle overrides as JSON, e.g. \'{"image_size": 64}\'')
+    infer.add_argument(
+        "--bundle", default=None,
+        help="segmentation bundle folder (default bundles/unet2d_seg; bundles/unetr_seg for a fine-tuned FedEFM UNETR)",
+    )
     infer.set_defaults(func=_cmd_infer)
     return parser
 
