@@ -142,6 +142,11 @@ class SegEngine:
     def build_loss(self) -> nn.Module:
         return self.parser.get_parsed_content("loss", instantiate=True)
 
+    @property
+    def shuffle_generator(self) -> torch.Generator:
+        """The generator behind every loader's order (``fedseg.engine.site_state`` persists it)."""
+        return self._shuffle_generator
+
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """The bundle's optimiser for ``model``; kept per model so Adam moments survive across rounds."""
         key = id(model)
