@@ -66,7 +66,10 @@ class SiteRunner:
         )
         logger.info("%s: training on %s", self.site, datalist)
         # the task (train_config / datalist) picks the engine; one site logic for every task
-        self.engine = build_engine(self.site, datalist, cfg, bundle_dir=self.args.bundle_dir)
+        # a foundation checkpoint is read by the server into the initial global model: a site receives those
+        # weights with its first task and needs no copy of the file
+        site_cfg = {**cfg, "foundation_ckpt": None}
+        self.engine = build_engine(self.site, datalist, site_cfg, bundle_dir=self.args.bundle_dir)
         self.model = self.engine.build_network()
         self.objective = build_objective(job["objective"], **job["objective_args"])
         self.state_dir.mkdir(parents=True, exist_ok=True)
