@@ -84,6 +84,11 @@ class LocalEngine(ABC):
     def _optimizer_factory(self) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:
         """``parameters -> optimiser`` (the learning rate is reset each round by :meth:`prepare_optimizer`)."""
 
+    @property
+    def shuffle_generator(self) -> torch.Generator:
+        """The generator behind every loader's order (``fedseg.engine.site_state`` persists it)."""
+        return self._shuffle_generator
+
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """The engine's optimiser for ``model``; kept per model so Adam moments survive across rounds."""
         key = id(model)

@@ -44,9 +44,15 @@ def checkpoint_path(directory: os.PathLike) -> Path:
     return Path(directory) / CHECKPOINT_NAME
 
 
+#: configuration keys that do not change what a round computes: a restarted job may change them
+OPERATIONAL_KEYS = ("task_timeout",)
+
+
 def comparable_config(config: Dict[str, Any]) -> Dict[str, Any]:
-    """The configuration as JSON would hold it (tuples -> lists, ...), so a stored and a fresh one compare equal."""
-    return json.loads(json.dumps(_jsonable(config), sort_keys=True, default=str))
+    """The configuration as JSON would hold it (tuples -> lists, ...), without :data:`OPERATIONAL_KEYS`,
+    so that a stored and a fresh one compare equal when the job computes the same rounds."""
+    kept = {k: v for k, v in config.items() if k not in OPERATIONAL_KEYS}
+    return json.loads(json.dumps(_jsonable(kept), sort_keys=True, default=str))
 
 
 def save_checkpoint(

@@ -10,7 +10,9 @@ What leaves the site (``FLModel`` sent back):
     (main and/or extra named models, ``fedseg.fl.protocol.pack_models``), ``meta`` {n_samples} plus
     declared statistics;
   * other tasks (method-specific): the objective's declared statistics only.
-Images, labels, predictions and overlays stay in the site's workspace.
+Images, labels, predictions and overlays stay in the site's workspace, and so does the site's training
+state (``fedseg.engine.site_state``: optimiser, data order; saved after every task once the process has
+trained, restored by a restarted process before its first training).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 
 from fedseg.engine.base import LocalEngine
 from fedseg.engine.factory import build_engine
+from fedseg.engine.site_state import SiteState, job_key
 from fedseg.fl.protocol import BASE_STATISTICS, EVALUATE_TASK, META_KEY, TRAIN_TASK, pack_models, unpack_models
 from fedseg.fl.site_data import resolve_site_datalist
 from fedseg.objectives.base import RoundContext
@@ -48,6 +51,8 @@ class SiteRunner:
         self.engine: Optional[LocalEngine] = None
         self.model: Optional[torch.nn.Module] = None
         self.objective = None
+        self.site_state: Optional[SiteState] = None
+        self._trained = False
         self._setup_key: Optional[str] = None
 
     def _setup(self, job: Dict[str, Any]) -> None:
@@ -65,12 +70,23 @@ class SiteRunner:
         self.model = self.engine.build_network()
         self.objective = build_objective(job["objective"], **job["objective_args"])
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.site_state = SiteState(self.state_dir, job_key(job["objective"], job["objective_args"], cfg))
+        self._trained = False
         self._setup_key = key
 
     def handle(self, task: str, params: Dict[str, Any], meta: Dict[str, Any]) -> Dict[str, Any]:
-        """Run one task; returns ``{"params", "metrics", "meta"}`` — exactly what will be sent."""
+        """Run one task; returns ``{"params", "metrics", "meta"}`` — exactly what will be sent.
+
+        The site state is saved after the task, before anything is sent: what the server received is
+        always already in the state a restarted process resumes from."""
         job = meta[META_KEY]
         self._setup(job)
+        out = self._run(task, params, meta, job)
+        if self._trained:
+            self.site_state.save(int(job["round"]), self.engine.make_optimizer(self.model), self.engine.shuffle_generator)
+        return out
+
+    def _run(self, task: str, params: Dict[str, Any], meta: Dict[str, Any], job: Dict[str, Any]) -> Dict[str, Any]:
         main, extra = unpack_models(params)
         if main or not extra:  # a task may carry only extra models (FedEFM's overseas training)
             self.model.load_state_dict({k: torch.as_tensor(v) for k, v in main.items()})
@@ -99,8 +115,13 @@ class SiteRunner:
 
     def _train(self, ctx: RoundContext) -> Dict[str, Any]:
         started = time.perf_counter()
+        # a restarted process: Adam moments and data order as they were after the site's last earlier round
+        restored = self.site_state.restore(ctx.round, self.engine.make_optimizer(self.model), self.engine.shuffle_generator)
         self.objective.begin_round(ctx, self.model)
         metrics = self.engine.train(self.model, self.objective, ctx)
+        self._trained = True
+        if restored is not None:
+            metrics["state_restored_from_round"] = float(restored)
         metrics.update(self.engine.validation_metrics(self.model))
         statistics = self._declared(self.objective.end_round(ctx, self.model, self.engine))
         if ctx.round == ctx.total_rounds - 1:

@@ -18,6 +18,7 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.workflows.model_controller import ModelController
 
 from fedseg.bundle import build_network
+from fedseg.config import default_task_timeout
 from fedseg.fl.checkpoint import load_checkpoint, save_checkpoint
 from fedseg.fl.protocol import META_KEY, EVALUATE_TASK, TRAIN_TASK, unpack_models
 from fedseg.fl.report import RunReport
@@ -49,8 +50,9 @@ class FedSegController(ModelController):
         objective_args: options of the objective.
         train_config: hyper-parameters every site trains with (sent in each task's meta).
         min_clients: fewest valid results a round may continue with; fewer stops the job with an error.
-        task_timeout: seconds a site may take for one task (0 = wait forever). A site that does not
-            answer in time is left out of that round.
+        task_timeout: seconds a site may take for one task; None = ``fedseg.config.default_task_timeout``
+            of ``train_config``; 0 = wait for ever. A site that does not answer in time is left out of
+            that round (``missing`` in the report) and the round finishes with the others.
         task_check_period: how often NVFlare's controller checks task status (seconds); part of the
             per-round framework overhead (see docs/benchmarks.md).
         final_evaluation: evaluate the final global (and personalised) models on every site's test split.
@@ -72,7 +74,7 @@ class FedSegController(ModelController):
         objective_args: Optional[Dict[str, Any]] = None,
         train_config: Optional[Dict[str, Any]] = None,
         min_clients: int = 2,
-        task_timeout: int = 0,
+        task_timeout: Optional[int] = None,
         final_evaluation: bool = True,
         task_check_period: float = 0.5,
         persistor_id: str = "persistor",
@@ -89,7 +91,9 @@ class FedSegController(ModelController):
         self.objective_args = dict(objective_args or {})
         self.train_config = dict(train_config or {})
         self.min_clients = int(min_clients)
-        self.task_timeout = int(task_timeout)
+        self.task_timeout = default_task_timeout(self.train_config) if task_timeout is None else int(task_timeout)
+        if self.task_timeout < 0:
+            raise ValueError(f"task_timeout must be >= 0 seconds (0 = wait for ever), got {task_timeout}")
         self.final_evaluation = bool(final_evaluation)
         if checkpoint_dir is not None and not Path(checkpoint_dir).is_absolute():
             # relative to what? the server's working directory differs between POC, production and simulator
@@ -227,6 +231,7 @@ class FedSegController(ModelController):
             "num_rounds": self.num_rounds,
             "num_clients": len(clients),
             "min_clients": self.min_clients,
+            "task_timeout": self.task_timeout,
             "strategy": self.strategy,
             "objective": self.objective,
             "objective_args": self.objective_args,

@@ -12,6 +12,7 @@ from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 from nvflare.recipe.spec import Recipe
 
 from fedseg.bundle import build_network
+from fedseg.config import default_task_timeout
 from fedseg.fl.audit import ResultAuditFilter
 from fedseg.fl.controller import FedSegController
 from fedseg.fl.protocol import EVALUATE_TASK, TRAIN_TASK
@@ -63,7 +64,8 @@ class FedSegRecipe(Recipe):
         num_rounds: communication rounds.
         train_config: effective training hyper-parameters (see ``fedseg.config``).
         min_clients: sites needed to start, and fewest valid results a round may continue with.
-        task_timeout: seconds a site may take for one task before it is left out of that round (0 = no limit).
+        task_timeout: seconds a site may take for one task before it is left out of that round; None =
+            ``fedseg.config.default_task_timeout(train_config)`` (written into the exported job); 0 = no limit.
         script_args: extra arguments for the site script (e.g. ``--site_datalists sites.json``).
         screening: checks on every result before aggregation (``fedseg.fl.screening.ScreeningConfig`` fields,
             e.g. ``{"norm_factor": 5, "max_update_norm": 50}``); ``None`` = the documented defaults.
@@ -83,7 +85,7 @@ class FedSegRecipe(Recipe):
         strategy_args: Optional[Dict[str, Any]] = None,
         objective_args: Optional[Dict[str, Any]] = None,
         min_clients: int = 2,
-        task_timeout: int = 0,
+        task_timeout: Optional[int] = None,
         task_check_period: float = 0.5,
         script_args: str = "",
         screening: Optional[Dict[str, Any]] = None,
@@ -108,7 +110,7 @@ class FedSegRecipe(Recipe):
             objective_args=objective_args,
             train_config=self.train_config,
             min_clients=min_clients,
-            task_timeout=task_timeout,
+            task_timeout=default_task_timeout(self.train_config) if task_timeout is None else task_timeout,
             task_check_period=task_check_period,
             screening=screening,
             checkpoint_dir=checkpoint_dir,
