@@ -25,6 +25,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from fedseg.data.checks import check_datalist
 from fedseg.engine.engine import SegEngine
 from fedseg.fl.faults import FAULT_ENV, apply_faults, faults_for
 from fedseg.fl.protocol import BASE_STATISTICS, EVALUATE_TASK, META_KEY, TRAIN_TASK, pack_models, unpack_models
@@ -58,6 +59,9 @@ class SiteRunner:
             self.site, cfg, self.args.datalist, self.args.site_datalists, self.args.data_root, str(self.workspace)
         )
         logger.info("%s: training on %s", self.site, datalist)
+        # bad files (outside the datalist's folder, 3-D, tiny, huge, unknown modes) fail here, before training,
+        # with the file named in this site's log; the server only learns the error type (DatalistError)
+        check_datalist(datalist, decode=False)  # SegEngine's load_datalist decodes every pair next
         self.engine = SegEngine(self.site, datalist, cfg, bundle_dir=self.args.bundle_dir)
         self.model = self.engine.build_network()
         self.objective = build_objective(job["objective"], **job["objective_args"])
