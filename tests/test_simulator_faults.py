@@ -1,5 +1,5 @@
 """Hostile site results in NVFlare's real simulator: each is rejected with its reason, the job finishes with the
-honest sites (FedAvg, tiny profile, 4 sites, 3 rounds; faults injected by ``fedseg.fl.faults``)."""
+honest sites (FedAvg, tiny profile with one local epoch, 4 sites, 3 rounds; faults injected by ``fedseg.fl.faults``)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ EXPECTED = {
 @pytest.fixture(scope="module")
 def faulty_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults_sim")
-    job = export_job("fedavg", root / "jobs", profile="tiny", num_rounds=3)
+    # one local epoch: the faults, not the training, are under test (keeps the run well under 2 min)
+    job = export_job("fedavg", root / "jobs", profile="tiny", num_rounds=3, local_epochs=1)
     old = os.environ.get(FAULT_ENV)
     os.environ[FAULT_ENV] = FAULTS
     try:
