@@ -257,3 +257,16 @@ def test_fault_injection_parses_and_distorts_as_documented():
     for bad in ("site-2", "site-2:explode", "site-2:scale=abc", ":zero"):
         with pytest.raises(ValueError, match="FEDSEG_FAULT_INJECTION"):
             parse_faults(bad)
+
+
+def test_a_site_that_cannot_read_its_data_is_left_out_and_the_others_continue():
+    """The site loop answers a failed task with the exception type only (``fedseg.fl.client``): the server
+    records that type, never the site's file names, and aggregates the other sites."""
+    good = lambda i: {k: v.numpy() for k, v in _model(i).items()}  # noqa: E731
+    answers = [(s, good(i), {"n_samples": 10, "round": 0}, 0) for i, s in enumerate(["a", "b", "c"])]
+    answers.append(("d", {}, {"error": "DatalistError"}, 0))
+    controller = ScriptedController(answers)
+    controller._reference = dict(GLOBAL)
+    results = controller._exchange("train", {s: SitePayload(params=GLOBAL) for s in "abcd"}, 0)
+    assert sorted(results) == ["a", "b", "c"]
+    assert controller._rejected == {"d": "train: d: the site could not run the task (DatalistError; details in its log)"}
