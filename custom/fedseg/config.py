@@ -15,6 +15,16 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     "data_family": "polyp",
     "data_profile": "default",
     "data_seed": 0,
+    # built-in FedEFM silos (data_family "xray_foundation"): share of a silo's classes no other silo holds,
+    # and scanner styles in the label space (classes = 4 devices x data_scanners)
+    "data_unseen": 1.0,
+    "data_scanners": 3,
+    # "segmentation" or "classification" (FedEFM phase 1); None = each datalist's "task", else segmentation
+    "task": None,
+    # classification ViT (fedseg.foundation.PROFILES: "tiny" 96 px CPU, "small", "paper" ViT-B/16 at 224);
+    # vit_image_size None = the profile's; num_classes must equal the datalists' label_space length
+    "vit_profile": "tiny",
+    "vit_image_size": None,
     # network / optimisation (bundle variables)
     "image_size": 64,
     "in_channels": 3,
@@ -81,6 +91,35 @@ PROFILES: Dict[str, Dict[str, Any]] = {
     # the README's main job: a few minutes on a 2-core laptop
     "default": {"num_rounds": 10, "train_config": {}},
 }
+
+
+#: seconds one local epoch at 64 x 64 px may take at a site before ``default_task_timeout`` gives up on it;
+#: generous on purpose (a slow CPU-only hospital site must not be cut off), since the timeout only has to end
+#: a round that a dead or hung site would otherwise hold for ever
+TASK_SECONDS_PER_EPOCH_64PX = 300
+#: bounds of ``default_task_timeout`` (5 minutes, 24 hours)
+TASK_TIMEOUT_RANGE = (300, 24 * 3600)
+
+
+def default_task_timeout(train_config: Dict[str, Any]) -> int:
+    """Seconds a site may take for one task when the job does not say (``task_timeout=None``).
+
+    ``TASK_SECONDS_PER_EPOCH_64PX * local_epochs * max(1, side / 64) ** 2`` with ``side`` the training
+    input size (``patch_size`` in patch mode, else ``image_size``), clipped to :data:`TASK_TIMEOUT_RANGE`:
+    a task's work grows with the epochs and the pixels per image. Examples: tiny profile (32 px, 3 epochs)
+    900 s; default (64 px, 1 epoch) 300 s; a 384 px paper profile with 2 epochs 6 h.
+    A site that has not answered by then is left out of the round (``missing`` in report.json) and the
+    round finishes with the others; ``task_timeout=0`` waits for ever (not recommended outside tests).
+    """
+    value = {}
+    for key in ("local_epochs", "image_size", "patch_size"):
+        value[key] = train_config.get(key, BASE_TRAIN_CONFIG[key])
+        if not isinstance(value[key], int) or isinstance(value[key], bool) or value[key] < 1:
+            raise ValueError(f"default_task_timeout: train_config[{key!r}] must be a positive integer, got {value[key]!r}")
+    side = value["patch_size"] if train_config.get("spatial_mode") == "patch" else value["image_size"]
+    seconds = TASK_SECONDS_PER_EPOCH_64PX * value["local_epochs"] * max(1.0, side / 64) ** 2
+    low, high = TASK_TIMEOUT_RANGE
+    return int(min(high, max(low, round(seconds))))
 
 
 def resolve_profile(

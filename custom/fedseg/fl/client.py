@@ -1,15 +1,18 @@
 """The site side of every job: receive a task, run it with the engine and the method's objective, reply.
 
 What leaves the site (``FLModel`` sent back):
-  * train:    the trained weights, ``metrics`` {train_loss, val_dice, steps}, ``meta`` {n_samples, round} plus
+  * train:    the trained weights, ``metrics`` {train_loss, steps, the engine's validation metrics:
+              val_dice (segmentation) or val_accuracy (classification)}, ``meta`` {n_samples, round} plus
               the objective's declared statistics;
-  * evaluate: ``metrics`` {dice, hd95, assd} of the received model on the test split, nothing else
-              (the per-image values stay in ``<site workspace>/fedseg_outputs/<site>/per_image_<model>.json``);
+  * evaluate: ``metrics`` of the received model on the test split ({dice, hd95, assd} or {accuracy,
+              balanced_accuracy, accuracy_class_<k>}), nothing else (the per-image values stay in ``<site workspace>/fedseg_outputs/<site>/per_image_<model>.json``);
   * weight tasks (the objective's ``weight_tasks``, e.g. FedEFM's overseas training and gossip): weights
     (main and/or extra named models, ``fedseg.fl.protocol.pack_models``), ``meta`` {n_samples, round} plus
     declared statistics;
   * other tasks (method-specific): the objective's declared statistics only.
-Images, labels, predictions and overlays stay in the site's workspace.
+Images, labels, predictions and overlays stay in the site's workspace, and so does the site's training
+state (``fedseg.engine.site_state``: optimiser, data order; saved after every task once the process has
+trained, restored by a restarted process before its first training).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from typing import Any, Dict, Optional
 import torch
 
 from fedseg.data.checks import check_datalist
-from fedseg.engine.engine import SegEngine
+from fedseg.engine.base import LocalEngine
+from fedseg.engine.factory import build_engine, resolve_task
+from fedseg.engine.site_state import SiteState, job_key
 from fedseg.fl.faults import FAULT_ENV, apply_faults, faults_for
 from fedseg.fl.protocol import BASE_STATISTICS, EVALUATE_TASK, META_KEY, TRAIN_TASK, pack_models, unpack_models
 from fedseg.fl.site_data import resolve_site_datalist
@@ -45,9 +50,11 @@ class SiteRunner:
         self.workspace = Path(workspace or os.getcwd())
         self.output_dir = self.workspace / "fedseg_outputs" / site
         self.state_dir = self.workspace / "fedseg_state" / site
-        self.engine: Optional[SegEngine] = None
+        self.engine: Optional[LocalEngine] = None
         self.model: Optional[torch.nn.Module] = None
         self.objective = None
+        self.site_state: Optional[SiteState] = None
+        self._trained = False
         self._setup_key: Optional[str] = None
 
     def _setup(self, job: Dict[str, Any]) -> None:
@@ -56,22 +63,37 @@ class SiteRunner:
             return
         cfg = job["train_config"]
         datalist = resolve_site_datalist(
-            self.site, cfg, self.args.datalist, self.args.site_datalists, self.args.data_root, str(self.workspace)
+            self.site, cfg, self.args.datalist, self.args.site_datalists, self.args.data_root, str(self.workspace),
+            clients=job.get("clients"),
         )
         logger.info("%s: training on %s", self.site, datalist)
-        # bad files (outside the datalist's folder, 3-D, tiny, huge, unknown modes) fail here, before training,
-        # with the file named in this site's log; the server only learns the error type (DatalistError)
-        check_datalist(datalist, decode=False)  # SegEngine's load_datalist decodes every pair next
-        self.engine = SegEngine(self.site, datalist, cfg, bundle_dir=self.args.bundle_dir)
+        if resolve_task(datalist, cfg) == "segmentation":
+            # bad files (outside the datalist's folder, 3-D, tiny, huge, unknown modes) fail here, before training,
+            # with the file named in this site's log; the server only learns the error type (DatalistError).
+            # Paths and headers only: SegEngine's load_datalist decodes every pair next
+            check_datalist(datalist, decode=False)
+        # the task (train_config / datalist) picks the engine; one site logic for every task
+        self.engine = build_engine(self.site, datalist, cfg, bundle_dir=self.args.bundle_dir)
         self.model = self.engine.build_network()
         self.objective = build_objective(job["objective"], **job["objective_args"])
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.site_state = SiteState(self.state_dir, job_key(job["objective"], job["objective_args"], cfg))
+        self._trained = False
         self._setup_key = key
 
     def handle(self, task: str, params: Dict[str, Any], meta: Dict[str, Any]) -> Dict[str, Any]:
-        """Run one task; returns ``{"params", "metrics", "meta"}`` — exactly what will be sent."""
+        """Run one task; returns ``{"params", "metrics", "meta"}`` — exactly what will be sent.
+
+        The site state is saved after the task, before anything is sent: what the server received is
+        always already in the state a restarted process resumes from."""
         job = meta[META_KEY]
         self._setup(job)
+        out = self._run(task, params, meta, job)
+        if self._trained:
+            self.site_state.save(int(job["round"]), self.engine.make_optimizer(self.model), self.engine.shuffle_generator)
+        return out
+
+    def _run(self, task: str, params: Dict[str, Any], meta: Dict[str, Any], job: Dict[str, Any]) -> Dict[str, Any]:
         main, extra = unpack_models(params)
         if main or not extra:  # a task may carry only extra models (FedEFM's overseas training)
             self.model.load_state_dict({k: torch.as_tensor(v) for k, v in main.items()})
@@ -101,9 +123,14 @@ class SiteRunner:
 
     def _train(self, ctx: RoundContext) -> Dict[str, Any]:
         started = time.perf_counter()
+        # a restarted process: Adam moments and data order as they were after the site's last earlier round
+        restored = self.site_state.restore(ctx.round, self.engine.make_optimizer(self.model), self.engine.shuffle_generator)
         self.objective.begin_round(ctx, self.model)
         metrics = self.engine.train(self.model, self.objective, ctx)
-        metrics["val_dice"] = self.engine.evaluate(self.model, "validation", metrics=("dice",))["dice"]
+        self._trained = True
+        if restored is not None:
+            metrics["state_restored_from_round"] = float(restored)
+        metrics.update(self.engine.validation_metrics(self.model))
         statistics = self._declared(self.objective.end_round(ctx, self.model, self.engine))
         if ctx.round == ctx.total_rounds - 1:
             self.objective.save_site_figures(str(self.output_dir), ctx)
@@ -120,11 +147,8 @@ class SiteRunner:
         # per-image results stay in this site's workspace (paired tests by ``fedseg bench``); only the
         # summary metrics are sent
         self.write_per_image(model_name, round_, rows)
-        if model_name == "global":
-            # site-local figure: written into this site's workspace, never sent
-            from fedseg.plots.overlays import save_overlay_strip
-
-            save_overlay_strip(self.engine, self.model, self.output_dir / f"overlays_{model_name}.png")
+        # site-local figures (segmentation overlays): written into this site's workspace, never sent
+        self.engine.save_evaluation_figures(self.model, self.output_dir, model_name)
         return {"params": {}, "metrics": metrics, "meta": {}}
 
     def per_image_path(self, model_name: str) -> Path:

@@ -2,7 +2,9 @@
 
 A method changes only the ``ServerStrategy`` (how results become the next models) and the client
 objective (named here and shipped to sites in the task meta). The controller writes ``report.json``,
-a markdown summary and plots into the run directory.
+a markdown summary and plots into the run directory, and after every round ``round_checkpoint.pt``
+(``fedseg.fl.checkpoint``) into ``checkpoint_dir``: a job started with the same configuration and a
+checkpoint there continues from the round after the checkpoint's instead of starting over.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.workflows.model_controller import ModelController
 
 from fedseg.bundle import build_network
+from fedseg.config import default_task_timeout
+from fedseg.fl.checkpoint import load_checkpoint, save_checkpoint
 from fedseg.fl.protocol import BASE_STATISTICS, META_KEY, EVALUATE_TASK, TRAIN_TASK, unpack_models
 from fedseg.fl.report import RunReport
 from fedseg.fl.screening import (
@@ -46,14 +50,18 @@ class FedSegController(ModelController):
         objective_args: options of the objective.
         train_config: hyper-parameters every site trains with (sent in each task's meta).
         min_clients: fewest valid results a round may continue with; fewer stops the job with an error.
-        task_timeout: seconds a site may take for one task (0 = wait forever). A site that does not
-            answer in time is left out of that round.
+        task_timeout: seconds a site may take for one task; None = ``fedseg.config.default_task_timeout``
+            of ``train_config``; 0 = wait for ever. A site that does not answer in time is left out of
+            that round (``missing`` in the report) and the round finishes with the others.
         task_check_period: how often NVFlare's controller checks task status (seconds); part of the
             per-round framework overhead (see docs/benchmarks.md).
         final_evaluation: evaluate the final global (and personalised) models on every site's test split.
         screening: options of the checks made on every result before aggregation
             (``fedseg.fl.screening.ScreeningConfig``: stale rounds, statistic ranges, all-zero models,
             update norms and directions far from the other sites'); ``None`` = the defaults.
+        checkpoint_dir: absolute path of the folder for ``round_checkpoint.pt``; None = the job's run
+            directory (lost with the job's workspace: a POC or production server that must survive a
+            restart points this at persistent storage).
     """
 
     def __init__(
@@ -66,11 +74,12 @@ class FedSegController(ModelController):
         objective_args: Optional[Dict[str, Any]] = None,
         train_config: Optional[Dict[str, Any]] = None,
         min_clients: int = 2,
-        task_timeout: int = 0,
+        task_timeout: Optional[int] = None,
         final_evaluation: bool = True,
         task_check_period: float = 0.5,
         persistor_id: str = "persistor",
         screening: Optional[Dict[str, Any]] = None,
+        checkpoint_dir: Optional[str] = None,
     ):
         super().__init__(persistor_id=persistor_id, ignore_result_error=True, task_check_period=task_check_period)
         self.task_check_period = float(task_check_period)
@@ -82,8 +91,14 @@ class FedSegController(ModelController):
         self.objective_args = dict(objective_args or {})
         self.train_config = dict(train_config or {})
         self.min_clients = int(min_clients)
-        self.task_timeout = int(task_timeout)
+        self.task_timeout = default_task_timeout(self.train_config) if task_timeout is None else int(task_timeout)
+        if self.task_timeout < 0:
+            raise ValueError(f"task_timeout must be >= 0 seconds (0 = wait for ever), got {task_timeout}")
         self.final_evaluation = bool(final_evaluation)
+        if checkpoint_dir is not None and not Path(checkpoint_dir).is_absolute():
+            # relative to what? the server's working directory differs between POC, production and simulator
+            raise ValueError(f"checkpoint_dir must be an absolute path, got {checkpoint_dir!r}")
+        self.checkpoint_dir = checkpoint_dir
         # fail at job start, not after an hour of training, if a name or an option is wrong
         self._strategy = build_strategy(self.strategy, **self.strategy_args)
         objective_ = build_objective(self.objective, **self.objective_args)
@@ -109,6 +124,8 @@ class FedSegController(ModelController):
         duplicates = duplicated_sites(clients)
         if duplicates:
             raise RuntimeError(f"duplicated site names {sorted(duplicates)}: every site needs its own name")
+        # sent to every site: built-in data whose classes depend on the whole federation (FedEFM's silos)
+        self._clients = list(clients)
         if len(clients) < self.min_clients:
             raise RuntimeError(f"{len(clients)} sites connected, the job needs at least {self.min_clients}")
         if getattr(self._strategy, "needs_network", False):
@@ -121,7 +138,8 @@ class FedSegController(ModelController):
             clients=clients,
             config=self._effective_config(clients),
         )
-        for round_ in range(self.num_rounds):
+        first_round = self._resume(report)
+        for round_ in range(first_round, self.num_rounds):
             if self.abort_signal.triggered:
                 return
             started = time.perf_counter()
@@ -153,6 +171,7 @@ class FedSegController(ModelController):
             if self._strategy.has_global_model:
                 self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
             report.write(self.get_run_dir(), plots=False)
+            self._checkpoint(report, round_)
             self.info(f"round {round_ + 1}/{self.num_rounds} done: {report.round_summary(round_)}")
 
         finished = self._strategy.finish()
@@ -170,6 +189,41 @@ class FedSegController(ModelController):
         path = report.write(self.get_run_dir(), plots=True)
         self.info(f"report written to {path}")
 
+    # ---------------------------------------------------------------------------------- restart
+    def _checkpoint_folder(self) -> Path:
+        return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(self.get_run_dir())
+
+    def _resume(self, report: RunReport) -> int:
+        """Load the checkpoint of this job if there is one; returns the first round still to run.
+
+        The strategy (already started with this job's clients) takes the checkpoint's state, the report
+        takes its rounds, and ``resumed_at`` records the round this process starts from.
+        """
+        state = load_checkpoint(self._checkpoint_folder(), report.config)
+        if state is None:
+            return 0
+        self._strategy.load_state_dict(state["strategy"])
+        first = int(state["completed_round"]) + 1
+        report.rounds = list(state["report"]["rounds"])
+        report.resumed_at = list(state["report"]["resumed_at"]) + [first]
+        if self._strategy.has_global_model:
+            self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
+        self.info(f"resuming from {self._checkpoint_folder()}: rounds 0..{first - 1} done, continuing at round {first}")
+        return first
+
+    def _checkpoint(self, report: RunReport, round_: int) -> None:
+        state = self._strategy.state_dict()
+        save_checkpoint(
+            self._checkpoint_folder(),
+            config=report.config,
+            completed_round=round_,
+            # the same tensors as the strategy state's: torch.save stores them once
+            global_params=state["global"],
+            strategy_state=state,
+            rounds=report.rounds,
+            resumed_at=report.resumed_at,
+        )
+
     # ---------------------------------------------------------------------------------- helpers
     def _attach_train_config(self) -> None:
         """Make the persistor write ``train_config`` next to ``model`` in ``FL_global_model.pt``, so that
@@ -183,6 +237,7 @@ class FedSegController(ModelController):
             "num_rounds": self.num_rounds,
             "num_clients": len(clients),
             "min_clients": self.min_clients,
+            "task_timeout": self.task_timeout,
             "strategy": self.strategy,
             "objective": self.objective,
             "objective_args": self.objective_args,
@@ -200,6 +255,7 @@ class FedSegController(ModelController):
                 "train_config": self.train_config,
                 "round": round_,
                 "total_rounds": self.num_rounds,
+                "clients": list(getattr(self, "_clients", [])),
             },
             **extra,
         }

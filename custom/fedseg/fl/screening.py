@@ -44,6 +44,9 @@ METRIC_RANGES: Dict[str, Tuple[float, float]] = {
     "val_dice": (0.0, 1.0),
     "dice": (0.0, 1.0),
     "dice_fov": (0.0, 1.0),
+    "val_accuracy": (0.0, 1.0),
+    "accuracy": (0.0, 1.0),
+    "balanced_accuracy": (0.0, 1.0),
     "steps": (0.0, math.inf),
     "compute_time": (0.0, math.inf),
 }

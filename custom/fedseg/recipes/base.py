@@ -12,6 +12,7 @@ from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 from nvflare.recipe.spec import Recipe
 
 from fedseg.bundle import build_network
+from fedseg.config import default_task_timeout
 from fedseg.fl.audit import ResultAuditFilter
 from fedseg.fl.controller import FedSegController
 from fedseg.fl.protocol import EVALUATE_TASK, TRAIN_TASK
@@ -38,7 +39,7 @@ class SiteScript:
 TASK_REQUEST_INTERVAL = 0.2
 
 #: recipe options that configure the job rather than training (everything else is a train_config override)
-JOB_OPTIONS = ("min_clients", "task_timeout", "task_check_period", "script_args", "screening")
+JOB_OPTIONS = ("min_clients", "task_timeout", "task_check_period", "script_args", "screening", "checkpoint_dir")
 
 
 def split_options(options: Dict[str, Any]) -> tuple:
@@ -63,10 +64,13 @@ class FedSegRecipe(Recipe):
         num_rounds: communication rounds.
         train_config: effective training hyper-parameters (see ``fedseg.config``).
         min_clients: sites needed to start, and fewest valid results a round may continue with.
-        task_timeout: seconds a site may take for one task before it is left out of that round (0 = no limit).
+        task_timeout: seconds a site may take for one task before it is left out of that round; None =
+            ``fedseg.config.default_task_timeout(train_config)`` (written into the exported job); 0 = no limit.
         script_args: extra arguments for the site script (e.g. ``--site_datalists sites.json``).
         screening: checks on every result before aggregation (``fedseg.fl.screening.ScreeningConfig`` fields,
             e.g. ``{"norm_factor": 5, "max_update_norm": 50}``); ``None`` = the documented defaults.
+        checkpoint_dir: absolute folder for the server's ``round_checkpoint.pt`` (None: the run directory);
+            a job re-submitted with the same folder resumes after the last completed round.
     """
 
     def __init__(
@@ -81,10 +85,11 @@ class FedSegRecipe(Recipe):
         strategy_args: Optional[Dict[str, Any]] = None,
         objective_args: Optional[Dict[str, Any]] = None,
         min_clients: int = 2,
-        task_timeout: int = 0,
+        task_timeout: Optional[int] = None,
         task_check_period: float = 0.5,
         script_args: str = "",
         screening: Optional[Dict[str, Any]] = None,
+        checkpoint_dir: Optional[str] = None,
     ):
         self.name = name
         self.method = method
@@ -105,9 +110,10 @@ class FedSegRecipe(Recipe):
             objective_args=objective_args,
             train_config=self.train_config,
             min_clients=min_clients,
-            task_timeout=task_timeout,
+            task_timeout=default_task_timeout(self.train_config) if task_timeout is None else task_timeout,
             task_check_period=task_check_period,
             screening=screening,
+            checkpoint_dir=checkpoint_dir,
         )
         # sites ask for their next task every task_request_interval seconds (NVFlare default 2 s): the
         # largest cut in per-round framework overhead we measured (docs/benchmarks.md, section b)

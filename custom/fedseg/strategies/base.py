@@ -7,6 +7,7 @@ The controller (``fedseg.fl.controller.FedSegController``) drives the rounds and
     finish()                                  once, after the last round (e.g. FedEFM's final averaging)
     global_params()                           the model evaluated as ``final.global``
     personalized_params()                     per-site models evaluated as ``final.personalized`` (or None)
+    state_dict() / load_state_dict(state)     what a restarted server needs to continue (``fl.checkpoint``)
 
 ``exchange(task_name, {site: SitePayload}) -> {site: ClientUpdate}`` lets a strategy run a second
 task inside a round (FedEvi's surrogate evaluation) without knowing about NVFlare.
@@ -95,5 +96,43 @@ class ServerStrategy:
     def global_params(self) -> Params:
         return self._global
 
+    # ------------------------------------------------------------------------------- checkpointing
+    def state_dict(self) -> Dict[str, Any]:
+        """Everything the strategy learnt so far, to continue after a server restart.
+
+        Holds CPU tensors, lists, numbers and strings only, so that ``torch.load(weights_only=True)``
+        reads it back (a checkpoint file is never executed). Subclasses extend the dict with their own
+        state (FedEvi's beta, GraphFedSeg's graph and personalised models, ...) and must restore it in
+        :meth:`load_state_dict`; what ``start`` derives from the clients alone is not stored.
+        """
+        return {
+            "name": self.name,
+            "config": self.config(),
+            "clients": list(self.clients),
+            "global": clone_params(self._global),
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output; call after ``start`` with the same clients.
+
+        Raises ValueError when the state belongs to another strategy, other options or other sites:
+        continuing with it would mix two different runs.
+        """
+        if state.get("name") != self.name:
+            raise ValueError(f"checkpoint is of strategy {state.get('name')!r}, this job runs {self.name!r}")
+        differing = sorted(
+            k for k in set(state.get("config", {})) | set(self.config()) if state.get("config", {}).get(k) != self.config().get(k)
+        )
+        if differing:
+            raise ValueError(f"checkpoint was written with other {self.name} options: {differing}")
+        if list(state.get("clients", [])) != list(self.clients):
+            raise ValueError(f"checkpoint is for sites {state.get('clients')}, this job started with {self.clients}")
+        self._global = clone_params(state["global"])
+
     def personalized_params(self) -> Optional[Dict[str, Params]]:
         return None
+
+
+def clone_params(params: Params) -> Params:
+    """A detached CPU copy of a state dict, so that a checkpoint never aliases live training tensors."""
+    return {k: v.detach().cpu().clone() for k, v in params.items()}

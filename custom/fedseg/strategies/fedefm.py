@@ -24,7 +24,7 @@ from fedseg.fl.protocol import pack_models
 from fedseg.foundation.topology import TOPOLOGIES, in_neighbours, mixing_matrix, out_neighbours
 
 from .aggregation import check_aggregation, robust_average, sample_weights, weighted_average
-from .base import ClientUpdate, Exchange, Params, ServerStrategy, SitePayload
+from .base import ClientUpdate, Exchange, Params, ServerStrategy, SitePayload, clone_params
 
 OVERSEAS_TASK = "overseas_train"
 GOSSIP_TASK = "gossip"
@@ -106,6 +106,25 @@ class FedEFMStrategy(ServerStrategy):
         # every silo starts from the same initial model; DFL silos then drift apart
         self._models = {s: self._global for s in self.clients}
         self._experts = {}
+
+    def state_dict(self) -> Dict[str, Any]:
+        # silo models (CFL: all the global model), the experts waiting for their owners, sample counts
+        return {
+            **super().state_dict(),
+            "models": {s: clone_params(m) for s, m in self._models.items()},
+            "experts": {i: {j: clone_params(m) for j, m in e.items()} for i, e in self._experts.items()},
+            "n_samples": dict(self._n_samples),
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.mode == "cfl":
+            # CFL silos all continue from the one global model (kept as one object, as ``aggregate`` does)
+            self._models = {s: self._global for s in self.clients}
+        else:
+            self._models = {s: clone_params(m) for s, m in state["models"].items()}
+        self._experts = {i: {j: clone_params(m) for j, m in e.items()} for i, e in state["experts"].items()}
+        self._n_samples = {s: int(n) for s, n in state["n_samples"].items()}
 
     # ------------------------------------------------------------------------------------ rounds
     def payload(self, site: str, round_: int) -> SitePayload:

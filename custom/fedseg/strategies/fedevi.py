@@ -93,6 +93,13 @@ class FedEviStrategy(ServerStrategy):
         super().start(clients, initial_params)
         self.beta = {}
 
+    def state_dict(self) -> Dict[str, Any]:
+        return {**super().state_dict(), "beta": dict(self.beta)}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.beta = {str(s): float(w) for s, w in state["beta"].items()}
+
     def _previous_weights(self, sites: List[str], updates: Dict[str, ClientUpdate]) -> Dict[str, float]:
         """beta^{r-1} over ``sites``, renormalised; sites never seen before get their beta^0 share."""
         new = [s for s in sites if s not in self.beta]

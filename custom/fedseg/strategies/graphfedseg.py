@@ -43,7 +43,7 @@ import torch
 from fedseg.uncertainty.client_uncertainty import check_estimator
 
 from .aggregation import sample_weights
-from .base import ClientUpdate, Exchange, Params, ServerStrategy, SitePayload
+from .base import ClientUpdate, Exchange, Params, ServerStrategy, SitePayload, clone_params
 from .collaboration_graph import (
     collaboration_graph,
     dual_layer_aggregate,
@@ -162,6 +162,30 @@ class GraphFedSegStrategy(ServerStrategy):
         self._personal = {}
         self._neighbour_flat = None
         self._neighbour_norms = None
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Adds the latest graph and its sites, the personalised models, the round-0 model (the origin of
+        ``similarity="update"``) and last round's local models (the regulariser's neighbours)."""
+        return {
+            **super().state_dict(),
+            "graph": torch.as_tensor(self.graph, dtype=torch.float64).clone(),
+            "graph_sites": list(self.graph_sites),
+            "personal": {s: clone_params(m) for s, m in self._personal.items()},
+            "initial_flat": self._initial_flat.detach().clone(),
+            "neighbour_flat": None if self._neighbour_flat is None else self._neighbour_flat.detach().clone(),
+            "neighbour_norms": None if self._neighbour_norms is None else self._neighbour_norms.detach().clone(),
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.graph = state["graph"].numpy().astype(np.float64)
+        self.graph_sites = list(state["graph_sites"])
+        self._personal = {s: clone_params(m) for s, m in state["personal"].items()}
+        # the restarted job's initial model may be a fresh initialisation; the similarity origin is the run's own
+        self._initial_flat = state["initial_flat"].clone()
+        self._template = {key: self._global[key] for key in self._keys}
+        self._neighbour_flat = None if state["neighbour_flat"] is None else state["neighbour_flat"].clone()
+        self._neighbour_norms = None if state["neighbour_norms"] is None else state["neighbour_norms"].clone()
 
     def payload(self, site: str, round_: int) -> SitePayload:
         """theta_global plus ``meta["graphfedseg"]`` = {lambda1, uncertainty, mc_samples,

@@ -71,6 +71,14 @@ class PathFLStrategy(ServerStrategy):
         if self.use_ssa and self.network_factory is None:
             raise RuntimeError("SSA runs the sites' models on the server: set network_factory before start()")
 
+    def state_dict(self) -> Dict[str, Any]:
+        # the style pool: each site's latest (mean, std); the server network is a cache rebuilt on demand
+        return {**super().state_dict(), "styles": {s: [list(m), list(sd)] for s, (m, sd) in self._styles.items()}}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._styles = {s: (list(m), list(sd)) for s, (m, sd) in state["styles"].items()}
+
     def style_pool(self) -> Dict[str, list]:
         sites = [s for s in self.clients if s in self._styles]
         return {"mean": [self._styles[s][0] for s in sites], "std": [self._styles[s][1] for s in sites]}

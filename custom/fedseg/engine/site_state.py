@@ -1,0 +1,104 @@
+"""A site's training state on disk, so that a restarted site process continues where it stopped.
+
+What a site keeps between rounds besides the weights the server sends: the optimiser's state (Adam's
+moments and step counts, which the engine keeps per model across rounds) and the generator that
+shuffles its training data. ``SiteState`` writes both into ``<site workspace>/fedseg_state/<site>/``
+(``RoundContext.state_dir``) after every train task, before the result is sent, and a fresh process
+loads them before its first training. Two other pieces of site state already live in the same folder
+and are restored by their owners: the DP accountant (``fedseg.engine.privacy``, ``dp_accountant.json``)
+and FedEvi's local model (``fedseg.objectives.fedevi``, ``fedevi_local_model.pt``).
+
+Nothing counted twice. The file holds the state *after* each of the last :data:`KEEP` train tasks,
+keyed by round. A task of round ``r`` restores the newest record of a round ``< r``: when the server
+re-sends a round the site had already trained before a crash (a resumed server redoes the round in
+progress), the site starts from the state before that round, not after it, so that round's Adam steps
+are not applied twice. Round 0 never restores (a new job), nor does a process that has already
+trained (its state is in memory), nor a record written by a job with another configuration
+(``job_key``). The file stays at the site: it is never sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "site_state.pt"
+#: train tasks whose after-state is kept (the newest and the one before it)
+KEEP = 2
+FORMAT = 1
+
+
+def job_key(*parts: Any) -> str:
+    """A short fingerprint of a job's configuration (objective, its options, train_config)."""
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+class SiteState:
+    """Save and restore a site's optimiser and data-order state across process restarts.
+
+    Args:
+        state_dir: the site's state folder (``RoundContext.state_dir``).
+        key: ``job_key(...)`` of the job this process runs.
+    """
+
+    def __init__(self, state_dir: os.PathLike, key: str):
+        self.path = Path(state_dir) / STATE_FILE
+        self.key = key
+        #: the round whose after-state this process restored (None: fresh start or nothing restored)
+        self.restored_round: Optional[int] = None
+        self._checked = False
+
+    def _read(self) -> Dict[str, Any]:
+        if not self.path.is_file():
+            return {}
+        try:
+            state = torch.load(self.path, map_location="cpu", weights_only=True)
+        except Exception as e:  # a damaged file must not stop the site: it trains from a fresh optimiser
+            logger.warning("site state %s unreadable (%s): starting from a fresh optimiser", self.path, e)
+            return {}
+        if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("key") != self.key:
+            logger.info("site state %s belongs to another job configuration: not used", self.path)
+            return {}
+        return state
+
+    def save(self, round_: int, optimizer: torch.optim.Optimizer, generator: torch.Generator) -> Path:
+        """Record the state after the train task of ``round_`` (atomic replace; keeps the last KEEP rounds)."""
+        records = {int(r): v for r, v in self._read().get("records", {}).items() if int(r) < round_}
+        records[int(round_)] = {"optimizer": optimizer.state_dict(), "generator": generator.get_state()}
+        records = {r: records[r] for r in sorted(records)[-KEEP:]}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            torch.save({"format": FORMAT, "key": self.key, "records": records}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        return self.path
+
+    def restore(self, round_: int, optimizer: torch.optim.Optimizer, generator: torch.Generator) -> Optional[int]:
+        """Before the first training of this process: load the newest after-state of a round < ``round_``.
+
+        Returns the round restored from, or None. Checked once per process: later tasks use the state in
+        memory. ``optimizer`` must be the one training will use, still without state.
+        """
+        if self._checked:
+            return None
+        self._checked = True
+        if round_ <= 0 or optimizer.state:
+            return None
+        earlier = {int(r): v for r, v in self._read().get("records", {}).items() if int(r) < round_}
+        if not earlier:
+            return None
+        last = max(earlier)
+        optimizer.load_state_dict(earlier[last]["optimizer"])
+        generator.set_state(earlier[last]["generator"])
+        self.restored_round = last
+        logger.info("site state restored from %s: optimiser and data order after round %d", self.path, last)
+        return last

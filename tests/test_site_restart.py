@@ -1,0 +1,177 @@
+"""A site that dies or hangs: the task timeout ends the round without it; a restarted site resumes its state."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedseg.config import BASE_TRAIN_CONFIG, TASK_TIMEOUT_RANGE, default_task_timeout, resolve_profile
+from fedseg.fl.controller import FedSegController
+from fedseg.recipes import available_methods
+
+JOBS = Path(__file__).resolve().parents[1] / "jobs"
+
+
+# ------------------------------------------------------------------------------------ task timeout
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({}, 300),  # 64 px, 1 epoch
+        ({"local_epochs": 3, "image_size": 32}, 900),  # smaller images take no less than the 64 px floor
+        ({"local_epochs": 2, "image_size": 384}, 300 * 2 * 36),
+        ({"image_size": 512, "spatial_mode": "patch", "patch_size": 128}, 300 * 4),  # patches, not images
+        ({"local_epochs": 50, "image_size": 1024}, TASK_TIMEOUT_RANGE[1]),  # capped at a day
+    ],
+)
+def test_default_task_timeout_by_hand(overrides, expected):
+    assert default_task_timeout({**BASE_TRAIN_CONFIG, **overrides}) == expected
+
+
+def test_default_task_timeout_of_the_profiles():
+    assert default_task_timeout(resolve_profile("tiny")["train_config"]) == 900
+    assert default_task_timeout(resolve_profile("default")["train_config"]) == 300
+
+
+@pytest.mark.parametrize("key, bad", [("local_epochs", 0), ("image_size", "64"), ("patch_size", 2.5), ("local_epochs", True)])
+def test_default_task_timeout_names_a_bad_value(key, bad):
+    with pytest.raises(ValueError, match=key):
+        default_task_timeout({**BASE_TRAIN_CONFIG, key: bad})
+
+
+def test_controller_never_waits_for_ever_unless_told():
+    tiny = resolve_profile("tiny")["train_config"]
+    assert FedSegController(train_config=tiny).task_timeout == 900
+    assert FedSegController(train_config=tiny, task_timeout=0).task_timeout == 0
+    with pytest.raises(ValueError, match="task_timeout"):
+        FedSegController(train_config=tiny, task_timeout=-1)
+    with pytest.raises(ValueError, match="absolute"):
+        FedSegController(train_config=tiny, checkpoint_dir="relative/ckpt")
+
+
+@pytest.mark.parametrize("method", available_methods())
+def test_exported_jobs_carry_the_default_timeout(method):
+    config = json.loads((JOBS / method / "app" / "config" / "config_fed_server.json").read_text())
+    (controller,) = [w["args"] for w in config["workflows"] if w["path"].endswith("FedSegController")]
+    assert controller["task_timeout"] == default_task_timeout(controller["train_config"]) > 0
+
+
+# ------------------------------------------------------------------------------------ site restart
+import argparse  # noqa: E402
+
+import torch  # noqa: E402
+
+from fedseg.engine.site_state import STATE_FILE, SiteState, job_key  # noqa: E402
+from fedseg.fl.client import SiteRunner  # noqa: E402
+from fedseg.fl.protocol import META_KEY, TRAIN_TASK  # noqa: E402
+from fedseg.recipes.base import build_initial_network  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def site_config(tiny_train_config):
+    # no augmentation: a restarted site must then reproduce the uninterrupted site bit for bit
+    return {**tiny_train_config, "augment": False, "local_epochs": 1}
+
+
+def _meta(cfg, round_: int, total: int = 4):
+    return {META_KEY: {"method": "fedavg", "objective": "fedavg", "objective_args": {}, "train_config": cfg,
+                       "round": round_, "total_rounds": total}}
+
+
+def _runner(workspace, datalist):
+    args = argparse.Namespace(datalist=str(datalist), site_datalists=None, data_root=None, bundle_dir=None)
+    return SiteRunner("site-a", args, workspace=str(workspace))
+
+
+def _train(runner, cfg, round_: int, global_params):
+    return runner.handle(TRAIN_TASK, {k: v.clone() for k, v in global_params.items()}, _meta(cfg, round_))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_datalist, site_config):
+    """One site process training rounds 0, 1, 2 from the same global model."""
+    workspace = tmp_path_factory.mktemp("site_ref")
+    global_params = build_initial_network(site_config).state_dict()
+    runner = _runner(workspace, tiny_datalist)
+    outs = [_train(runner, site_config, r, global_params) for r in range(3)]
+    return workspace, global_params, outs, runner
+
+
+def _same_params(a, b):
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_restarted_site_continues_as_if_it_never_stopped(tmp_path, tiny_datalist, site_config, uninterrupted):
+    _, global_params, reference, ref_runner = uninterrupted
+    first = _runner(tmp_path, tiny_datalist)
+    for r in range(2):
+        assert _same_params(_train(first, site_config, r, global_params)["params"], reference[r]["params"])
+    del first  # the site process dies after round 1
+
+    restarted = _runner(tmp_path, tiny_datalist)
+    out = _train(restarted, site_config, 2, global_params)
+    assert out["metrics"]["state_restored_from_round"] == 1.0
+    assert _same_params(out["params"], reference[2]["params"])
+    # Adam moments and step counts equal the uninterrupted process's
+    mine = restarted.engine.make_optimizer(restarted.model).state_dict()["state"]
+    theirs = ref_runner.engine.make_optimizer(ref_runner.model).state_dict()["state"]
+    assert mine.keys() == theirs.keys()
+    for i in mine:
+        assert all(torch.equal(mine[i][k], theirs[i][k]) for k in ("step", "exp_avg", "exp_avg_sq")), i
+
+
+def test_without_the_saved_state_the_restarted_site_would_differ(tmp_path, tiny_datalist, site_config, uninterrupted):
+    """The check above can fail: a fresh Adam (what a restart gave before site_state) trains differently."""
+    _, global_params, reference, _ = uninterrupted
+    first = _runner(tmp_path, tiny_datalist)
+    for r in range(2):
+        _train(first, site_config, r, global_params)
+    (tmp_path / "fedseg_state" / "site-a" / STATE_FILE).unlink()
+    out = _train(_runner(tmp_path, tiny_datalist), site_config, 2, global_params)
+    assert "state_restored_from_round" not in out["metrics"]
+    assert not _same_params(out["params"], reference[2]["params"])
+
+
+def test_a_round_trained_before_the_crash_is_not_counted_twice(tiny_datalist, site_config, uninterrupted):
+    """The server resends round 2 (it never got the answer): the site trains it from its state after round 1."""
+    workspace, global_params, reference, _ = uninterrupted
+    again = _train(_runner(workspace, tiny_datalist), site_config, 2, global_params)
+    assert again["metrics"]["state_restored_from_round"] == 1.0
+    assert _same_params(again["params"], reference[2]["params"])
+
+
+def test_site_state_is_not_used_by_round_zero_or_another_job(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    generator = torch.Generator().manual_seed(3)
+    SiteState(tmp_path, job_key("fedavg", {}, {"seed": 0})).save(4, optimizer, generator)
+
+    def fresh():
+        return torch.optim.Adam(torch.nn.Linear(3, 2).parameters()), torch.Generator()
+
+    assert SiteState(tmp_path, job_key("fedavg", {}, {"seed": 0})).restore(0, *fresh()) is None  # a new job
+    assert SiteState(tmp_path, job_key("fedavg", {}, {"seed": 1})).restore(5, *fresh()) is None  # another config
+    assert SiteState(tmp_path, job_key("fedavg", {}, {"seed": 0})).restore(4, *fresh()) is None  # only rounds < 4
+    opt, gen = fresh()
+    state = SiteState(tmp_path, job_key("fedavg", {}, {"seed": 0}))
+    assert state.restore(5, opt, gen) == 4 and int(opt.state_dict()["state"][0]["step"]) == 1
+    assert torch.equal(gen.get_state(), generator.get_state())
+    assert state.restore(6, opt, gen) is None  # once per process
+    # a damaged file: a warning and a fresh optimiser, not a dead site
+    (tmp_path / STATE_FILE).write_bytes(b"garbage")
+    assert SiteState(tmp_path, job_key("fedavg", {}, {"seed": 0})).restore(5, *fresh()) is None
+
+
+def test_site_state_keeps_the_last_two_rounds(tmp_path):
+    optimizer = torch.optim.Adam(torch.nn.Linear(2, 1).parameters())
+    state = SiteState(tmp_path, "k")
+    for r in (0, 1, 2, 3):
+        state.save(r, optimizer, torch.Generator())
+    records = torch.load(tmp_path / STATE_FILE, weights_only=True)["records"]
+    assert sorted(records) == [2, 3]
+    # a re-run of round 2 drops the after-state of round 3 (it is about to be redone)
+    state.save(2, optimizer, torch.Generator())
+    assert sorted(torch.load(tmp_path / STATE_FILE, weights_only=True)["records"]) == [2]
