@@ -295,7 +295,7 @@ def test_site_runner_trains_and_evaluates_a_classifier(cls_datalist, tmp_path):
     meta = {META_KEY: {"objective": "fedavg", "objective_args": {}, "train_config": cfg, "round": 0, "total_rounds": 1}}
     out = runner.handle("train", initial, meta)
     assert {"train_loss", "steps", "val_accuracy"} <= set(out["metrics"]) and "val_dice" not in out["metrics"]
-    assert out["meta"] == {"n_samples": 12} and set(out["params"]) == set(initial)
+    assert out["meta"] == {"n_samples": 12, "round": 0} and set(out["params"]) == set(initial)
     out = runner.handle("evaluate", out["params"], {**meta, "model_name": "global"})
     assert {"accuracy", "balanced_accuracy"} <= set(out["metrics"]) and out["params"] == {}
     record = json.loads(runner.per_image_path("global").read_text())
