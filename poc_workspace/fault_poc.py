@@ -187,8 +187,8 @@ def run(args: argparse.Namespace) -> int:
                 report, notes = _site_fault(args, run_poc, poc, job, job_id, log)
                 checks = notes + check_site_fault(report, args.fault_site, args.fault_round, args.rounds)
             else:
-                report = _server_fault(args, run_poc, poc, job, job_id, log)
-                checks = check_server_fault(report, args.fault_round, args.rounds)
+                report, notes = _server_fault(args, run_poc, poc, job, job_id, log)
+                checks = notes + check_server_fault(report, args.fault_round, args.rounds)
             if args.out:
                 Path(args.out).write_text(json.dumps(report, indent=1))
         except BaseException as e:
@@ -247,30 +247,26 @@ def _site_fault(args, run_poc, poc, job, job_id: str, log) -> Tuple[Dict[str, An
     return report, notes
 
 
-def _server_fault(args, run_poc, poc, job, job_id: str, log) -> Dict[str, Any]:
+def _server_fault(args, run_poc, poc, job, job_id: str, log) -> Tuple[Dict[str, Any], List[Tuple[bool, str]]]:
     procs = processes(run_poc, poc, None)
     servers = procs.get("server", []) + procs.get("server_job", [])
     hit = _signal(servers, signal.SIGKILL)
     log(f"fault: SIGKILL server {hit} after round {args.fault_round - 1}")
     poc._close_session()
     time.sleep(3.0)
-    if not any(p in run_poc.find_poc_processes(poc.workspace, poc.run_tag) for p in servers if _alive(p)):
-        # the POC daemon loop may have restarted it already; if not, start it as an operator would
-        if not processes(run_poc, poc, None).get("server"):
-            poc.nvflare("poc", "start", "-p", poc.roles["server"], "--no-wait", timeout=120)
+    # the POC daemon loop (sub_start.sh) restarts a killed server; if it did not, start it as an operator would
+    if not processes(run_poc, poc, None).get("server"):
+        log("fault: no server process: nvflare poc start -p server")
+        poc.nvflare("poc", "start", "-p", poc.roles["server"], "--no-wait", timeout=120)
     poc.wait_ready()
+    try:  # what NVFlare made of the job that was running when the server died
+        log(f"fault: the killed server's job {job_id} now has status {poc.session.get_job_meta(job_id).get('status')}")
+    except Exception as e:
+        log(f"fault: the killed server's job {job_id} is unknown to the restarted server ({type(e).__name__})")
     new_id = poc.submit(job)
     log(f"fault: re-submitted the same job as {new_id}; it resumes from the checkpoint")
-    _wait_finished(poc, new_id, args.timeout, log)
-    return _fetch_report(poc, new_id)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+    status = _wait_finished(poc, new_id, args.timeout, log)
+    return _fetch_report(poc, new_id), [(status == "FINISHED:COMPLETED", f"re-submitted job {new_id} status {status}")]
 
 
 def _fetch_report(poc, job_id: str) -> Dict[str, Any]:
