@@ -254,3 +254,56 @@ def test_payload_is_weights_and_declared_scalars_only():
     objective = FedEFMObjective()
     assert set(objective.declared_statistics) == {"teacher_emd", "teacher_weights"}
     assert objective.declared_arrays({}) == {}
+
+
+# ------------------------------------------------------------------------------ overseas training
+class OneClassSilo:
+    """A host silo whose every image is class ``label``: the ``engine.train`` surface the objective uses,
+    a plain Adam loop on fixed random images (the classification engine is tested on its own)."""
+
+    def __init__(self, label: int, n: int = 8, size: int = 96):
+        g = torch.Generator().manual_seed(label)
+        self.images = torch.rand(n, 1, size, size, generator=g)
+        self.labels = torch.full((n,), label)
+        self.trained = []
+
+    def train(self, model, objective, ctx, epochs=None):
+        self.trained.append(model)
+        model.train()
+        optimiser = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        for epoch in range(int(epochs)):
+            for start in range(0, len(self.images), 4):
+                x, y = self.images[start : start + 4], self.labels[start : start + 4]
+                loss = objective.loss(BatchOutput(inputs=x, labels=y, logits=model(x), features={}, epoch=epoch))
+                optimiser.zero_grad()
+                loss.backward()
+                optimiser.step()
+        return {"train_loss": loss.item()}
+
+
+def test_overseas_expert_learns_host_data():
+    """theta_ij is trained on silo j's data only: at a host whose data is all class 3 it comes back
+    predicting 3, while the silo's own model (and the guest as sent) are untouched."""
+    torch.manual_seed(0)
+    own, guest = _vit(0), _vit(1)
+    own_before = {k: v.clone() for k, v in own.state_dict().items()}
+    guest_sent = {k: v.clone() for k, v in guest.state_dict().items()}
+    host = OneClassSilo(label=3)
+    with torch.no_grad():
+        before = guest(host.images).argmax(1)
+    objective = FedEFMObjective(overseas_epochs=3)
+    ctx = _round_ctx([], {"guest@b": {k: v.clone() for k, v in guest_sent.items()}})
+    main, trained, stats = objective.handle_weight_task("overseas_train", ctx, own, engine=host)
+    assert main == {} and stats == {} and set(trained) == {"guest@b"}
+    assert len(host.trained) == 1 and host.trained[0] is not own  # a copy of the guest trained, not the host's model
+    expert = _vit(2)
+    expert.load_state_dict(trained["guest@b"])
+    expert.eval()
+    with torch.no_grad():
+        after = expert(host.images).argmax(1)
+    assert (after == 3).all(), (before.tolist(), after.tolist())
+    assert not (before == 3).all()
+    for k, v in own.state_dict().items():
+        assert torch.equal(v, own_before[k])
+    for k, v in guest_sent.items():  # the received state dict was not modified in place
+        assert torch.equal(v, ctx.models["guest@b"][k])

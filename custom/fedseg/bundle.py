@@ -2,6 +2,8 @@
 
 The bundle (``bundles/unet2d_seg``) is the single source of these components: the federated engine,
 the bundle's own ``train.json`` / ``evaluate.json`` / ``inference.json`` and the CLI all parse it.
+Classification jobs (``train_config["task"] == "classification"``, FedEFM phase 1) use
+``bundles/vit_foundation`` instead (:func:`bundle_for_task`); the downstream UNETR is ``bundles/unetr_seg``.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ from typing import Any, Dict, Optional
 from monai.bundle import ConfigParser
 
 DEFAULT_BUNDLE = "unet2d_seg"
+#: the bundle of each task when none is named
+TASK_BUNDLES = {"segmentation": DEFAULT_BUNDLE, "classification": "vit_foundation"}
 BUNDLE_ENV = "FEDSEG_BUNDLE_DIR"
 
 
 def default_bundle_dir(name: str = DEFAULT_BUNDLE) -> Path:
-    """``$FEDSEG_BUNDLE_DIR`` if set, else ``bundles/<name>`` of the source checkout this package runs from."""
-    if os.environ.get(BUNDLE_ENV):
+    """``$FEDSEG_BUNDLE_DIR`` if set (it names the segmentation bundle, ``unet2d_seg``'s replacement), else
+    ``bundles/<name>`` of the source checkout this package runs from."""
+    if name == DEFAULT_BUNDLE and os.environ.get(BUNDLE_ENV):
         return Path(os.environ[BUNDLE_ENV])
     here = Path(__file__).resolve()
     for parent in here.parents:
@@ -59,12 +64,24 @@ BUNDLE_KEYS = (
     "sw_batch_size",
     "sw_overlap",
     "sw_blend_mode",
+    # classification ViT (bundles/vit_foundation)
+    "vit_profile",
+    "vit_image_size",
 )
 
 
+def bundle_for_task(train_config: Optional[Dict[str, Any]] = None) -> Path:
+    """The default bundle folder of ``train_config["task"]`` (segmentation when unset)."""
+    task = (train_config or {}).get("task") or "segmentation"
+    if task not in TASK_BUNDLES:
+        raise ValueError(f"unknown task {task!r}; expected one of {sorted(TASK_BUNDLES)}")
+    return default_bundle_dir(TASK_BUNDLES[task])
+
+
 def build_network(train_config: Optional[Dict[str, Any]] = None, bundle_dir: Optional[os.PathLike] = None):
-    """A fresh instance of the bundle's ``network_def`` with the job's overrides (on the CPU)."""
-    return load_bundle(bundle_dir, train_config).get_parsed_content("network_def", instantiate=True, lazy=False)
+    """A fresh instance of the bundle's ``network_def`` with the job's overrides (on the CPU). Without
+    ``bundle_dir`` the task's bundle (:func:`bundle_for_task`): the ViT classifier for classification."""
+    return load_bundle(bundle_dir or bundle_for_task(train_config), train_config).get_parsed_content("network_def", instantiate=True, lazy=False)
 
 
 def load_bundle(

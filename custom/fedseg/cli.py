@@ -3,13 +3,15 @@
     fedseg data synth   --family polyp --sites site-1 site-2 site-3 --out DIR
     fedseg data retina  --src ../shared/data/retina_vessels --out DIR
     fedseg data nuclei  --src ../shared/data/nuclei_he --out DIR --layout source|organ
+    fedseg data dca1    --src ../shared/data/xray_angio --out DIR [--sites DCA1]
+    fedseg data foundation --out DIR [--retina DIR --nuclei DIR --arcade DIR] --unseen 1.0 --sites 3
     fedseg export       [--method fedavg | --all] [--profile default] [--out jobs]
     fedseg run METHOD   [-n 3] [-w WORKSPACE] [--profile default] [--rounds R] [--site-datalists FILE]
                         [--seed S] [--set key=value ...]
     fedseg bench        --out DIR (--site-datalists FILE | --family polyp --sites ...) --methods fedavg fedevi ...
                         [--references local pooled] [--seeds 0 1 2] [--rounds R] [--local-epochs E] [--set key=value ...]
     fedseg summarise    WORKSPACE_OR_REPORT
-    fedseg infer        --checkpoint CKPT --input DIR --output DIR
+    fedseg infer        --checkpoint CKPT --input DIR --output DIR [--bundle bundles/unetr_seg]
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import List, Optional
 
 #: built-in synthetic families (== fedseg.data.synthetic.FAMILIES, checked by a test; kept literal so that
 #: building the parser does not import numpy/scipy)
-FAMILY_CHOICES = ("polyp", "vessel", "nuclei")
+FAMILY_CHOICES = ("polyp", "vessel", "nuclei", "xray")
 
 
 def find_reports(path: os.PathLike) -> List[Path]:
@@ -84,6 +86,24 @@ def _import_data(args: argparse.Namespace) -> None:
             args.src, args.out, layout=args.layout, seed=args.seed, val_fraction=args.val_fraction,
             test_fraction=args.test_fraction, organs=args.organs, min_images=args.min_images, log=print,
         )
+    elif args.data_cmd == "dca1":
+        from fedseg.data.xray_angio import import_dca1
+
+        paths = import_dca1(
+            args.src, args.out, sites=args.sites, seed=args.seed, val_fraction=args.val_fraction,
+            test_fraction=args.test_fraction,
+        )
+    elif args.data_cmd == "foundation":
+        from fedseg.data.foundation import build_foundation
+
+        if args.sites < 1:
+            raise ValueError(f"--sites must be at least 1, got {args.sites}")
+        paths = build_foundation(
+            args.out, [f"silo-{k + 1}" for k in range(args.sites)], unseen=args.unseen, seed=args.seed,
+            retina=args.retina, nuclei=args.nuclei, arcade=args.arcade, xray_scanners=args.xray_scanners,
+            profile=args.profile, n_per_class=args.n_per_class, log=print,
+        )
+        print(f"label space and assignment: {Path(args.out) / 'label_space.json'}")
     else:
         from fedseg.data.retina import import_retina
 
@@ -93,7 +113,7 @@ def _import_data(args: argparse.Namespace) -> None:
         if args.rescale is not None:
             rescale = {k: float(v) for k, _, v in (item.partition("=") for item in args.rescale.split(",") if item)}
         paths = import_retina(args.src, args.out, seed=args.seed, rescale=rescale)
-    if args.participants:
+    if getattr(args, "participants", None):
         from fedseg.data.retina import participant_split
 
         counts = dict((k, int(v)) for k, v in (item.split("=") for item in args.participants.split(",")))
@@ -223,7 +243,8 @@ def _cmd_infer(args: argparse.Namespace) -> None:
 
     overrides = json.loads(args.overrides) if args.overrides else None
     written = run_inference(
-        args.checkpoint, args.output, input_dir=args.input, datalist=args.datalist, split=args.split, overrides=overrides
+        args.checkpoint, args.output, input_dir=args.input, datalist=args.datalist, split=args.split, overrides=overrides,
+        bundle_dir=args.bundle,
     )
     print(f"wrote {len(written)} masks to {args.output}")
 
@@ -267,6 +288,35 @@ def build_parser() -> argparse.ArgumentParser:
     nuclei.add_argument("--min-images", type=int, default=6,
                         help="organ layout without --organs: least images for an organ to become a site (default 6: "
                              "breast, kidney, liver, prostate)")
+    dca1 = data_sub.add_parser(
+        "dca1", help="DCA1 coronary angiograms + vessel masks as segmentation site(s) (read in place)",
+        description="Write one datalist per site pointing at the original files and site_datalists.json. Masks are "
+                    "checked binary and against the manifest's foreground fraction; splits are by patient when the "
+                    "manifest names patients, else by image.")
+    dca1.add_argument("--src", required=True, help="folder with manifest.csv (e.g. ../shared/data/xray_angio)")
+    dca1.add_argument("--out", required=True)
+    dca1.add_argument("--sites", nargs="+", default=["DCA1"], help="site names; the images are divided among them")
+    dca1.add_argument("--seed", type=int, default=0)
+    dca1.add_argument("--val-fraction", type=float, default=0.15)
+    dca1.add_argument("--test-fraction", type=float, default=0.25)
+    foundation = data_sub.add_parser(
+        "foundation", help="FedEFM phase-1 classification silos from real labels and built-in X-ray classes",
+        description="Global label space: retina acquisition source, MoNuSeg organ / TNBC, ARCADE stenosis crops and "
+                    "built-in X-ray scanner x device classes; classes dealt to silos with the unseen proportion. "
+                    "Writes <out>/<silo>/datalist.json, site_datalists.json and label_space.json "
+                    "(see docs/fedefm_data.md).")
+    foundation.add_argument("--out", required=True)
+    foundation.add_argument("--retina", default=None, help="retina_vessels folder (classes retina/<data set>)")
+    foundation.add_argument("--nuclei", default=None, help="nuclei_he folder (classes nuclei/monuseg-<organ>, nuclei/tnbc)")
+    foundation.add_argument("--arcade", default=None, help="xray_angio folder (classes arcade/stenosis, arcade/no-stenosis)")
+    foundation.add_argument("--unseen", type=float, default=1.0, help="share of each silo's classes no other silo has")
+    foundation.add_argument("--sites", type=int, default=3, help="number of silos (named silo-1 ... silo-N)")
+    foundation.add_argument("--seed", type=int, default=0)
+    foundation.add_argument("--profile", default="default", choices=["tiny", "default", "paper"],
+                            help="built-in X-ray image size and images per class")
+    foundation.add_argument("--xray-scanners", type=int, default=None,
+                            help="built-in X-ray scanner styles (4 classes each); default = --sites, 0 for none")
+    foundation.add_argument("--n-per-class", type=int, default=None, help="built-in images per class and silo")
     for p in (synth, retina, nuclei):
         p.add_argument(
             "--participants", default=None,
@@ -337,6 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--datalist", default=None)
     infer.add_argument("--split", default="test")
     infer.add_argument("--overrides", default=None, help='bundle overrides as JSON, e.g. \'{"image_size": 64}\'')
+    infer.add_argument(
+        "--bundle", default=None,
+        help="segmentation bundle folder (default bundles/unet2d_seg; bundles/unetr_seg for a fine-tuned FedEFM UNETR)",
+    )
     infer.set_defaults(func=_cmd_infer)
     return parser
 

@@ -15,6 +15,16 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     "data_family": "polyp",
     "data_profile": "default",
     "data_seed": 0,
+    # built-in FedEFM silos (data_family "xray_foundation"): share of a silo's classes no other silo holds,
+    # and scanner styles in the label space (classes = 4 devices x data_scanners)
+    "data_unseen": 1.0,
+    "data_scanners": 3,
+    # "segmentation" or "classification" (FedEFM phase 1); None = each datalist's "task", else segmentation
+    "task": None,
+    # classification ViT (fedseg.foundation.PROFILES: "tiny" 96 px CPU, "small", "paper" ViT-B/16 at 224);
+    # vit_image_size None = the profile's; num_classes must equal the datalists' label_space length
+    "vit_profile": "tiny",
+    "vit_image_size": None,
     # network / optimisation (bundle variables)
     "image_size": 64,
     "in_channels": 3,

@@ -1,10 +1,16 @@
 """Data layer: datalists, built-in synthetic multi-site generators and the real-data importers.
 
-    generate_site_data / generate_federation   synthetic "vessel" / "polyp" / "nuclei" sites as PNG + datalist
+    generate_site_data / generate_federation   synthetic "vessel" / "polyp" / "nuclei" / "xray" sites as PNG + datalist
     load_datalist / validate_pair              strict loading with absolute paths (DatalistError)
     summarise_datalist                         aggregate numbers for reports
     import_retina / participant_split          DRIVE/STARE/CHASE_DB1 datalists, FVAC participant shares
     import_nuclei                              MoNuSeg/TNBC H&E nuclei datalists (by source or by organ)
+    assign_classes / make_silos / write_silos  label-space silos with an unseen proportion (classification datalists)
+    builtin_foundation_silos                   FedEFM phase 1 on built-in X-ray classes (xray/<scanner>/<device>)
+    builtin_downstream_sites                   FedEFM phase 2: catheter/guidewire segmentation on unseen scanner styles
+    builtin_probe_sites                        FedEFM phase 2 classification probe (device classes, same styles)
+    import_dca1 / arcade_crops                 DCA1 vessel segmentation datalists, ARCADE stenosis crops
+    build_foundation                           phase-1 silos from real labels plus built-in X-ray classes
 """
 
 from .datalist import (
@@ -17,9 +23,20 @@ from .datalist import (
     validate_pair,
     write_json_atomic,
 )
+from .foundation import build_foundation
 from .nuclei import DEFAULT_NUCLEI_ROOT, import_nuclei
 from .retina import DEFAULT_RETINA_ROOT, import_retina, participant_split, read_manifest
+from .classification import load_classification_datalist
+from .silos import assign_classes, make_silos, write_silos
 from .synthetic import FAMILIES, GENERATOR_VERSION, PROFILES, generate_federation, generate_site_data, site_seed
+from .xray_angio import DEFAULT_XRAY_ANGIO_ROOT, arcade_crops, import_dca1
+from .xray_builtin import (
+    builtin_assignment,
+    builtin_downstream_sites,
+    builtin_foundation_silos,
+    builtin_label_space,
+    builtin_probe_sites,
+)
 
 __all__ = [
     "SPLITS",
@@ -42,4 +59,17 @@ __all__ = [
     "read_manifest",
     "DEFAULT_NUCLEI_ROOT",
     "import_nuclei",
+    "assign_classes",
+    "make_silos",
+    "write_silos",
+    "load_classification_datalist",
+    "builtin_label_space",
+    "builtin_assignment",
+    "builtin_foundation_silos",
+    "builtin_downstream_sites",
+    "builtin_probe_sites",
+    "DEFAULT_XRAY_ANGIO_ROOT",
+    "import_dca1",
+    "arcade_crops",
+    "build_foundation",
 ]

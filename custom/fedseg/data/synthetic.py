@@ -10,6 +10,9 @@ Three families stand in for the benchmark domains when the licensed data is not 
 * ``"nuclei"`` — H&E-histology-like images (:mod:`fedseg.data.synthetic_nuclei`): pink fibrous stroma
   and purple-blue nuclei of varied size, shape and clustering, rendered with a per-site stain colour
   (Beer-Lambert hematoxylin/eosin optical densities) and magnification; nuclei cover 10-35 %.
+* ``"xray"`` — endovascular fluoroscopy-like grey frames (:mod:`fedseg.data.synthetic_xray`): tissue
+  gradient, bones, dark contrast-filled vessel trees and a catheter and/or guidewire; the mask is the
+  device. Per-site contrast, dose (noise) and device thickness; larger native frames (64/256/512 px).
 
 Each site draws a *scanner style* (per-channel gain, brightness, contrast, gamma, blur, noise) and
 an *anatomy* (vessel width/branching, lesion size/shape, or stain and nucleus size) from its own RNG,
@@ -24,7 +27,7 @@ byte-identical files independently.
 
 Layout written by :func:`generate_site_data`::
 
-    out_dir/<family>/<site>/images/000.png   RGB uint8, (H, W, 3)
+    out_dir/<family>/<site>/images/000.png   RGB uint8, (H, W, 3); grey (H, W) for "xray"
     out_dir/<family>/<site>/labels/000.png   single-channel uint8, values {0, 255}, (H, W)
     out_dir/<family>/<site>/datalist.json    written last; its presence marks a complete folder
 """
@@ -59,7 +62,7 @@ __all__ = [
 #: bump whenever the generated pixels or the datalist layout change; part of the cache fingerprint
 GENERATOR_VERSION = 1
 
-FAMILIES: Tuple[str, ...] = ("vessel", "polyp", "nuclei")
+FAMILIES: Tuple[str, ...] = ("vessel", "polyp", "nuclei", "xray")
 
 #: image_size (square, divisible by 16 for a 5-level U-Net) and the per-site image-count range
 PROFILES: Dict[str, Dict[str, Any]] = {
@@ -393,11 +396,15 @@ class _Family:
     """How one family is generated and declared.
 
     ``draw_anatomy(site_rng) -> dict`` draws the site-level parameters; ``render(rng, size, anatomy,
-    style) -> (image uint8 (H, W, 3), label uint8 (H, W) in {0, 255})`` draws one image.
+    style) -> (image uint8 (H, W, 3) or grey (H, W), label uint8 (H, W) in {0, 255})`` draws one image.
     ``label`` names class 1 and ``spatial_mode`` is the datalist's ``"spatial_mode"``.
     ``style_size`` is the image size the scanner style's blur is scaled for: ``None`` = the generated size
     (content that scales with the image: vessels, polyps); a number = fixed, for content drawn at a fixed
     pixel scale (nuclei are a few pixels across at every image size, the field of view grows instead).
+    ``image_sizes`` overrides the profile's image size per profile name (families whose structures need
+    more native pixels than the generic profile sizes, e.g. guidewires one or two pixels wide).
+    ``uses_style=False``: the family's acquisition chain is part of its anatomy (grey X-ray); the generic
+    style is still drawn (so the anatomy draws stay in place) but not recorded in the datalist.
     """
 
     draw_anatomy: Callable[[np.random.Generator], Dict[str, Any]]
@@ -405,6 +412,8 @@ class _Family:
     label: str
     spatial_mode: str
     style_size: Optional[int] = None
+    image_sizes: Optional[Dict[str, int]] = None
+    uses_style: bool = True
 
 
 # thin vessels (and tiny nuclei, registered at the end of this module) are trained on native-resolution
@@ -499,7 +508,9 @@ def generate_site_data(
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; expected one of {tuple(PROFILES)}")
     _check_site_name(site)
-    size = int(image_size if image_size is not None else PROFILES[profile]["image_size"])
+    spec = _RENDERERS[family]
+    default_size = (spec.image_sizes or {}).get(profile, PROFILES[profile]["image_size"])
+    size = int(image_size if image_size is not None else default_size)
     if size < 16:
         raise ValueError(f"image_size must be >= 16, got {size}")
 
@@ -510,7 +521,6 @@ def generate_site_data(
     drawn = int(site_rng.integers(lo, hi + 1))
     n = int(num_images) if num_images is not None else drawn
     n_train, n_val, n_test = _split_counts(n, split_fractions)
-    spec = _RENDERERS[family]
     style = _draw_style(site_rng, spec.style_size or size)
     anatomy = spec.draw_anatomy(site_rng)
 
@@ -556,7 +566,7 @@ def generate_site_data(
         # the generator settings, readable at the top level (and once more as the cache fingerprint)
         **{k: v for k, v in fingerprint.items() if k != "split_fractions"},
         "fingerprint": fingerprint,
-        "style": style,
+        "style": style if spec.uses_style else None,
         "anatomy": anatomy,
         "labels": {"0": "background", "1": spec.label},
         "spatial_mode": spec.spatial_mode,
@@ -597,4 +607,17 @@ from .synthetic_nuclei import NUCLEI_FRACTION_BAND, draw_nuclei_anatomy, nuclei_
 
 _RENDERERS["nuclei"] = _Family(
     draw_nuclei_anatomy, nuclei_image, label="nucleus", spatial_mode="patch", style_size=96
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# family "xray" (its own module, registered last for the same reason)
+# ----------------------------------------------------------------------------------------------
+
+from .synthetic_xray import XRAY_IMAGE_SIZES, draw_xray_anatomy, xray_image  # noqa: E402
+
+# devices are one to a few pixels wide: native-resolution patches, larger frames than the generic profiles
+_RENDERERS["xray"] = _Family(
+    draw_xray_anatomy, xray_image, label="device", spatial_mode="patch", image_sizes=XRAY_IMAGE_SIZES,
+    uses_style=False,
 )

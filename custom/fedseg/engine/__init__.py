@@ -1,3 +1,4 @@
-from .engine import SegEngine, default_device
+from .base import LocalEngine, default_device
+from .engine import SegEngine
 
-__all__ = ["SegEngine", "default_device"]
+__all__ = ["LocalEngine", "SegEngine", "default_device"]

@@ -42,14 +42,14 @@ import os
 from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
-from monai.data import CacheDataset, DataLoader
+from monai.data import CacheDataset
 from monai.engines import SupervisedTrainer
-from monai.utils import set_determinism
 from torch import nn
 
 from fedseg.bundle import load_bundle
-from fedseg.data.datalist import load_datalist, read_datalist_json
+from fedseg.data.datalist import load_datalist
 from fedseg.data.transforms import resize_scores
+from fedseg.engine.base import SPLITS, LocalEngine, default_device
 from fedseg.engine.cache import CacheBudget
 from fedseg.engine.spatial import WholeImagePredictor, check_patch_size, pixel_spacing, resolve_spatial_settings, tensor_spacing
 from fedseg.metrics import SegmentationMetrics
@@ -60,15 +60,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-SPLITS = ("training", "validation", "test")
+__all__ = ["SegEngine", "SPLITS", "default_device"]
 
 
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-class SegEngine:
-    """Local engine of one site.
+class SegEngine(LocalEngine):
+    """Local segmentation engine of one site (shared parts: ``fedseg.engine.base.LocalEngine``).
 
     Spatial mode (``resize`` or native-resolution ``patch``; ``fedseg.engine.spatial``) is the config's
     ``spatial_mode`` where set, else the datalist's. Training batches are ``batch_size`` images, each
@@ -97,12 +93,7 @@ class SegEngine:
         device: Optional[torch.device] = None,
         dp_seed: Optional[int] = None,
     ):
-        self.site = site
-        self.train_config = dict(train_config)
-        self.device = device or default_device()
-        self.seed = int(self.train_config.get("seed", 0))
-        set_determinism(seed=self.seed)
-        _, self.datalist_info = read_datalist_json(datalist)
+        super().__init__(site, datalist, train_config, device=device, dp_seed=dp_seed)
         self.data = load_datalist(datalist)
         self.train_config.update(resolve_spatial_settings(self.train_config, self.datalist_info, f"({site}: {datalist})"))
         if self.dp_enabled and self.train_config["spatial_mode"] == "patch" and int(self.train_config.get("patch_samples", 1)) != 1:
@@ -128,9 +119,6 @@ class SegEngine:
         self.predictor = WholeImagePredictor(self.train_config)
         self.cache = CacheBudget(self.train_config.get("cache_max_mb"), int(self.parser["in_channels"]))
         self._datasets: Dict[Tuple[str, bool], CacheDataset] = {}
-        self._optimizers: Dict[int, torch.optim.Optimizer] = {}
-        self._shuffle_generator = torch.Generator().manual_seed(self.seed)
-        self.dp_seed = dp_seed
         self._private: Dict[int, "PrivateTraining"] = {}
 
     # ----------------------------------------------------------------------------------- components
@@ -142,23 +130,13 @@ class SegEngine:
     def build_loss(self) -> nn.Module:
         return self.parser.get_parsed_content("loss", instantiate=True)
 
-    @property
-    def shuffle_generator(self) -> torch.Generator:
-        """The generator behind every loader's order (``fedseg.engine.site_state`` persists it)."""
-        return self._shuffle_generator
-
-    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        """The bundle's optimiser for ``model``; kept per model so Adam moments survive across rounds."""
-        key = id(model)
-        if key not in self._optimizers:
-            factory = self.parser.get_parsed_content("optimizer_factory", instantiate=True)
-            self._optimizers[key] = factory(model.parameters())
-        return self._optimizers[key]
+    def _optimizer_factory(self):
+        """The bundle's ``optimizer_factory`` (``make_optimizer`` keeps one optimiser per model)."""
+        return self.parser.get_parsed_content("optimizer_factory", instantiate=True)
 
     # ----------------------------------------------------------------------------------------- data
     def _dataset(self, split: str, train: bool) -> CacheDataset:
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+        self._check_split(split)
         key = (split, train)
         if key not in self._datasets:
             transform = self._train_transform if train else self._eval_transform
@@ -184,15 +162,9 @@ class SegEngine:
         in patch mode, P = ``patch_size``; k = 1 and P = ``image_size`` in resize mode).
         ``train=False``: whole images one at a time, ``{"image": (1, C, h, w)`` on the network's grid,
         ``"label": (1, 1, H, W)`` (and ``"fov"``) at the image's own size ``}``."""
-        bs = int(batch_size or self.train_config.get("batch_size", 4)) if train else 1
-        # one generator per engine: seeded, yet each epoch (and round) gets a new shuffle order
-        return DataLoader(self._dataset(split, train), batch_size=bs, shuffle=shuffle, num_workers=0, generator=self._shuffle_generator)
+        return super().loader(split, shuffle=shuffle, train=train, batch_size=batch_size)
 
     # ------------------------------------------------------------------------------------- privacy
-    @property
-    def dp_enabled(self) -> bool:
-        """Whether local training is DP-SGD (``train_config["dp_target_epsilon"]`` is set)."""
-        return self.train_config.get("dp_target_epsilon") is not None
 
     def private_training(self, model: nn.Module, ctx: RoundContext) -> "PrivateTraining":
         """The Opacus state of ``model`` (privacy engine, DP optimiser, Poisson loader), built on first use
@@ -230,12 +202,8 @@ class SegEngine:
         (mean over all local iterations) and ``steps``; with DP on (module docstring) DP-SGD on
         ``objective.data_loss`` + ``objective.parameter_loss``, and also ``dp_epsilon`` / ``dp_delta``."""
         objective.set_seg_loss(self.build_loss())
-        optimizer = self.make_optimizer(model)
-        # derived from the round index, so a restarted site resumes the same schedule
-        lr = float(self.train_config.get("learning_rate", 1e-3)) * float(self.train_config.get("lr_decay_per_round", 1.0)) ** ctx.round
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        epochs = int(self.train_config.get("local_epochs", 1) if epochs is None else epochs)
+        optimizer = self.prepare_optimizer(model, ctx)
+        epochs = self.local_epochs(epochs)
         if self.dp_enabled:
             return self._train_private(model, objective, ctx, epochs)
         losses = []
@@ -404,6 +372,17 @@ class SegEngine:
             return means
         rows = [{"id": os.path.basename(e["image"]), **row} for e, row in zip(entries, meter.per_image())]
         return means, rows
+
+    def validation_metrics(self, model: nn.Module) -> Dict[str, float]:
+        """``{"val_dice": mean Dice on the validation split}`` (sent with the trained weights)."""
+        return {"val_dice": self.evaluate(model, "validation", metrics=("dice",))["dice"]}
+
+    def save_evaluation_figures(self, model: nn.Module, output_dir: os.PathLike, model_name: str) -> None:
+        """Overlay strip (image / truth / prediction) of the test split, for the global model only."""
+        if model_name == "global":
+            from fedseg.plots.overlays import save_overlay_strip
+
+            save_overlay_strip(self, model, os.path.join(output_dir, f"overlays_{model_name}.png"))
 
 
 def _check_dp_objective(objective: ClientObjective) -> None:

@@ -1,10 +1,11 @@
 """The site side of every job: receive a task, run it with the engine and the method's objective, reply.
 
 What leaves the site (``FLModel`` sent back):
-  * train:    the trained weights, ``metrics`` {train_loss, val_dice, steps}, ``meta`` {n_samples} plus
+  * train:    the trained weights, ``metrics`` {train_loss, steps, the engine's validation metrics:
+              val_dice (segmentation) or val_accuracy (classification)}, ``meta`` {n_samples} plus
               the objective's declared statistics;
-  * evaluate: ``metrics`` {dice, hd95, assd} of the received model on the test split, nothing else
-              (the per-image values stay in ``<site workspace>/fedseg_outputs/<site>/per_image_<model>.json``);
+  * evaluate: ``metrics`` of the received model on the test split ({dice, hd95, assd} or {accuracy,
+              balanced_accuracy, accuracy_class_<k>}), nothing else (the per-image values stay in ``<site workspace>/fedseg_outputs/<site>/per_image_<model>.json``);
   * weight tasks (the objective's ``weight_tasks``, e.g. FedEFM's overseas training and gossip): weights
     (main and/or extra named models, ``fedseg.fl.protocol.pack_models``), ``meta`` {n_samples} plus
     declared statistics;
@@ -27,7 +28,8 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from fedseg.engine.engine import SegEngine
+from fedseg.engine.base import LocalEngine
+from fedseg.engine.factory import build_engine
 from fedseg.engine.site_state import SiteState, job_key
 from fedseg.fl.protocol import BASE_STATISTICS, EVALUATE_TASK, META_KEY, TRAIN_TASK, pack_models, unpack_models
 from fedseg.fl.site_data import resolve_site_datalist
@@ -46,7 +48,7 @@ class SiteRunner:
         self.workspace = Path(workspace or os.getcwd())
         self.output_dir = self.workspace / "fedseg_outputs" / site
         self.state_dir = self.workspace / "fedseg_state" / site
-        self.engine: Optional[SegEngine] = None
+        self.engine: Optional[LocalEngine] = None
         self.model: Optional[torch.nn.Module] = None
         self.objective = None
         self.site_state: Optional[SiteState] = None
@@ -59,10 +61,12 @@ class SiteRunner:
             return
         cfg = job["train_config"]
         datalist = resolve_site_datalist(
-            self.site, cfg, self.args.datalist, self.args.site_datalists, self.args.data_root, str(self.workspace)
+            self.site, cfg, self.args.datalist, self.args.site_datalists, self.args.data_root, str(self.workspace),
+            clients=job.get("clients"),
         )
         logger.info("%s: training on %s", self.site, datalist)
-        self.engine = SegEngine(self.site, datalist, cfg, bundle_dir=self.args.bundle_dir)
+        # the task (train_config / datalist) picks the engine; one site logic for every task
+        self.engine = build_engine(self.site, datalist, cfg, bundle_dir=self.args.bundle_dir)
         self.model = self.engine.build_network()
         self.objective = build_objective(job["objective"], **job["objective_args"])
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -118,7 +122,7 @@ class SiteRunner:
         self._trained = True
         if restored is not None:
             metrics["state_restored_from_round"] = float(restored)
-        metrics["val_dice"] = self.engine.evaluate(self.model, "validation", metrics=("dice",))["dice"]
+        metrics.update(self.engine.validation_metrics(self.model))
         statistics = self._declared(self.objective.end_round(ctx, self.model, self.engine))
         if ctx.round == ctx.total_rounds - 1:
             self.objective.save_site_figures(str(self.output_dir), ctx)
@@ -135,11 +139,8 @@ class SiteRunner:
         # per-image results stay in this site's workspace (paired tests by ``fedseg bench``); only the
         # summary metrics are sent
         self.write_per_image(model_name, round_, rows)
-        if model_name == "global":
-            # site-local figure: written into this site's workspace, never sent
-            from fedseg.plots.overlays import save_overlay_strip
-
-            save_overlay_strip(self.engine, self.model, self.output_dir / f"overlays_{model_name}.png")
+        # site-local figures (segmentation overlays): written into this site's workspace, never sent
+        self.engine.save_evaluation_figures(self.model, self.output_dir, model_name)
         return {"params": {}, "metrics": metrics, "meta": {}}
 
     def per_image_path(self, model_name: str) -> Path:

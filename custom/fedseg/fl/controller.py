@@ -22,6 +22,16 @@ from fedseg.config import default_task_timeout
 from fedseg.fl.checkpoint import load_checkpoint, save_checkpoint
 from fedseg.fl.protocol import META_KEY, EVALUATE_TASK, TRAIN_TASK, unpack_models
 from fedseg.fl.report import RunReport
+from fedseg.fl.screening import (
+    BASE_STATISTIC_RANGES,
+    MAIN_MODEL,
+    METRIC_RANGES,
+    ScreeningConfig,
+    check_result,
+    check_statistic_ranges,
+    duplicated_sites,
+    screen_models,
+)
 from fedseg.fl.validation import InvalidUpdateError, to_tensor_params, validate_arrays, validate_params, validate_statistics
 from fedseg.objectives.registry import build_objective
 from fedseg.strategies.base import ClientUpdate, SitePayload
@@ -46,6 +56,9 @@ class FedSegController(ModelController):
         task_check_period: how often NVFlare's controller checks task status (seconds); part of the
             per-round framework overhead (see docs/benchmarks.md).
         final_evaluation: evaluate the final global (and personalised) models on every site's test split.
+        screening: options of the checks made on every result before aggregation
+            (``fedseg.fl.screening.ScreeningConfig``: stale rounds, statistic ranges, all-zero models,
+            update norms and directions far from the other sites'); ``None`` = the defaults.
         checkpoint_dir: absolute path of the folder for ``round_checkpoint.pt``; None = the job's run
             directory (lost with the job's workspace: a POC or production server that must survive a
             restart points this at persistent storage).
@@ -65,6 +78,7 @@ class FedSegController(ModelController):
         final_evaluation: bool = True,
         task_check_period: float = 0.5,
         persistor_id: str = "persistor",
+        screening: Optional[Dict[str, Any]] = None,
         checkpoint_dir: Optional[str] = None,
     ):
         super().__init__(persistor_id=persistor_id, ignore_result_error=True, task_check_period=task_check_period)
@@ -91,6 +105,9 @@ class FedSegController(ModelController):
         self._allowed_statistics = objective_.declared_statistics
         self._weight_tasks = tuple(objective_.weight_tasks)
         self._declared_arrays = objective_.declared_arrays(self.train_config)
+        self.screening = dict(screening or {})
+        self._screening = ScreeningConfig.from_options(self.screening)
+        self._statistic_ranges = {**BASE_STATISTIC_RANGES, **dict(objective_.statistic_ranges)}
         self._reference: Dict[str, torch.Tensor] = {}
         self._rejected: Dict[str, str] = {}
         self._task_times: Dict[str, float] = {}
@@ -102,6 +119,11 @@ class FedSegController(ModelController):
         self._attach_train_config()
         self._reference = {k: v.clone() for k, v in to_tensor_params(initial.params).items()}
         clients = sorted(self.sample_clients())
+        duplicates = duplicated_sites(clients)
+        if duplicates:
+            raise RuntimeError(f"duplicated site names {sorted(duplicates)}: every site needs its own name")
+        # sent to every site: built-in data whose classes depend on the whole federation (FedEFM's silos)
+        self._clients = list(clients)
         if len(clients) < self.min_clients:
             raise RuntimeError(f"{len(clients)} sites connected, the job needs at least {self.min_clients}")
         if getattr(self._strategy, "needs_network", False):
@@ -214,6 +236,7 @@ class FedSegController(ModelController):
             "objective": self.objective,
             "objective_args": self.objective_args,
             "train_config": self.train_config,
+            "screening": self._screening.as_dict(),
             **self._strategy.config(),
         }
 
@@ -226,6 +249,7 @@ class FedSegController(ModelController):
                 "train_config": self.train_config,
                 "round": round_,
                 "total_rounds": self.num_rounds,
+                "clients": list(getattr(self, "_clients", [])),
             },
             **extra,
         }
@@ -260,16 +284,24 @@ class FedSegController(ModelController):
         for site, payload in payloads.items():
             groups.setdefault(id(payload.params), []).append(site)
         results: Dict[str, ClientUpdate] = {}
+        answered: List[str] = []
+
+        def reject(site: str, reason: str) -> None:
+            self.warning(f"rejected {task_name} result: {reason}")
+            self._rejected[site] = f"{task_name}: {reason}"
 
         def on_result(result: FLModel) -> bool:
             site = result.meta.get("client_name", "?")
+            answered.append(site)
             self._bytes["received"] += payload_bytes(result.params) + payload_bytes(result.meta)
+            if site not in payloads:
+                reject(site, f"{site}: answered a {task_name} task it was not sent")
+                return False
             try:
-                results[site] = self._to_update(site, result, require_params)
+                results[site] = self._to_update(site, result, require_params, round_)
                 return True
             except InvalidUpdateError as e:
-                self.warning(f"rejected {task_name} result: {e}")
-                self._rejected[site] = f"{task_name}: {e}"
+                reject(site, str(e))
                 return False
 
         for sites in groups.values():
@@ -293,6 +325,18 @@ class FedSegController(ModelController):
                 raise RuntimeError("job aborted")
             time.sleep(min(0.05, self.task_check_period))
         self._task_times[task_name] = self._task_times.get(task_name, 0.0) + time.perf_counter() - started
+        # two answers under one name: neither can be trusted to be the site's own
+        for site, count in duplicated_sites(answered).items():
+            results.pop(site, None)
+            reject(site, f"{site}: duplicated site name: {count} results for one task")
+        if require_params:
+            for site, reason in screen_models(
+                {s: {MAIN_MODEL: u.params, **u.models} if u.params else dict(u.models) for s, u in results.items()},
+                {s: _named_models(payloads[s].params) for s in results},
+                self._screening,
+            ).items():
+                results.pop(site)
+                reject(site, reason)
         if len(results) < self.min_clients:
             raise RuntimeError(
                 f"task {task_name} round {round_}: only {len(results)} valid results "
@@ -300,7 +344,8 @@ class FedSegController(ModelController):
             )
         return results
 
-    def _to_update(self, site: str, result: FLModel, require_params: bool) -> ClientUpdate:
+    def _to_update(self, site: str, result: FLModel, require_params: bool, round_: Optional[int] = None) -> ClientUpdate:
+        """One result checked on its own (``round_``: the task's round; ``None`` skips the stale-round check)."""
         meta = result.meta or {}
         if meta.get("error"):
             raise InvalidUpdateError(f"{site}: the site could not run the task ({meta['error']}; details in its log)")
@@ -315,6 +360,16 @@ class FedSegController(ModelController):
         metrics = validate_statistics(site, result.metrics or {}, (result.metrics or {}).keys())
         statistics = validate_statistics(site, meta, self._allowed_statistics)
         statistics.update(validate_arrays(site, meta, self._declared_arrays))
+        check_statistic_ranges(site, metrics, METRIC_RANGES)
+        check_result(
+            site,
+            {MAIN_MODEL: params, **models} if params else models,
+            {**statistics, **validate_statistics(site, meta, ("n_samples",))},
+            self._statistic_ranges,
+            result.current_round,
+            round_,
+            self._screening,
+        )
         n_samples = int(meta.get("n_samples", 0))
         if require_params and n_samples <= 0:
             raise InvalidUpdateError(f"{site}: result does not say how many training images it used")
@@ -332,6 +387,15 @@ def payload_bytes(value: Any) -> int:
     if isinstance(value, (list, tuple)):
         return sum(payload_bytes(v) for v in value)
     return 8 if isinstance(value, (int, float, bool)) else 0
+
+
+def _named_models(params: Dict[str, Any]) -> Dict[str, Dict[str, torch.Tensor]]:
+    """What the server sent a site, ``{model name: params}`` (main model under ``MAIN_MODEL``)."""
+    main, extra = unpack_models(params or {})
+    named = {name: to_tensor_params(state) for name, state in extra.items()}
+    if main:
+        named[MAIN_MODEL] = to_tensor_params(main)
+    return named
 
 
 def _same_meta(a: Dict[str, Any], b: Dict[str, Any]) -> bool:

@@ -48,13 +48,16 @@ class RunReport:
 
     def round_summary(self, round_: int) -> str:
         entry = next(r for r in self.rounds if r["round"] == round_)
-        dice = [m.get("val_dice") for m in entry["metrics"].values() if m.get("val_dice") is not None]
+        val = validation_metric({"rounds": [entry]})
+        values = [m.get(val) for m in entry["metrics"].values() if m.get(val) is not None]
         loss = [m.get("train_loss") for m in entry["metrics"].values() if m.get("train_loss") is not None]
         mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
-        return f"mean train_loss {mean(loss):.4f}, mean val_dice {mean(dice):.4f}, {entry.get('wall_time', 0):.1f}s"
+        return f"mean train_loss {mean(loss):.4f}, mean {val} {mean(values):.4f}, {entry.get('wall_time', 0):.1f}s"
 
     def as_dict(self) -> Dict[str, Any]:
-        final = {**self.final, "note": METRIC_NOTE} if self.final else self.final
+        task = (self.config.get("train_config") or {}).get("task")
+        note = CLASSIFICATION_NOTE if task == "classification" else METRIC_NOTE
+        final = {**self.final, "note": note} if self.final else self.final
         return _jsonable(
             {
                 "method": self.method,
@@ -83,17 +86,33 @@ class RunReport:
 
 
 #: final metrics in table order: whole image, inside the field of view, distances in mm
-METRIC_ORDER = ("dice", "hd95", "assd", "dice_fov", "hd95_fov", "assd_fov", "hd95_mm", "assd_mm")
+METRIC_ORDER = ("dice", "hd95", "assd", "dice_fov", "hd95_fov", "assd_fov", "hd95_mm", "assd_mm", "accuracy", "balanced_accuracy")
 METRIC_HEADERS = {
+    "accuracy": "Accuracy", "balanced_accuracy": "Balanced accuracy",
     "dice": "Dice", "hd95": "HD95 (px)", "assd": "ASSD (px)", "dice_fov": "Dice FOV", "hd95_fov": "HD95 FOV (px)",
     "assd_fov": "ASSD FOV (px)", "hd95_mm": "HD95 (mm)", "assd_mm": "ASSD (mm)",
 }
 #: what the final metrics mean (written into report.json)
+CLASSIFICATION_NOTE = (
+    "test metrics per site over its test images on the global label space: accuracy, balanced_accuracy (mean "
+    "over the classes present at the site) and accuracy_class_<k> (k indexes the datalists' label_space)"
+)
 METRIC_NOTE = (
     "test metrics per site are means over its test images, each scored at the image's own size against its mask on "
     "disk (distances in pixels of the original image); *_fov: prediction and truth restricted to the image's "
     "field-of-view mask; *_mm: distances in millimetres from the datalist's pixel spacing"
 )
+
+
+def validation_metric(data: Dict[str, Any]) -> str:
+    """``val_accuracy`` for a classification run (its sites report no ``val_dice``), else ``val_dice``."""
+    for r in data.get("rounds") or []:
+        for m in (r.get("metrics") or {}).values():
+            if m and "val_dice" in m:
+                return "val_dice"
+            if m and "val_accuracy" in m:
+                return "val_accuracy"
+    return "val_dice"
 
 
 def metric_columns(data: Dict[str, Any], which: str = "global") -> List[str]:
@@ -132,17 +151,20 @@ def summarise(data: Dict[str, Any], figures: Optional[List[Path]] = None, base: 
     cfg = data.get("config", {})
     lines += ["## Configuration", "", "```json", json.dumps(cfg, indent=1), "```", ""]
     if data["rounds"]:
-        lines += ["## Validation Dice per round", "", "| round | " + " | ".join(data["clients"]) + " | wall time (s) |"]
+        val = validation_metric(data)
+        title = "Validation Dice" if val == "val_dice" else "Validation accuracy"
+        lines += [f"## {title} per round", "", "| round | " + " | ".join(data["clients"]) + " | wall time (s) |"]
         lines.append("|---" * (len(data["clients"]) + 2) + "|")
         for r in data["rounds"]:
-            cells = [_fmt((r["metrics"].get(s) or {}).get("val_dice")) for s in data["clients"]]
+            cells = [_fmt((r["metrics"].get(s) or {}).get(val)) for s in data["clients"]]
             lines.append(f"| {r['round']} | " + " | ".join(cells) + f" | {_fmt(r.get('wall_time'))} |")
         lines.append("")
     for which in ("global", "personalized"):
         rows = final_table(data, which)
         if rows:
             names = metric_columns(data, which)
-            lines += [f"## Final {which} model on each site's test split", "", METRIC_NOTE + ".", ""]
+            note = CLASSIFICATION_NOTE if validation_metric(data) == "val_accuracy" else METRIC_NOTE
+            lines += [f"## Final {which} model on each site's test split", "", note + ".", ""]
             lines += ["| site | " + " | ".join(METRIC_HEADERS[n] for n in names) + " |", "|---" * (len(names) + 1) + "|"]
             lines += ["| " + " | ".join(r) + " |" for r in rows]
             lines.append("")

@@ -7,6 +7,8 @@ Resolution order (first hit wins):
   4. ``<site workspace>/local/fedseg_site.json`` with ``{"datalist": PATH}`` (NVFlare's site-local folder);
   5. otherwise synthetic data of ``train_config["data_family"]`` generated under the data root
      (``--data_root`` / ``FEDSEG_DATA_ROOT`` / ``<cwd>/fedseg_data``), deterministic in (family, site, seed).
+     ``xray_foundation`` (FedEFM's phase-1 silos) depends on the whole federation: which classes a silo
+     holds follows from its place in ``clients`` (sent by the server) and ``data_unseen``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 DATALIST_ENV = "FEDSEG_DATALIST"
 DATA_ROOT_ENV = "FEDSEG_DATA_ROOT"
@@ -28,6 +30,7 @@ def resolve_site_datalist(
     site_datalists: Optional[str] = None,
     data_root: Optional[str] = None,
     workspace: Optional[str] = None,
+    clients: Optional[Sequence[str]] = None,
 ) -> Path:
     """Return the datalist this site trains on, generating synthetic data if nothing is configured."""
     if datalist:
@@ -43,9 +46,12 @@ def resolve_site_datalist(
     if local.is_file():
         return Path(json.loads(local.read_text())["datalist"])
 
+    root = Path(data_root or os.environ.get(DATA_ROOT_ENV) or Path(workspace or os.getcwd()) / "fedseg_data")
+    if train_config.get("data_family") == FOUNDATION_FAMILY:
+        return builtin_foundation_datalist(site, train_config, root, clients)
+
     from fedseg.data.synthetic import generate_site_data
 
-    root = Path(data_root or os.environ.get(DATA_ROOT_ENV) or Path(workspace or os.getcwd()) / "fedseg_data")
     return generate_site_data(
         family=train_config.get("data_family", "polyp"),
         site=site,
@@ -54,3 +60,33 @@ def resolve_site_datalist(
         profile=train_config.get("data_profile", "default"),
         image_size=train_config.get("data_image_size"),
     )
+
+
+#: built-in data family of FedEFM's phase 1 (classification silos of synthetic X-ray frames)
+FOUNDATION_FAMILY = "xray_foundation"
+
+
+def builtin_foundation_datalist(
+    site: str, train_config: Dict[str, Any], root: Path, clients: Optional[Sequence[str]]
+) -> Path:
+    """This silo's built-in classification datalist; every site process generates only its own silo,
+    and all agree on the label space (``data_scanners`` x 4 device classes)."""
+    from fedseg.data.xray_builtin import builtin_foundation_silos
+
+    sites = list(clients or [])
+    if site not in sites:
+        raise ValueError(
+            f"built-in {FOUNDATION_FAMILY!r} silos need the federation's site list, which the server sends; "
+            f"{site!r} is not in {sites}"
+        )
+    out = builtin_foundation_silos(
+        root / FOUNDATION_FAMILY,
+        sites,
+        unseen=float(train_config.get("data_unseen", 1.0)),
+        seed=int(train_config.get("data_seed", 0)),
+        profile=train_config.get("data_profile", "default"),
+        only_site=site,
+        n_scanners=train_config.get("data_scanners"),
+        image_size=train_config.get("vit_image_size"),
+    )
+    return Path(out[site])

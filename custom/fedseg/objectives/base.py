@@ -91,6 +91,9 @@ class ClientObjective:
     declared_statistics: Tuple[str, ...] = ()
     #: extra tasks whose answer is weights (``handle_weight_task``), validated like trained models
     weight_tasks: Tuple[str, ...] = ()
+    #: valid range ``(low, high)`` (inclusive) of each declared statistic, checked by the server for every
+    #: value (or every element of a list); a result outside it is rejected (``fedseg.fl.screening``)
+    statistic_ranges: Dict[str, Tuple[float, float]] = {}
 
     def __init__(self, seg_loss: Optional[nn.Module] = None, **kwargs: Any):
         if kwargs:

@@ -15,6 +15,8 @@ The network is a ``fedseg.foundation.ViTClassifier``: ``forward_features(x) -> (
 
 from __future__ import annotations
 
+import math
+
 import copy
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -63,6 +65,8 @@ class FedEFMObjective(ClientObjective):
 
     name = "fedefm"
     declared_statistics = ("teacher_emd", "teacher_weights")
+    # an EMD is a distance; the teacher weights are a softmax
+    statistic_ranges = {"teacher_emd": (0.0, math.inf), "teacher_weights": (0.0, 1.0)}
     weight_tasks = (OVERSEAS_TASK, GOSSIP_TASK)
 
     def __init__(

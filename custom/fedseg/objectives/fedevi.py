@@ -15,6 +15,8 @@ dominated by confident pixels, whose aleatoric uncertainty is ~1e-30.
 
 from __future__ import annotations
 
+import math
+
 import copy
 import os
 from typing import TYPE_CHECKING, Any, Dict, Optional
@@ -54,6 +56,8 @@ class FedEviObjective(ClientObjective):
 
     name = "fedevi"
     declared_statistics = ("G", "A", "R_paper")
+    # mean epistemic / aleatoric uncertainties and a mean of 1/aleatoric: none is negative
+    statistic_ranges = {"G": (0.0, math.inf), "A": (0.0, math.inf), "R_paper": (0.0, math.inf)}
 
     def __init__(
         self,

@@ -23,6 +23,8 @@ training time (docs/benchmarks.md, section (e)).
 
 from __future__ import annotations
 
+import math
+
 import logging
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
@@ -62,6 +64,7 @@ class GraphFedSegObjective(ClientObjective):
 
     name = "graphfedseg"
     declared_statistics = ("uncertainty",)
+    statistic_ranges = {"uncertainty": (0.0, math.inf)}  # U is a mean of per-image uncertainties
 
     def __init__(
         self,

@@ -17,6 +17,8 @@ global moments the server writes into the weights it sends.
 
 from __future__ import annotations
 
+import math
+
 import zlib
 from collections import deque
 from typing import Any, Deque, Dict, Optional, Tuple
@@ -48,6 +50,8 @@ class PathFLObjective(ClientObjective):
 
     name = "pathfl"
     declared_statistics: Tuple[str, ...] = ("cse_mean", "cse_std", "afa_mean", "afa_sq_mean")
+    # a standard deviation and a second moment are not negative (the means may be)
+    statistic_ranges = {"cse_std": (0.0, math.inf), "afa_sq_mean": (0.0, math.inf)}
 
     def __init__(
         self,

@@ -16,7 +16,10 @@ def plot_report(data: Dict[str, Any], out_dir: Path) -> List[Path]:
     """Write every figure the report supports into ``out_dir``; return their paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = [plot_metric_over_rounds(data, "val_dice", out_dir / "val_dice.png")]
+    from fedseg.fl.report import validation_metric
+
+    val = validation_metric(data)  # val_dice, or val_accuracy for a classification run
+    figures = [plot_metric_over_rounds(data, val, out_dir / f"{val}.png")]
     rounds = data.get("rounds") or []
     if rounds and "graph" in rounds[-1]:
         figures.append(plot_graph_heatmaps(data, out_dir / "graph_heatmaps.png"))

@@ -7,6 +7,7 @@ from typing import Dict
 
 _RECIPES: Dict[str, str] = {
     "fedavg": "fedseg.recipes.fedavg:FedAvgRecipe",
+    "fedefm": "fedseg.recipes.fedefm:FedEFMRecipe",
     "fedevi": "fedseg.recipes.fedevi:FedEviRecipe",
     "fvac": "fedseg.recipes.fvac:FVACRecipe",
     "graphfedseg": "fedseg.recipes.graphfedseg:GraphFedSegRecipe",

@@ -39,7 +39,7 @@ class SiteScript:
 TASK_REQUEST_INTERVAL = 0.2
 
 #: recipe options that configure the job rather than training (everything else is a train_config override)
-JOB_OPTIONS = ("min_clients", "task_timeout", "task_check_period", "script_args", "checkpoint_dir")
+JOB_OPTIONS = ("min_clients", "task_timeout", "task_check_period", "script_args", "screening", "checkpoint_dir")
 
 
 def split_options(options: Dict[str, Any]) -> tuple:
@@ -67,6 +67,8 @@ class FedSegRecipe(Recipe):
         task_timeout: seconds a site may take for one task before it is left out of that round; None =
             ``fedseg.config.default_task_timeout(train_config)`` (written into the exported job); 0 = no limit.
         script_args: extra arguments for the site script (e.g. ``--site_datalists sites.json``).
+        screening: checks on every result before aggregation (``fedseg.fl.screening.ScreeningConfig`` fields,
+            e.g. ``{"norm_factor": 5, "max_update_norm": 50}``); ``None`` = the documented defaults.
         checkpoint_dir: absolute folder for the server's ``round_checkpoint.pt`` (None: the run directory);
             a job re-submitted with the same folder resumes after the last completed round.
     """
@@ -86,6 +88,7 @@ class FedSegRecipe(Recipe):
         task_timeout: Optional[int] = None,
         task_check_period: float = 0.5,
         script_args: str = "",
+        screening: Optional[Dict[str, Any]] = None,
         checkpoint_dir: Optional[str] = None,
     ):
         self.name = name
@@ -109,6 +112,7 @@ class FedSegRecipe(Recipe):
             min_clients=min_clients,
             task_timeout=default_task_timeout(self.train_config) if task_timeout is None else task_timeout,
             task_check_period=task_check_period,
+            screening=screening,
             checkpoint_dir=checkpoint_dir,
         )
         # sites ask for their next task every task_request_interval seconds (NVFlare default 2 s): the

@@ -25,6 +25,8 @@ class FedAvgRecipe(FedSegRecipe):
         profile: str = "default",
         num_rounds: Optional[int] = None,
         weighting: str = "samples",
+        aggregation: str = "mean",
+        trim: float = 0.1,
         **options: Any,
     ):
         job_options, train_overrides = split_options(options)
@@ -33,7 +35,8 @@ class FedAvgRecipe(FedSegRecipe):
             name=name,
             method="fedavg",
             strategy="fedavg",
-            strategy_args={"weighting": weighting},
+            # aggregation="median" / "trimmed_mean": robust FedAvg for federations that cannot trust every site
+            strategy_args={"weighting": weighting, "aggregation": aggregation, "trim": trim},
             objective="fedavg",
             num_rounds=resolved["num_rounds"],
             train_config=resolved["train_config"],

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 from fedseg.fl.protocol import pack_models
 from fedseg.foundation.topology import TOPOLOGIES, in_neighbours, mixing_matrix, out_neighbours
 
-from .aggregation import sample_weights, weighted_average
+from .aggregation import check_aggregation, robust_average, sample_weights, weighted_average
 from .base import ClientUpdate, Exchange, Params, ServerStrategy, SitePayload, clone_params
 
 OVERSEAS_TASK = "overseas_train"
@@ -45,6 +45,9 @@ class FedEFMStrategy(ServerStrategy):
             FedAvg (CFL) / gossip (DFL) baselines of the same schedule).
         gossip_self_weight: DFL mixing weight on a silo's own model.
         weighting: CFL / final averaging: ``"samples"`` or ``"uniform"``.
+        aggregation: CFL per-round combination: ``"mean"`` (weighted by ``weighting``), or the robust
+            coordinate-wise ``"median"`` / ``"trimmed_mean"`` (``fedseg.strategies.aggregation.robust_average``).
+        trim: fraction cut from each end by ``"trimmed_mean"``.
     """
 
     name = "fedefm"
@@ -58,6 +61,8 @@ class FedEFMStrategy(ServerStrategy):
         overseas: bool = True,
         gossip_self_weight: float = 0.5,
         weighting: str = "samples",
+        aggregation: str = "mean",
+        trim: float = 0.1,
     ):
         super().__init__()
         if mode not in ("cfl", "dfl"):
@@ -72,7 +77,10 @@ class FedEFMStrategy(ServerStrategy):
         self.topology = topology
         self.overseas = bool(overseas)
         self.gossip_self_weight = float(gossip_self_weight)
+        check_aggregation(aggregation, trim)
         self.weighting = weighting
+        self.aggregation = aggregation
+        self.trim = float(trim)
         self.has_global_model = mode == "cfl"
         self._models: Dict[str, Params] = {}
         #: experts[i][j] = theta_ij, trained at j last round, sent to i with the next train task
@@ -87,6 +95,8 @@ class FedEFMStrategy(ServerStrategy):
             "overseas": self.overseas,
             "gossip_self_weight": self.gossip_self_weight,
             "weighting": self.weighting,
+            "aggregation": self.aggregation,
+            "trim": self.trim,
         }
 
     def start(self, clients: List[str], initial_params: Params) -> None:
@@ -135,7 +145,7 @@ class FedEFMStrategy(ServerStrategy):
         }
         if self.mode == "cfl":
             weights = self._weights(sites)
-            self._global = weighted_average([self._models[s] for s in sites], weights)
+            self._global = robust_average([self._models[s] for s in sites], weights, self.aggregation, self.trim)
             self._models = {s: self._global for s in self.clients}
             fields["aggregation_weight"] = dict(zip(sites, weights))
         else:

@@ -1,0 +1,163 @@
+"""What every local engine shares, whatever the task (segmentation, classification).
+
+One engine per site process. A concrete engine (``SegEngine``, ``ClassificationEngine``) adds the data
+pipeline, the network, the training loop and the metrics; this base holds the rest, so both behave the
+same way where they should:
+
+* the site name, its datalist (the raw JSON's top-level fields in ``datalist_info``) and a copy of the
+  server's ``train_config``; determinism seeded from ``train_config["seed"]``;
+* the device (CUDA when available, else CPU);
+* one optimiser per model object, built once and kept, so Adam moments survive across rounds;
+* the per-round learning-rate schedule ``learning_rate * lr_decay_per_round ** round``, derived from
+  the round index so a restarted site resumes the same schedule;
+* a shuffle generator seeded once per engine (each epoch and round gets a new order, reproducibly);
+* differential-privacy switches: ``dp_enabled`` and :meth:`refuse_private_training`, which an engine
+  without a DP path calls to fail with a clear message instead of silently training in the clear.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from typing import Any, Callable, Dict, Iterable, Optional
+
+import torch
+from monai.data import DataLoader
+from monai.utils import set_determinism
+from torch import nn
+
+from fedseg.data.datalist import read_datalist_json
+from fedseg.objectives.base import ClientObjective, RoundContext
+
+SPLITS = ("training", "validation", "test")
+
+#: the tasks an engine can be built for (``fedseg.engine.factory``)
+TASKS = ("segmentation", "classification")
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class LocalEngine(ABC):
+    """Base of the site engines.
+
+    Args:
+        site: site name (for messages and state files).
+        datalist: path of the site's datalist JSON (or the folder holding ``datalist.json``).
+        train_config: effective hyper-parameters sent by the server (copied; engines add resolved keys).
+        device: defaults to CUDA when available, else CPU.
+        dp_seed: seeds DP-SGD's generators (tests only; engines with a DP path use it).
+
+    Subclasses set ``n_train`` and implement :meth:`_dataset`, :meth:`build_network`,
+    :meth:`_optimizer_factory`, ``train``, ``evaluate`` and :meth:`validation_metrics`.
+    """
+
+    #: the task this engine serves (``TASKS``)
+    task: str = ""
+
+    def __init__(
+        self,
+        site: str,
+        datalist: os.PathLike,
+        train_config: Dict[str, Any],
+        device: Optional[torch.device] = None,
+        dp_seed: Optional[int] = None,
+    ):
+        self.site = site
+        self.train_config = dict(train_config)
+        self.device = device or default_device()
+        self.seed = int(self.train_config.get("seed", 0))
+        set_determinism(seed=self.seed)
+        self.datalist_path, self.datalist_info = read_datalist_json(datalist)
+        self.n_train = 0
+        self._optimizers: Dict[int, torch.optim.Optimizer] = {}
+        self._shuffle_generator = torch.Generator().manual_seed(self.seed)
+        self.dp_seed = dp_seed
+
+    # ----------------------------------------------------------------------------------- components
+    @abstractmethod
+    def build_network(self) -> nn.Module:
+        """A fresh network for this site's task, on ``self.device``."""
+
+    @abstractmethod
+    def _optimizer_factory(self) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:
+        """``parameters -> optimiser`` (the learning rate is reset each round by :meth:`prepare_optimizer`)."""
+
+    @property
+    def shuffle_generator(self) -> torch.Generator:
+        """The generator behind every loader's order (``fedseg.engine.site_state`` persists it)."""
+        return self._shuffle_generator
+
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """The engine's optimiser for ``model``; kept per model so Adam moments survive across rounds."""
+        key = id(model)
+        if key not in self._optimizers:
+            self._optimizers[key] = self._optimizer_factory()(model.parameters())
+        return self._optimizers[key]
+
+    def round_learning_rate(self, round_: int) -> float:
+        """``learning_rate * lr_decay_per_round ** round`` (train_config; defaults 1e-3 and 1.0)."""
+        cfg = self.train_config
+        return float(cfg.get("learning_rate", 1e-3)) * float(cfg.get("lr_decay_per_round", 1.0)) ** int(round_)
+
+    def prepare_optimizer(self, model: nn.Module, ctx: RoundContext) -> torch.optim.Optimizer:
+        """``make_optimizer(model)`` with this round's learning rate set on every parameter group."""
+        optimizer = self.make_optimizer(model)
+        lr = self.round_learning_rate(ctx.round)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return optimizer
+
+    def local_epochs(self, epochs: Optional[int] = None) -> int:
+        """``epochs`` when given, else ``train_config["local_epochs"]`` (default 1)."""
+        return int(self.train_config.get("local_epochs", 1) if epochs is None else epochs)
+
+    # ----------------------------------------------------------------------------------------- data
+    @abstractmethod
+    def _dataset(self, split: str, train: bool):
+        """The (cached) MONAI dataset of ``split`` with the training or the evaluation transforms."""
+
+    def _check_split(self, split: str) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+
+    def loader(self, split: str, shuffle: bool = False, train: bool = False, batch_size: Optional[int] = None):
+        """``train=True``: the training pipeline in batches of ``batch_size`` (default
+        ``train_config["batch_size"]``, 4); ``train=False``: one item at a time. The batch contents are
+        the subclass's (see its ``loader`` docstring)."""
+        bs = int(batch_size or self.train_config.get("batch_size", 4)) if train else 1
+        # one generator per engine: seeded, yet each epoch (and round) gets a new shuffle order
+        return DataLoader(self._dataset(split, train), batch_size=bs, shuffle=shuffle, num_workers=0, generator=self._shuffle_generator)
+
+    # ------------------------------------------------------------------------------------- privacy
+    @property
+    def dp_enabled(self) -> bool:
+        """Whether local training must be DP-SGD (``train_config["dp_target_epsilon"]`` is set)."""
+        return self.train_config.get("dp_target_epsilon") is not None
+
+    def refuse_private_training(self, reason: str) -> None:
+        """Raise when DP is requested of an engine that cannot provide it: training in the clear while
+        the operator believes the weights are private would be worse than not training."""
+        if self.dp_enabled:
+            raise ValueError(
+                f"{self.site}: differential privacy (train_config['dp_target_epsilon']="
+                f"{self.train_config['dp_target_epsilon']}) is not supported by the {self.task} engine: {reason}"
+            )
+
+    # ----------------------------------------------------------------------------------- evaluation
+    @abstractmethod
+    def validation_metrics(self, model: nn.Module) -> Dict[str, float]:
+        """The scalar validation metrics a site sends with its trained weights (``val_*``)."""
+
+    @abstractmethod
+    def evaluate(self, model: nn.Module, split: str, per_image: bool = False):
+        """Mean metrics of ``model`` on ``split``; ``(means, rows)`` with ``per_image`` (rows stay at the site)."""
+
+    def save_evaluation_figures(self, model: nn.Module, output_dir: os.PathLike, model_name: str) -> None:
+        """Site-local figures of an evaluation (written into the site's workspace, never sent). Default: none."""
+
+    @abstractmethod
+    def train(self, model: nn.Module, objective: ClientObjective, ctx: RoundContext, epochs: Optional[int] = None) -> Dict[str, float]:
+        """``epochs`` (default ``local_epochs``) epochs of ``objective`` on the training split; returns at
+        least ``train_loss`` and ``steps``."""

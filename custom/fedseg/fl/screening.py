@@ -1,0 +1,240 @@
+"""Screening of site results before aggregation: hostile or broken updates are rejected with a reason.
+
+``fedseg.fl.validation`` checks one result on its own (names, shapes, NaN/Inf). This module adds the checks
+a server can make once it knows what it sent and what the other sites answered:
+
+* **per result** (:func:`check_result`): a stale answer (its round is not the current round), declared
+  statistics outside their valid range (each objective's ``statistic_ranges``, e.g. an uncertainty
+  ``U < 0``, a probability ``> 1``, a negative sample count), an all-zero model;
+* **across the sites of one task** (:func:`screen_models`), with ``u_i = w_i - w_sent_i`` the update of
+  site ``i`` against the model the server sent it:
+    - ``||u_i|| > max_update_norm`` (absolute bound, off by default);
+    - ``||u_i|| > norm_factor * median_{j != i} ||u_j||`` (a scaled model), only with ``min_sites`` or more
+      sites, because with two sites "the others" is one site and nobody can tell which is wrong;
+    - ``cos(u_i, median_j u_j) < min_model_cosine`` with the coordinate-wise median over all sites (a
+      sign-flipped or opposite update), also only with ``min_sites`` or more sites.
+
+A result may carry several models (``fedseg.fl.protocol.pack_models``, FedEFM's overseas experts): each
+is screened, against the model of the same name the server sent when there is one, and one bad model
+rejects the site's whole result. Only norms and cosines are computed; nothing is stored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+
+import torch
+
+from fedseg.fl.validation import InvalidUpdateError
+from fedseg.strategies.base import Params
+
+#: ranges every result obeys whatever the method: ``{key: (low, high)}``, inclusive
+BASE_STATISTIC_RANGES: Dict[str, Tuple[float, float]] = {"n_samples": (0.0, math.inf)}
+#: ranges of the metrics the site loop sends (Dice is a fraction; counts and seconds are not negative)
+METRIC_RANGES: Dict[str, Tuple[float, float]] = {
+    "val_dice": (0.0, 1.0),
+    "dice": (0.0, 1.0),
+    "dice_fov": (0.0, 1.0),
+    "steps": (0.0, math.inf),
+    "compute_time": (0.0, math.inf),
+}
+#: name under which a result's main (unpacked) model is screened
+MAIN_MODEL = ""
+
+
+@dataclass(frozen=True)
+class ScreeningConfig:
+    """What the server checks before aggregating (job option ``screening``, a dict of these fields).
+
+    Attributes:
+        enabled: ``False`` turns every check of this module off (NaN/Inf/shape checks stay).
+        reject_zero_models: reject a model whose floating-point weights are all exactly zero.
+        norm_factor: reject ``||u_i|| > norm_factor x`` the median update norm of the other sites
+            (``0`` = off). 10 leaves honest non-IID sites (a few times apart) alone.
+        max_update_norm: reject ``||u_i||`` above this absolute bound (``None`` = off); depends on the
+            model and learning rate, so it is off unless a user sets it.
+        min_model_cosine: reject ``cos(u_i, median update) <`` this (``None`` = off). Honest updates
+            from the same model point roughly the same way (cosine > 0); a sign-flipped one points back.
+        min_sites: fewest screened sites for the two relative rules (below it they are skipped).
+        check_round: reject a result whose round is not the round the task was sent for.
+    """
+
+    enabled: bool = True
+    reject_zero_models: bool = True
+    norm_factor: float = 10.0
+    max_update_norm: Optional[float] = None
+    min_model_cosine: Optional[float] = -0.2
+    min_sites: int = 3
+    check_round: bool = True
+
+    def __post_init__(self) -> None:
+        if not (self.norm_factor == 0 or self.norm_factor > 1):
+            raise ValueError(f"screening norm_factor must be 0 (off) or > 1, got {self.norm_factor}")
+        if self.max_update_norm is not None and not self.max_update_norm > 0:
+            raise ValueError(f"screening max_update_norm must be > 0 or None, got {self.max_update_norm}")
+        if self.min_model_cosine is not None and not -1.0 <= self.min_model_cosine <= 1.0:
+            raise ValueError(f"screening min_model_cosine must lie in [-1, 1] or be None, got {self.min_model_cosine}")
+        if int(self.min_sites) < 3:
+            raise ValueError(f"screening min_sites must be >= 3 (with two sites neither can be called the outlier), got {self.min_sites}")
+
+    @classmethod
+    def from_options(cls, options: Optional[Mapping[str, Any]]) -> "ScreeningConfig":
+        """Build from a job's ``screening`` dict; unknown keys are an error naming them."""
+        options = dict(options or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown screening options {unknown}; known: {sorted(known)}")
+        return cls(**options)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------ one result
+def check_statistic_ranges(site: str, values: Mapping[str, Any], ranges: Mapping[str, Tuple[float, float]]) -> None:
+    """Every value (or every element of a list) of a key in ``ranges`` lies in ``[low, high]``.
+
+    Raises:
+        InvalidUpdateError: naming the site, the statistic, its value and the valid range.
+    """
+    for key, (low, high) in ranges.items():
+        if key not in values:
+            continue
+        value = values[key]
+        items = value.flatten().tolist() if isinstance(value, torch.Tensor) else value
+        items = items if isinstance(items, (list, tuple)) else [items]
+        for item in items:
+            x = float(item)
+            if not low <= x <= high:
+                raise InvalidUpdateError(f"{site}: statistic '{key}' = {value!r} outside its valid range [{low}, {high}]")
+
+
+def check_round(site: str, result_round: Optional[int], expected: Optional[int]) -> None:
+    """A result that says it belongs to another round is stale (or replayed)."""
+    if result_round is not None and expected is not None and int(result_round) != int(expected):
+        raise InvalidUpdateError(f"{site}: stale update: result is for round {int(result_round)}, current round is {int(expected)}")
+
+
+def is_zero_model(params: Params) -> bool:
+    """All floating-point entries exactly zero (an empty or integer-only state dict is not a "zero model")."""
+    floats = [v for v in params.values() if torch.is_floating_point(v)]
+    return bool(floats) and all(not bool(v.any()) for v in floats)
+
+
+def check_result(
+    site: str,
+    models: Mapping[str, Params],
+    statistics: Mapping[str, Any],
+    ranges: Mapping[str, Tuple[float, float]],
+    result_round: Optional[int],
+    expected_round: Optional[int],
+    config: ScreeningConfig,
+) -> None:
+    """The per-result checks (stale round, statistic ranges, all-zero models); raises InvalidUpdateError."""
+    if not config.enabled:
+        return
+    if config.check_round:
+        check_round(site, result_round, expected_round)
+    check_statistic_ranges(site, statistics, ranges)
+    if config.reject_zero_models:
+        for name, params in models.items():
+            if is_zero_model(params):
+                raise InvalidUpdateError(f"{site}{_label(name)}: all-zero model")
+
+
+# ----------------------------------------------------------------------------------- across sites
+def _update(params: Params, sent: Params, key: str) -> torch.Tensor:
+    return params[key].detach().to(torch.float64).flatten() - sent[key].detach().to(torch.float64).flatten()
+
+
+def coordinate_median(stacked: torch.Tensor) -> torch.Tensor:
+    """Median over dim 0 of ``(K, ...)``; the mean of the two middle values for even ``K`` (numpy's median)."""
+    k = stacked.shape[0]
+    ordered = torch.sort(stacked, dim=0).values
+    if k % 2:
+        return ordered[k // 2]
+    return 0.5 * (ordered[k // 2 - 1] + ordered[k // 2])
+
+
+def update_geometry(models: Mapping[Tuple[str, str], Params], sent: Mapping[Tuple[str, str], Params]) -> Dict[Tuple[str, str], Tuple[float, float]]:
+    """``{(site, model): (||u||, cos(u, coordinate-wise median of all u))}`` for models with a sent counterpart.
+
+    Computed one parameter at a time, so memory is K times one parameter tensor, not K models.
+    The cosine is ``nan`` when the median update or ``u`` is zero.
+    """
+    ids = [i for i in models if i in sent]
+    if not ids:
+        return {}
+    keys = [k for k, v in sent[ids[0]].items() if torch.is_floating_point(v)]
+    sq = torch.zeros(len(ids), dtype=torch.float64)
+    dot = torch.zeros(len(ids), dtype=torch.float64)
+    med_sq = torch.zeros((), dtype=torch.float64)
+    for key in keys:
+        stacked = torch.stack([_update(models[i], sent[i], key) for i in ids])  # (K, n_key)
+        median = coordinate_median(stacked)
+        sq += (stacked**2).sum(dim=1)
+        dot += stacked @ median
+        med_sq += (median**2).sum()
+    norms = sq.sqrt()
+    denominator = norms * med_sq.sqrt()
+    cos = torch.where(denominator > 0, dot / denominator.clamp_min(1e-300), torch.full_like(dot, math.nan))
+    return {i: (float(n), float(c)) for i, n, c in zip(ids, norms, cos)}
+
+
+def screen_models(
+    models: Mapping[str, Mapping[str, Params]],
+    sent: Mapping[str, Mapping[str, Params]],
+    config: ScreeningConfig,
+) -> Dict[str, str]:
+    """Cross-site checks of one task's results.
+
+    Args:
+        models: ``{site: {model name: params}}`` as returned (main model under ``MAIN_MODEL``).
+        sent: ``{site: {model name: params}}`` as the server sent them (what ``u`` is measured from).
+        config: thresholds.
+    Returns:
+        ``{site: reason}`` for each site to reject (the others pass).
+    """
+    if not config.enabled:
+        return {}
+    flat = {(s, n): p for s, named in models.items() for n, p in named.items()}
+    reference = {(s, n): p for s, named in sent.items() for n, p in named.items() if (s, n) in flat}
+    geometry = update_geometry(flat, reference)
+    rejected: Dict[str, str] = {}
+
+    def reject(ident: Tuple[str, str], reason: str) -> None:
+        rejected.setdefault(ident[0], f"{ident[0]}{_label(ident[1])}: {reason}")
+
+    if config.max_update_norm is not None:
+        for ident, (norm, _) in geometry.items():
+            if norm > config.max_update_norm:
+                reject(ident, f"update norm {norm:.4g} above max_update_norm {config.max_update_norm:.4g}")
+    sites = {s for s, _ in geometry}
+    if len(sites) < config.min_sites:
+        return rejected
+    if config.norm_factor:
+        for ident, (norm, _) in geometry.items():
+            others = torch.tensor([n for (s, _), (n, _) in geometry.items() if s != ident[0]], dtype=torch.float64)
+            median = float(coordinate_median(others))
+            if median > 0 and norm > config.norm_factor * median:
+                reject(ident, f"update norm {norm:.4g} is {norm / median:.1f}x the median of the other sites ({median:.4g}; limit {config.norm_factor:g}x)")
+    if config.min_model_cosine is not None:
+        for ident, (_, cos) in geometry.items():
+            if math.isfinite(cos) and cos < config.min_model_cosine:
+                reject(ident, f"update points away from the other sites' (cosine {cos:.3f} with the median update, limit {config.min_model_cosine:g})")
+    return rejected
+
+
+def duplicated_sites(names: Iterable[str]) -> Dict[str, int]:
+    """``{name: count}`` of the names that occur more than once."""
+    counts: Dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    return {n: c for n, c in counts.items() if c > 1}
+
+
+def _label(name: str) -> str:
+    return f" [{name}]" if name != MAIN_MODEL else ""

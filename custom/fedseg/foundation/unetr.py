@@ -1,0 +1,102 @@
+"""The downstream UNETR of the ``unetr_seg`` bundle, optionally initialised from a foundation checkpoint.
+
+``build_unetr`` is the bundle's ``network_def``: with ``foundation_ckpt`` empty it builds a plain 2D
+MONAI ``UNETR`` of the given width (training from scratch, or the network a fine-tuned checkpoint is
+loaded into for evaluation and inference); with a path it reads the foundation ViT's weights from it
+(``FL_global_model.pt`` of a FedEFM / FedAvg classification job, a ``{"model": state_dict}`` file or a
+bare ``ViTClassifier`` state_dict) and copies them into the UNETR's encoder through
+:func:`fedseg.foundation.networks.unetr_from_foundation`.
+
+The bundle's architecture variables (``hidden_size``, ``mlp_dim``, ``num_heads``, ``in_channels``)
+describe the network in both cases, so a checkpoint fine-tuned from a foundation loads into the plain
+network the inference config builds. A foundation whose tensors disagree with them is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional, Sequence, Union
+
+import torch
+from monai.networks.nets import UNETR
+
+from fedseg.foundation.networks import UNETR_PATCH, _foundation_shape, _pair, unetr_from_foundation
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["build_unetr", "load_foundation_state"]
+
+
+def load_foundation_state(path: Union[str, os.PathLike]) -> dict:
+    """The ViT weights in ``path``: the ``"model"`` entry of an NVFlare / fedseg checkpoint or the file's
+    own state_dict (loaded with ``weights_only``: a checkpoint from elsewhere is untrusted input)."""
+    from fedseg.inference import load_state_dict
+
+    return load_state_dict(path)
+
+
+def build_unetr(
+    in_channels: int = 1,
+    out_channels: int = 2,
+    img_size: Union[int, Sequence[int]] = 96,
+    hidden_size: int = 96,
+    mlp_dim: int = 384,
+    num_heads: int = 3,
+    feature_size: int = 16,
+    norm_name: str = "instance",
+    dropout_rate: float = 0.0,
+    qkv_bias: bool = False,
+    foundation_ckpt: Optional[Union[str, os.PathLike]] = None,
+    partial_depth: bool = False,
+    init_seed: Optional[int] = None,
+) -> UNETR:
+    """A 2D ``UNETR`` ``(B, in_channels, H, W) -> (B, out_channels, H, W)`` (``H, W = img_size``, multiples
+    of 16), its ViT encoder loaded from ``foundation_ckpt`` when one is given.
+
+    Args:
+        in_channels, out_channels, img_size: input channels, segmentation classes, input size.
+        hidden_size, mlp_dim, num_heads, qkv_bias: the ViT encoder (12 blocks, patch 16; fixed by MONAI).
+        feature_size, norm_name, dropout_rate: decoder settings.
+        foundation_ckpt: path of the foundation checkpoint; ``None`` or ``""`` = random encoder.
+        partial_depth: accept a foundation with fewer than 12 blocks (the ``tiny`` profile): its blocks
+            fill the first UNETR blocks, the rest stay random.
+        init_seed: seed of the fresh weights (global RNG untouched).
+    Raises:
+        FileNotFoundError: ``foundation_ckpt`` does not exist.
+        ValueError: the foundation's channels, width or MLP width differ from the arguments, or
+            :func:`~fedseg.foundation.networks.unetr_from_foundation` refuses it (patch, depth, size).
+    """
+    size = _pair(img_size)
+    if any(s % UNETR_PATCH for s in size):
+        raise ValueError(f"UNETR input sides must be multiples of {UNETR_PATCH}, got {size}")
+    if not foundation_ckpt:
+        def build() -> UNETR:
+            return UNETR(
+                in_channels=in_channels, out_channels=out_channels, img_size=size, feature_size=feature_size,
+                hidden_size=hidden_size, mlp_dim=mlp_dim, num_heads=num_heads, proj_type="conv",
+                norm_name=norm_name, dropout_rate=dropout_rate, spatial_dims=2, qkv_bias=qkv_bias,
+            )
+
+        if init_seed is None:
+            return build()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(init_seed))
+            return build()
+
+    state = load_foundation_state(foundation_ckpt)
+    arch = _foundation_shape(state)
+    wanted = {"in_channels": in_channels, "hidden_size": hidden_size, "mlp_dim": mlp_dim, "qkv_bias": qkv_bias}
+    differ = {k: (arch[k], v) for k, v in wanted.items() if arch[k] != v}
+    if differ:
+        raise ValueError(
+            f"foundation {foundation_ckpt} does not fit the configured UNETR: "
+            + ", ".join(f"{k} {a} in the checkpoint vs {b} configured" for k, (a, b) in differ.items())
+            + "; set these bundle variables to the foundation's"
+        )
+    unetr, loaded = unetr_from_foundation(
+        state, out_channels=out_channels, img_size=size, num_heads=num_heads, feature_size=feature_size,
+        norm_name=norm_name, dropout_rate=dropout_rate, partial_depth=partial_depth, init_seed=init_seed,
+    )
+    logger.info("UNETR encoder: %d tensors loaded from %s (depth %s)", len(loaded), foundation_ckpt, arch["depth"])
+    return unetr

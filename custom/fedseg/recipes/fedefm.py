@@ -1,0 +1,121 @@
+"""FedEFM recipe (phase 1: the federated foundation encoder): a ViT classifier trained across silos whose
+label sets differ, with overseas experts and EMD-weighted distillation, averaged by the server (CFL) or
+gossiped over a ring / full topology (DFL). Design fixed in ``shared/methods/fedefm.md``; docs/methods.md.
+
+The baselines of the issue's benchmark are switches of the same job, so they share schedule and data:
+
+====================  ==========================================
+FedAvg (CFL)          ``mode="cfl", overseas=False``
+ring gossip (DFL)     ``mode="dfl", overseas=False``
+FedEFM w/o EMD        ``use_emd=False``
+FedEFM                defaults (``mode`` cfl or dfl)
+====================  ==========================================
+
+Built-in data: the synthetic endovascular X-ray silos (``data_family="xray_foundation"``, label space
+``xray/<scanner>/<device>``; ``unseen`` sets how many of a silo's classes no other silo has).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from fedseg.config import BASE_TRAIN_CONFIG, resolve_profile
+from fedseg.data.synthetic_xray import DEVICES
+from fedseg.fl.site_data import FOUNDATION_FAMILY
+from fedseg.recipes.base import FedSegRecipe, split_options
+
+#: every FedEFM run is an image classification over the global label space
+CLASSIFICATION_DEFAULTS = {
+    "task": "classification",
+    "data_family": "xray_foundation",  # fedseg.fl.site_data.FOUNDATION_FAMILY
+    "in_channels": 3,
+    "vit_profile": "tiny",
+    "lambda_dice": 0.0,
+    "augment": True,
+}
+
+PAPER_PROFILES = {
+    # ViT-B/16 at 224 px (the paper's backbone). The paper states no optimiser or schedule: Adam 1e-4,
+    # batch 16, one local epoch per round (and one overseas epoch), 50 rounds is our choice (docs/methods.md).
+    "paper": {
+        "num_rounds": 50,
+        "train_config": {
+            "data_profile": "paper",
+            "vit_profile": "paper",
+            "optimizer_name": "Adam",
+            "learning_rate": 1e-4,
+            "batch_size": 16,
+            "local_epochs": 1,
+        },
+    }
+}
+
+
+class FedEFMRecipe(FedSegRecipe):
+    """Args:
+        mode: ``"cfl"`` (server averages every round) or ``"dfl"`` (gossip; the server only relays).
+        topology: ``"ring"`` (directed ring in site order) or ``"full"``.
+        overseas: train overseas experts and distil from them (``False``: the plain-CE baselines).
+        use_emd: ``False`` = the "w/o EMD" ablation (uniform teacher weights, no EMD term).
+        alpha, temperature, tau, mu: distillation weight, logit temperature, teacher-weight temperature,
+            EMD weight (``L = (1-a) CE + sum_t w_t [a T^2 KL + mu EMD_t]``, ``w = softmax(-EMD / tau)``).
+        overseas_epochs: local epochs an overseas expert trains at its host.
+        gossip_self_weight: DFL mixing weight on a silo's own model.
+        weighting: CFL / final averaging, ``"samples"`` or ``"uniform"``.
+        unseen: built-in silos only: share of each silo's classes no other silo holds (0, 0.5, 1).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str = "fedefm",
+        profile: str = "default",
+        num_rounds: Optional[int] = None,
+        mode: str = "cfl",
+        topology: str = "ring",
+        overseas: bool = True,
+        use_emd: bool = True,
+        alpha: float = 0.5,
+        temperature: float = 4.0,
+        tau: float = 0.1,
+        mu: float = 0.1,
+        overseas_epochs: int = 1,
+        gossip_self_weight: float = 0.5,
+        weighting: str = "samples",
+        unseen: Optional[float] = None,
+        **options: Any,
+    ):
+        job_options, train_overrides = split_options(options)
+        for key, value in CLASSIFICATION_DEFAULTS.items():
+            train_overrides.setdefault(key, value)
+        if unseen is not None:
+            train_overrides["data_unseen"] = float(unseen)
+        if train_overrides["data_family"] == FOUNDATION_FAMILY and "num_classes" not in train_overrides:
+            # the built-in label space: 4 device classes per scanner style
+            train_overrides["num_classes"] = len(DEVICES) * int(train_overrides.get("data_scanners") or BASE_TRAIN_CONFIG["data_scanners"])
+        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
+        super().__init__(
+            name=name,
+            method="fedefm",
+            strategy="fedefm",
+            strategy_args={
+                "mode": mode,
+                "topology": topology,
+                "overseas": overseas,
+                "gossip_self_weight": gossip_self_weight,
+                "weighting": weighting,
+            },
+            objective="fedefm",
+            objective_args={
+                "alpha": alpha,
+                "temperature": temperature,
+                "tau": tau,
+                "mu": mu,
+                "use_emd": use_emd,
+                "overseas_epochs": overseas_epochs,
+                "gossip_self_weight": gossip_self_weight,
+            },
+            num_rounds=resolved["num_rounds"],
+            train_config=resolved["train_config"],
+            **job_options,
+        )

@@ -1,0 +1,80 @@
+"""FedEFM end to end in NVFlare's simulator on tiny built-in X-ray silos: CFL with the privacy audit, and
+DFL (ring gossip, the server relays) with the w/o-EMD switch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedseg.cli import export_job
+from fedseg.fl.protocol import unpack_models
+from sim_utils import read_audit, run_simulator
+
+pytestmark = pytest.mark.slow
+SITES = ["site-1", "site-2", "site-3"]
+RING_HOST = {"site-1": "site-2", "site-2": "site-3", "site-3": "site-1"}  # directed ring: i -> i+1
+DECLARED = {"n_samples", "teacher_emd", "teacher_weights", "initial_metrics"}
+
+
+def _model_names(params):
+    """'main' and the extra models' names of an audited result (packed as ``__model__/<name>/...``)."""
+    return {k.split("/")[1] if k.startswith("__model__/") else "main" for k in params}
+
+
+def _check_weights_only(rec, shapes):
+    for key, summary in rec["params"].items():
+        name = key.split("/", 2)[2] if key.startswith("__model__/") else key
+        assert summary["type"] == "Tensor" and summary["shape"] == list(shapes[name]), key
+
+
+def test_fedefm_cfl_report_and_privacy_audit(tmp_path):
+    job = export_job("fedefm", tmp_path / "jobs", profile="tiny")
+    report = run_simulator(job, tmp_path / "ws", n_clients=3)
+    assert report["method"] == "fedefm" and report["clients"] == SITES
+    cfg = report["config"]
+    assert cfg["mode"] == "cfl" and cfg["train_config"]["task"] == "classification"
+    assert cfg["train_config"]["num_classes"] == 12
+    first, last = report["rounds"][0], report["rounds"][-1]
+    assert "overseas_train" in first["task_times"]  # experts for round 1 are trained in round 0
+    for site in SITES:  # one teacher per silo on a ring; its weight is 1 and its EMD a cost in [0, 2]
+        assert last["teacher_weights"][site] == [pytest.approx(1.0)]
+        assert 0.0 <= last["teacher_emd"][site][0] <= 2.0
+        final = report["final"]["global"][site]
+        assert 0.0 <= final["accuracy"] <= 1.0 and math.isfinite(final["balanced_accuracy"])
+        assert 0.0 <= last["metrics"][site]["val_accuracy"] <= 1.0
+
+    ckpt = torch.load(next((tmp_path / "ws").rglob("FL_global_model.pt")), weights_only=False)
+    shapes = {k: tuple(v.shape) for k, v in ckpt["model"].items()}
+    audit = read_audit(report)
+    by_task = {t: [a for a in audit if a["task"] == t] for t in ("train", "overseas_train", "evaluate")}
+    assert len(by_task["train"]) == 3 * len(report["rounds"])
+    for rec in by_task["train"]:
+        assert set(rec["meta"]) <= DECLARED and _model_names(rec["params"]) == {"main"}
+        _check_weights_only(rec, shapes)
+    for rec in by_task["overseas_train"]:  # the host returns only the guest it trained, as weights
+        guest = next(s for s, host in RING_HOST.items() if host == rec["site"])
+        assert _model_names(rec["params"]) == {f"guest@{guest}"}
+        assert set(rec["meta"]) <= {"n_samples", "initial_metrics"}
+        _check_weights_only(rec, shapes)
+    for rec in by_task["evaluate"]:
+        assert rec["params"] == {}
+
+
+def test_fedefm_dfl_ring_gossip_without_emd(tmp_path):
+    job = export_job("fedefm", tmp_path / "jobs", profile="tiny", mode="dfl", use_emd=False)
+    report = run_simulator(job, tmp_path / "ws", n_clients=3)
+    assert report["config"]["mode"] == "dfl" and report["config"]["objective_args"]["use_emd"] is False
+    for r in report["rounds"]:
+        assert "gossip" in r["task_times"]
+    last = report["rounds"][-1]
+    for site in SITES:  # w/o EMD: uniform teacher weights and no EMD computed
+        assert last["teacher_weights"][site] == [pytest.approx(1.0)]
+        assert site not in (last.get("teacher_emd") or {})
+    # the only averaging in DFL is the final one (foundation weights)
+    assert report["final"]["foundation_weight"] == {s: pytest.approx(1 / 3) for s in SITES}
+    audit = read_audit(report)
+    gossip = [a for a in audit if a["task"] == "gossip"]
+    assert len(gossip) == 3 * len(report["rounds"])
+    assert all(_model_names(a["params"]) == {"main"} for a in gossip)

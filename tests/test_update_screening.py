@@ -1,0 +1,216 @@
+"""Hostile or broken updates are rejected before aggregation, each with its reason; honest ones pass."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nvflare.app_common.abstract.fl_model import FLModel
+
+from fedseg.fl.controller import FedSegController
+from fedseg.fl.protocol import pack_models
+from fedseg.fl.screening import (
+    MAIN_MODEL,
+    ScreeningConfig,
+    check_result,
+    check_statistic_ranges,
+    coordinate_median,
+    is_zero_model,
+    screen_models,
+    update_geometry,
+)
+from fedseg.fl.validation import InvalidUpdateError
+from fedseg.objectives.registry import build_objective
+from fedseg.strategies.base import SitePayload
+
+CFG = ScreeningConfig()
+
+
+def _model(seed: int, scale: float = 1.0, base=None):
+    g = torch.Generator().manual_seed(seed)
+    base = base or {"w": torch.ones(4, 3), "b": torch.zeros(3)}
+    # honest updates share a direction (the common signal) plus site noise
+    return {k: v + scale * (0.1 + 0.03 * torch.randn(v.shape, generator=g)) for k, v in base.items()}
+
+
+GLOBAL = {"w": torch.ones(4, 3), "b": torch.zeros(3)}
+
+
+def _sites(n: int, **overrides):
+    models = {f"s{i}": {MAIN_MODEL: _model(i)} for i in range(n)}
+    for site, params in overrides.items():
+        models[site] = {MAIN_MODEL: params}
+    sent = {s: {MAIN_MODEL: GLOBAL} for s in models}
+    return models, sent
+
+
+def test_honest_sites_pass():
+    assert screen_models(*_sites(5), CFG) == {}
+
+
+def test_scaled_update_rejected_by_norm_rule():
+    scaled = {k: GLOBAL[k] + 100 * (v - GLOBAL[k]) for k, v in _model(9).items()}
+    rejected = screen_models(*_sites(4, s3=scaled), CFG)
+    assert list(rejected) == ["s3"] and "median of the other sites" in rejected["s3"]
+
+
+def test_sign_flipped_update_rejected_by_cosine_rule():
+    flipped = {k: GLOBAL[k] - (v - GLOBAL[k]) for k, v in _model(9).items()}
+    rejected = screen_models(*_sites(4, s3=flipped), CFG)
+    assert list(rejected) == ["s3"] and "cosine" in rejected["s3"]
+
+
+def test_relative_rules_need_three_sites():
+    scaled = {k: GLOBAL[k] + 100 * (v - GLOBAL[k]) for k, v in _model(9).items()}
+    assert screen_models(*_sites(1, s1=scaled), CFG) == {}
+    # the absolute bound applies whatever the number of sites
+    cfg = ScreeningConfig(max_update_norm=5.0)
+    rejected = screen_models(*_sites(1, s1=scaled), cfg)
+    assert list(rejected) == ["s1"] and "max_update_norm" in rejected["s1"]
+
+
+def test_disabled_screening_passes_everything():
+    flipped = {k: GLOBAL[k] - 50 * (v - GLOBAL[k]) for k, v in _model(9).items()}
+    assert screen_models(*_sites(4, s3=flipped), ScreeningConfig(enabled=False)) == {}
+
+
+def test_update_measured_from_what_each_site_was_sent():
+    # personalised payloads (GraphFedSeg): a site far from the global but close to its own model is honest
+    models, sent = _sites(4)
+    far = {k: v + 1000.0 for k, v in GLOBAL.items()}
+    models["s3"] = {MAIN_MODEL: {k: v + (m - GLOBAL[k]) for (k, v), m in zip(far.items(), _model(3).values())}}
+    sent["s3"] = {MAIN_MODEL: far}
+    assert screen_models(models, sent, CFG) == {}
+
+
+def test_packed_models_each_screened():
+    # FedEFM's overseas task: no main model, one guest model per host, each against the guest that was sent
+    guests = {f"s{i}": {f"guest@s{(i + 1) % 4}": _model(i)} for i in range(4)}
+    sent = {s: {name: GLOBAL for name in named} for s, named in guests.items()}
+    assert screen_models(guests, sent, CFG) == {}
+    guests["s2"] = {"guest@s3": {k: GLOBAL[k] + 100 * (v - GLOBAL[k]) for k, v in _model(2).items()}}
+    rejected = screen_models(guests, sent, CFG)
+    assert list(rejected) == ["s2"] and "[guest@s3]" in rejected["s2"]
+
+
+def test_geometry_against_numpy():
+    models, sent = _sites(5)
+    flat = {(s, n): p for s, named in models.items() for n, p in named.items()}
+    ref = {(s, n): GLOBAL for s, n in flat}
+    geometry = update_geometry(flat, ref)
+    u = np.stack([np.concatenate([(p[k] - GLOBAL[k]).numpy().ravel() for k in ("w", "b")]) for p in (flat[i] for i in flat)])
+    median = np.median(u, axis=0)
+    for row, ident in zip(u, flat):
+        norm, cos = geometry[ident]
+        assert norm == pytest.approx(np.linalg.norm(row))
+        assert cos == pytest.approx(row @ median / (np.linalg.norm(row) * np.linalg.norm(median)))
+
+
+@settings(max_examples=40, deadline=2000)
+@given(st.lists(st.lists(st.floats(-1e3, 1e3), min_size=3, max_size=3), min_size=1, max_size=9))
+def test_coordinate_median_is_numpys(rows):
+    x = np.asarray(rows)
+    np.testing.assert_allclose(coordinate_median(torch.as_tensor(x)).numpy(), np.median(x, axis=0))
+
+
+def test_zero_model_and_stale_round_and_ranges():
+    zero = {"w": torch.zeros(4, 3), "b": torch.zeros(3), "n": torch.tensor(3)}
+    assert is_zero_model(zero) and not is_zero_model({"n": torch.tensor(0)}) and not is_zero_model(GLOBAL)
+    with pytest.raises(InvalidUpdateError, match="all-zero model"):
+        check_result("s1", {MAIN_MODEL: zero}, {}, {}, 2, 2, CFG)
+    with pytest.raises(InvalidUpdateError, match="stale update: result is for round 1, current round is 2"):
+        check_result("s1", {MAIN_MODEL: GLOBAL}, {}, {}, 1, 2, CFG)
+    check_result("s1", {MAIN_MODEL: GLOBAL}, {}, {}, None, 2, CFG)  # a result without a round: not judged
+    with pytest.raises(InvalidUpdateError, match=r"'n_samples' = -3.0 outside its valid range \[0.0, inf\]"):
+        check_result("s1", {}, {"n_samples": -3.0}, {"n_samples": (0.0, math.inf)}, 2, 2, CFG)
+
+
+@pytest.mark.parametrize(
+    "objective, statistics",
+    [
+        ("graphfedseg", {"uncertainty": -0.1}),
+        ("fedevi", {"A": -1.0}),
+        ("fedefm", {"teacher_weights": [0.4, 1.2]}),
+        ("fedefm", {"teacher_emd": [-0.5]}),
+        ("pathfl", {"cse_std": [0.1, -0.2, 0.1]}),
+    ],
+)
+def test_declared_ranges_of_each_objective(objective, statistics):
+    ranges = build_objective(objective).statistic_ranges
+    with pytest.raises(InvalidUpdateError, match="outside its valid range"):
+        check_statistic_ranges("s1", statistics, ranges)
+    valid = {k: ([0.5] * len(v) if isinstance(v, list) else 0.5) for k, v in statistics.items()}
+    check_statistic_ranges("s1", valid, ranges)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [({"norm_factor": 0.5}, "norm_factor"), ({"min_sites": 2}, "min_sites"), ({"min_model_cosine": 2}, "min_model_cosine"),
+     ({"max_update_norm": -1}, "max_update_norm"), ({"norm_factr": 3}, "unknown screening options")],
+)
+def test_bad_screening_options(options, message):
+    with pytest.raises(ValueError, match=message):
+        ScreeningConfig.from_options(options)
+
+
+# ------------------------------------------------------------------ the controller's exchange, end to end
+class ScriptedController(FedSegController):
+    """The real ``_exchange`` with NVFlare's transport replaced by scripted site answers."""
+
+    def __init__(self, answers, **kwargs):
+        super().__init__(min_clients=2, **kwargs)
+        self.answers = answers  # list of (site, params, meta, round)
+        self.logged = []
+
+    def send_model(self, task_name, data, targets=None, timeout=0, callback=None):
+        for site, params, meta, round_ in [a for a in self.answers if a[0] in targets or a[0] == "intruder"]:
+            callback(FLModel(params=params, meta={"client_name": site, **meta}, metrics={"val_dice": 0.5}, current_round=round_))
+        self.answers = [a for a in self.answers if not (a[0] in targets or a[0] == "intruder")]
+
+    def get_num_standing_tasks(self):
+        return 0
+
+    def warning(self, msg, *args, **kwargs):
+        self.logged.append(msg)
+
+
+def test_exchange_rejects_each_hostile_result_with_its_reason():
+    sites = [f"site-{i}" for i in range(1, 7)]
+    good = lambda i: {k: v.numpy() for k, v in _model(i).items()}  # noqa: E731
+    answers = [(s, good(i), {"n_samples": 10}, 3) for i, s in enumerate(sites[:3])]
+    answers += [
+        ("site-4", {k: GLOBAL[k].numpy() + 100 * (v - GLOBAL[k].numpy()) for k, v in good(4).items()}, {"n_samples": 10}, 3),
+        ("site-5", good(5), {"n_samples": 10}, 2),  # stale
+        ("site-6", {k: np.zeros_like(v) for k, v in good(6).items()}, {"n_samples": 10}, 3),
+        ("site-1", good(11), {"n_samples": 10}, 3),  # a second answer under site-1's name
+        ("intruder", good(12), {"n_samples": 10}, 3),
+    ]
+    controller = ScriptedController(answers)
+    controller._reference = dict(GLOBAL)
+    payloads = {s: SitePayload(params=GLOBAL) for s in sites}
+    results = controller._exchange("train", payloads, 3)
+    assert sorted(results) == ["site-2", "site-3"]
+    reasons = controller._rejected
+    assert "duplicated site name" in reasons["site-1"]
+    assert "median of the other sites" in reasons["site-4"]
+    assert "stale update" in reasons["site-5"]
+    assert "all-zero model" in reasons["site-6"]
+    assert "not sent" in reasons["intruder"]
+    assert all(r.startswith("train: ") for r in reasons.values())
+
+
+def test_exchange_screens_packed_models():
+    sites = ["a", "b", "c", "d"]
+    answers = [(s, pack_models({"guest@x": {k: v.numpy() for k, v in _model(i).items()}}), {"n_samples": 5}, 0) for i, s in enumerate(sites)]
+    flipped = {k: GLOBAL[k].numpy() - (v - GLOBAL[k].numpy()) for k, v in {k: v.numpy() for k, v in _model(7).items()}.items()}
+    answers[2] = ("c", pack_models({"guest@x": flipped}), {"n_samples": 5}, 0)
+    controller = ScriptedController(answers, strategy="fedefm", objective="fedefm")
+    controller._reference = dict(GLOBAL)
+    payloads = {s: SitePayload(params=pack_models({"guest@x": GLOBAL})) for s in sites}
+    results = controller._exchange("overseas_train", payloads, 0)
+    assert sorted(results) == ["a", "b", "d"]
+    assert "[guest@x]" in controller._rejected["c"] and "cosine" in controller._rejected["c"]
