@@ -175,3 +175,65 @@ def test_site_state_keeps_the_last_two_rounds(tmp_path):
     # a re-run of round 2 drops the after-state of round 3 (it is about to be redone)
     state.save(2, optimizer, torch.Generator())
     assert sorted(torch.load(tmp_path / STATE_FILE, weights_only=True)["records"]) == [2]
+
+
+# ------------------------------------------------------------------------- poc_workspace/fault_poc.py
+import importlib.util  # noqa: E402
+import sys  # noqa: E402
+
+
+def _fault_poc():
+    before = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        spec = importlib.util.spec_from_file_location("fedseg_fault_poc", JOBS.parent / "poc_workspace" / "fault_poc.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.dont_write_bytecode = before
+
+
+def test_fault_poc_arguments():
+    fault_poc = _fault_poc()
+    args = fault_poc.parse_args(["--site-fault", "hang", "--task-timeout", "30"])
+    assert (args.site_fault, args.fault_site, args.fault_round, args.rounds, args.hang_seconds) == ("hang", "site-2", 1, 4, 40.0)
+    assert fault_poc.parse_args(["--server-fault", "kill", "--fault-round", "2"]).server_fault == "kill"
+    for bad in (
+        [],  # a fault is required
+        ["--site-fault", "hang", "--server-fault", "kill"],  # one at a time
+        ["--site-fault", "explode"],
+        ["--site-fault", "kill", "--fault-round", "4"],  # no later round to come back in
+        ["--site-fault", "kill", "--fault-round", "0"],
+        ["--site-fault", "kill", "--fault-site", "site-9"],
+        ["--site-fault", "kill", "--task-timeout", "0"],
+    ):
+        with pytest.raises(SystemExit):
+            fault_poc.parse_args(bad)
+
+
+def test_fault_poc_finds_the_processes_of_a_participant():
+    classify = _fault_poc().classify
+    site2 = "python3 -u -m nvflare.private.fed.app.client.client_train -m /tmp/poc/fedseg_poc/prod_00/site-2 -s fed_client.json"
+    job2 = "python -m nvflare.private.fed.app.client.worker_process -m /tmp/poc/fedseg_poc/prod_00/site-2 -w ..."
+    server = "python3 -u -m nvflare.private.fed.app.server.server_train -m /tmp/poc/fedseg_poc/prod_00/server -s fed_server.json"
+    assert classify(site2, "site-2") == "site" and classify(job2, "site-2") == "site_job"
+    assert classify(site2, "site-1") is None and classify(site2.replace("site-2", "site-20"), "site-2") is None
+    assert classify(server, None) == "server" and classify("bash sub_start.sh", None) is None
+
+
+def test_fault_poc_verdicts():
+    fault_poc = _fault_poc()
+    sites = ["site-1", "site-2", "site-3"]
+    rounds = [
+        {"round": 0, "metrics": {s: {} for s in sites}, "missing": []},
+        {"round": 1, "metrics": {"site-1": {}, "site-3": {}}, "missing": ["site-2"]},
+        {"round": 2, "metrics": {s: ({"state_restored_from_round": 0.0} if s == "site-2" else {}) for s in sites}, "missing": []},
+    ]
+    ok = fault_poc.check_site_fault({"clients": sites, "rounds": rounds}, "site-2", 1, 3)
+    assert all(passed for passed, _ in ok), ok
+    never_back = rounds[:2] + [{"round": 2, "metrics": {"site-1": {}, "site-3": {}}, "missing": ["site-2"]}]
+    verdict = fault_poc.check_site_fault({"clients": sites, "rounds": never_back}, "site-2", 1, 3)
+    assert [what for passed, what in verdict if not passed] == ["site-2 never came back"]
+    twice = fault_poc.check_server_fault({"rounds": rounds + [rounds[2]], "resumed_at": [2]}, 1, 3)
+    assert [passed for passed, _ in twice] == [False, True]
