@@ -63,6 +63,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["SegEngine", "SPLITS", "default_device"]
 
 
+#: test metrics of a segmentation evaluation unless the job names others (train_config["eval_metrics"])
+DEFAULT_EVAL_METRICS = ("dice", "hd95", "assd")
+
+
 class SegEngine(LocalEngine):
     """Local segmentation engine of one site (shared parts: ``fedseg.engine.base.LocalEngine``).
 
