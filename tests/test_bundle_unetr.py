@@ -84,7 +84,7 @@ def test_encoder_equals_foundation(foundation):
 
 def _refusal(**variables) -> Exception:
     """The error building the network raised (MONAI wraps it in a RuntimeError naming the component)."""
-    with pytest.raises(RuntimeError, match="build_unetr") as info:
+    with pytest.raises(RuntimeError, match="FoundationUNETR") as info:
         _network(**variables)
     return info.value.__cause__
 

@@ -295,9 +295,36 @@ def test_site_runner_trains_and_evaluates_a_classifier(cls_datalist, tmp_path):
     meta = {META_KEY: {"objective": "fedavg", "objective_args": {}, "train_config": cfg, "round": 0, "total_rounds": 1}}
     out = runner.handle("train", initial, meta)
     assert {"train_loss", "steps", "val_accuracy"} <= set(out["metrics"]) and "val_dice" not in out["metrics"]
-    assert out["meta"] == {"n_samples": 12} and set(out["params"]) == set(initial)
+    assert out["meta"] == {"n_samples": 12, "round": 0} and set(out["params"]) == set(initial)
     out = runner.handle("evaluate", out["params"], {**meta, "model_name": "global"})
     assert {"accuracy", "balanced_accuracy"} <= set(out["metrics"]) and out["params"] == {}
     record = json.loads(runner.per_image_path("global").read_text())
     assert len(record["rows"]) == 6 and {"id", "label", "prediction", "correct"} == set(record["rows"][0])
     assert not list((tmp_path / "fedseg_outputs" / "site-a").glob("overlays_*"))
+
+
+def test_report_of_a_classification_run(tmp_path):
+    """summary.md and the plots follow val_accuracy and the accuracy columns when the sites sent them."""
+    from fedseg.fl.report import RunReport, summarise, validation_metric
+
+    report = RunReport("fedavg", ["a", "b"], {"train_config": {"task": "classification"}})
+    report.add_round(0, {"a": {"train_loss": 0.7, "val_accuracy": 0.5}, "b": {"train_loss": 0.6, "val_accuracy": 0.75}})
+    report.final = {"global": {"a": {"accuracy": 0.5, "balanced_accuracy": 0.5}, "b": {"accuracy": 1.0, "balanced_accuracy": 1.0}}}
+    assert "mean val_accuracy 0.6250" in report.round_summary(0)
+    path = report.write(tmp_path)
+    data = json.loads(path.read_text())
+    assert validation_metric(data) == "val_accuracy" and "label_space" in data["final"]["note"]
+    text = summarise(data)
+    assert "## Validation accuracy per round" in text and "| 0 | 0.5000 | 0.7500 |" in text
+    assert "| site | Accuracy | Balanced accuracy |" in text and "| **mean** | 0.7500 | 0.7500 |" in text
+    assert (tmp_path / "plots" / "val_accuracy.png").is_file()
+    assert validation_metric({"rounds": [{"metrics": {"a": {"val_dice": 0.3}}}]}) == "val_dice"
+
+
+def test_bundle_for_task():
+    from fedseg.bundle import bundle_for_task
+
+    assert bundle_for_task({"task": "classification"}).name == "vit_foundation"
+    assert bundle_for_task({"task": None}).name == "unet2d_seg"
+    with pytest.raises(ValueError, match="unknown task 'detection'"):
+        bundle_for_task({"task": "detection"})

@@ -72,7 +72,7 @@ def test_only_parameters_and_declared_statistics_left_the_sites(fedavg_run):
     assert {r["site"] for r in records} == set(SITES)
     assert sorted(r["task"] for r in records) == sorted(["train"] * 6 + ["evaluate"] * 3)
     for r in records:
-        assert set(r["meta"]) <= {"initial_metrics", "n_samples"}, r["meta"]
+        assert set(r["meta"]) <= {"initial_metrics", "n_samples", "round"}, r["meta"]
         metrics = r["meta"]["initial_metrics"]["items"]
         assert all(v["type"] in ("float", "int") for v in metrics.values()), metrics
         if r["task"] == "train":

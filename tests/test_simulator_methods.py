@@ -99,7 +99,7 @@ def test_graphfedseg_graph_and_personalised_models(tmp_path):
     assert (run_dir / "plots" / "effective_weight.png").is_file()
     # the uncertainty statistic is the only extra thing a site sent
     for rec in read_audit(report):
-        assert set(rec["meta"]) <= {"initial_metrics", "n_samples", "uncertainty"}
+        assert set(rec["meta"]) <= {"initial_metrics", "n_samples", "round", "uncertainty"}
 
 
 def test_graphfedseg_with_differential_privacy_reports_epsilon(tmp_path):

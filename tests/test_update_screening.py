@@ -58,10 +58,25 @@ def test_scaled_update_rejected_by_norm_rule():
     assert list(rejected) == ["s3"] and "median of the other sites" in rejected["s3"]
 
 
-def test_sign_flipped_update_rejected_by_cosine_rule():
+def test_flipped_update_rejected_by_update_cosine_rule_against_a_consensus():
     flipped = {k: GLOBAL[k] - (v - GLOBAL[k]) for k, v in _model(9).items()}
     rejected = screen_models(*_sites(4, s3=flipped), CFG)
-    assert list(rejected) == ["s3"] and "cosine" in rejected["s3"]
+    assert list(rejected) == ["s3"] and "update points against the other sites'" in rejected["s3"]
+
+
+def test_sign_flipped_model_rejected_by_model_cosine_even_with_two_sites():
+    negated = {k: -v for k, v in _model(9).items()}
+    for n in (1, 4):
+        rejected = screen_models(*_sites(n, s9=negated), CFG)
+        assert list(rejected) == ["s9"] and "opposite model: cosine -" in rejected["s9"]
+
+
+def test_honest_updates_without_consensus_are_not_rejected():
+    # measured on the tiny profile: honest updates are nearly orthogonal (pairwise cosine ~0.05)
+    g = torch.Generator().manual_seed(0)
+    models = {f"s{i}": {MAIN_MODEL: {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in GLOBAL.items()}} for i in range(6)}
+    sent = {s: {MAIN_MODEL: GLOBAL} for s in models}
+    assert screen_models(models, sent, CFG) == {}
 
 
 def test_relative_rules_need_three_sites():
@@ -104,10 +119,13 @@ def test_geometry_against_numpy():
     geometry = update_geometry(flat, ref)
     u = np.stack([np.concatenate([(p[k] - GLOBAL[k]).numpy().ravel() for k in ("w", "b")]) for p in (flat[i] for i in flat)])
     median = np.median(u, axis=0)
+    g = np.concatenate([GLOBAL[k].numpy().ravel() for k in ("w", "b")])
     for row, ident in zip(u, flat):
-        norm, cos = geometry[ident]
+        norm, cos, model_cos = geometry[ident]
         assert norm == pytest.approx(np.linalg.norm(row))
         assert cos == pytest.approx(row @ median / (np.linalg.norm(row) * np.linalg.norm(median)))
+        w = row + g
+        assert model_cos == pytest.approx(w @ g / (np.linalg.norm(w) * np.linalg.norm(g)))
 
 
 @settings(max_examples=40, deadline=2000)
@@ -149,7 +167,7 @@ def test_declared_ranges_of_each_objective(objective, statistics):
 
 @pytest.mark.parametrize(
     "options, message",
-    [({"norm_factor": 0.5}, "norm_factor"), ({"min_sites": 2}, "min_sites"), ({"min_model_cosine": 2}, "min_model_cosine"),
+    [({"norm_factor": 0.5}, "norm_factor"), ({"min_sites": 2}, "min_sites"), ({"min_model_cosine": 2}, "min_model_cosine"), ({"min_update_cosine": -3}, "min_update_cosine"),
      ({"max_update_norm": -1}, "max_update_norm"), ({"norm_factr": 3}, "unknown screening options")],
 )
 def test_bad_screening_options(options, message):
@@ -184,7 +202,7 @@ def test_exchange_rejects_each_hostile_result_with_its_reason():
     answers = [(s, good(i), {"n_samples": 10}, 3) for i, s in enumerate(sites[:3])]
     answers += [
         ("site-4", {k: GLOBAL[k].numpy() + 100 * (v - GLOBAL[k].numpy()) for k, v in good(4).items()}, {"n_samples": 10}, 3),
-        ("site-5", good(5), {"n_samples": 10}, 2),  # stale
+        ("site-5", good(5), {"n_samples": 10, "round": 2}, 3),  # stale: the site says it trained for round 2
         ("site-6", {k: np.zeros_like(v) for k, v in good(6).items()}, {"n_samples": 10}, 3),
         ("site-1", good(11), {"n_samples": 10}, 3),  # a second answer under site-1's name
         ("intruder", good(12), {"n_samples": 10}, 3),
@@ -214,3 +232,41 @@ def test_exchange_screens_packed_models():
     results = controller._exchange("overseas_train", payloads, 0)
     assert sorted(results) == ["a", "b", "d"]
     assert "[guest@x]" in controller._rejected["c"] and "cosine" in controller._rejected["c"]
+
+
+# ------------------------------------------------------------------------------ test-only fault injection
+def test_fault_injection_parses_and_distorts_as_documented():
+    from fedseg.fl.faults import apply_faults, faults_for, parse_faults
+
+    env = {"FEDSEG_FAULT_INJECTION": "site-2:scale=10@1, site-2:sign_flip@2,site-3:zero,site-3:stale@1,site-4:bad_stat,site-4:flip_update"}
+    assert [f.kind for f in faults_for("site-2", env)] == ["scale", "sign_flip"] and faults_for("site-9", env) == []
+    assert faults_for("site-2", {}) == []  # unset: nothing
+    sent = {"w": torch.ones(2), "n": torch.tensor(3)}
+    out = {"params": {"w": torch.tensor([2.0, 3.0]), "n": torch.tensor(4)}, "metrics": {}, "meta": {"n_samples": 7, "round": 1}}
+    scaled = apply_faults(faults_for("site-2", env), "train", 1, out, sent)
+    torch.testing.assert_close(scaled["params"]["w"], torch.tensor([11.0, 21.0]))
+    assert int(scaled["params"]["n"]) == 4  # integer entries untouched
+    torch.testing.assert_close(apply_faults(faults_for("site-2", env), "train", 2, out, sent)["params"]["w"], torch.tensor([-2.0, -3.0]))
+    assert apply_faults(faults_for("site-2", env), "train", 0, out, sent) == out  # no fault this round
+    assert apply_faults(faults_for("site-2", env), "evaluate", 1, out, sent) == out  # train results only
+    broken = apply_faults(faults_for("site-3", env), "train", 1, out, sent)
+    assert not broken["params"]["w"].any() and broken["meta"]["round"] == 0
+    hostile = apply_faults(faults_for("site-4", env), "train", 1, out, sent)
+    assert hostile["meta"]["n_samples"] == -7
+    torch.testing.assert_close(hostile["params"]["w"], torch.tensor([0.0, -1.0]))  # 1 - (w - 1)
+    for bad in ("site-2", "site-2:explode", "site-2:scale=abc", ":zero"):
+        with pytest.raises(ValueError, match="FEDSEG_FAULT_INJECTION"):
+            parse_faults(bad)
+
+
+def test_a_site_that_cannot_read_its_data_is_left_out_and_the_others_continue():
+    """The site loop answers a failed task with the exception type only (``fedseg.fl.client``): the server
+    records that type, never the site's file names, and aggregates the other sites."""
+    good = lambda i: {k: v.numpy() for k, v in _model(i).items()}  # noqa: E731
+    answers = [(s, good(i), {"n_samples": 10, "round": 0}, 0) for i, s in enumerate(["a", "b", "c"])]
+    answers.append(("d", {}, {"error": "DatalistError"}, 0))
+    controller = ScriptedController(answers)
+    controller._reference = dict(GLOBAL)
+    results = controller._exchange("train", {s: SitePayload(params=GLOBAL) for s in "abcd"}, 0)
+    assert sorted(results) == ["a", "b", "c"]
+    assert controller._rejected == {"d": "train: d: the site could not run the task (DatalistError; details in its log)"}

@@ -67,11 +67,17 @@ BUNDLE_KEYS = (
     # classification ViT (bundles/vit_foundation)
     "vit_profile",
     "vit_image_size",
+    # downstream UNETR (bundles/unetr_seg)
+    "foundation_ckpt",
+    "partial_depth",
 )
 
 
 def bundle_for_task(train_config: Optional[Dict[str, Any]] = None) -> Path:
-    """The default bundle folder of ``train_config["task"]`` (segmentation when unset)."""
+    """``train_config["bundle"]`` if named, else the default bundle folder of ``train_config["task"]``
+    (segmentation when unset)."""
+    if (train_config or {}).get("bundle"):
+        return default_bundle_dir(train_config["bundle"])
     task = (train_config or {}).get("task") or "segmentation"
     if task not in TASK_BUNDLES:
         raise ValueError(f"unknown task {task!r}; expected one of {sorted(TASK_BUNDLES)}")

@@ -69,9 +69,22 @@ def _canonicalise(path: Path) -> None:
 
 def _cmd_data(args: argparse.Namespace) -> None:
     try:
+        if args.data_cmd == "check":
+            _check_data(args)
+            return
         _import_data(args)
     except ValueError as e:  # DatalistError (naming the file) or a bad option value
         raise SystemExit(f"fedseg data {args.data_cmd}: {e}") from None
+
+
+def _check_data(args: argparse.Namespace) -> None:
+    """``fedseg data check DATALIST``: every problem with the datalist and its files, or a one-line OK."""
+    from fedseg.data.checks import check_datalist
+
+    for path in args.datalists:
+        out = check_datalist(path, allow_external_paths=True if args.allow_external_paths else None, decode=not args.headers_only)
+        counts = ", ".join(f"{s} {n}" for s, n in out["counts"].items())
+        print(f"OK {out['datalist']}: {counts}; {out['files']} files checked")
 
 
 def _import_data(args: argparse.Namespace) -> None:
@@ -331,6 +344,14 @@ def build_parser() -> argparse.ArgumentParser:
             "--participants", default=None,
             help="split domains into participants with disjoint training shares, e.g. DRIVE=3,STARE=1,CHASE_DB1=1 (FVAC setting)",
         )
+    check = data_sub.add_parser(
+        "check", help="find bad files before training: paths, 3-D volumes, tiny/huge images, masks, sizes",
+        description="Check datalists and every file they name (fedseg.data.checks); exit status 1 with each "
+                    "problem named, file by file.")
+    check.add_argument("datalists", nargs="+", help="datalist JSON files (or folders holding datalist.json)")
+    check.add_argument("--allow-external-paths", action="store_true",
+                       help="accept files outside the datalist's folder (default: the datalist's own setting)")
+    check.add_argument("--headers-only", action="store_true", help="check paths and headers, do not decode pixels")
     data.set_defaults(func=_cmd_data)
 
     export = sub.add_parser("export", help="export recipes into NVFlare job folders")

@@ -25,6 +25,14 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     # vit_image_size None = the profile's; num_classes must equal the datalists' label_space length
     "vit_profile": "tiny",
     "vit_image_size": None,
+    # MONAI bundle under bundles/ that defines the network (None = the task's: unet2d_seg / vit_foundation);
+    # "unetr_seg" = FedEFM's downstream UNETR, whose ViT encoder starts from foundation_ckpt (the server reads
+    # it into the initial global model; sites receive the weights and never need the file)
+    "bundle": None,
+    "foundation_ckpt": None,
+    "partial_depth": False,
+    # test metrics of the final evaluation (None = dice, hd95, assd; fedseg.metrics.AVAILABLE_METRICS)
+    "eval_metrics": None,
     # network / optimisation (bundle variables)
     "image_size": 64,
     "in_channels": 3,

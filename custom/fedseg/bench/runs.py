@@ -263,7 +263,7 @@ def pooled_datalist(mapping: Mapping[str, str], path: Path) -> Path:
             # image + label (+ the data set's rescale factor) only: extra keys that only some sites
             # have (e.g. retina "fov") break collation
             union[split] += [{"image": e["image"], "label": e["label"], "rescale": float(e.get("rescale", rescale))} for e in entries]
-    header = {"name": "pooled", "sites": list(mapping)}
+    header = {"name": "pooled", "sites": list(mapping), "allow_external_paths": True}  # the sites' own files
     mode = common_spatial_mode(mapping.values())
     if mode:
         header["spatial_mode"] = mode

@@ -281,6 +281,8 @@ def import_nuclei(
             "datasets": sorted({r["site"] for part in splits.values() for r in part}),
             "source": str(root),
             "terms": "research-licensed; referenced in place, never copied (see TERMS.md in source)",
+            # the entries point at the source folder, outside this datalist's (fedseg.data.checks)
+            "allow_external_paths": True,
             "seed": int(seed),
             "val_fraction": float(val_fraction),
             "test_fraction": float(test_fraction),

@@ -249,6 +249,8 @@ def import_retina(
             "site": site,
             "source": str(root),
             "terms": "research-licensed; referenced in place, never copied (see TERMS.md in source)",
+            # the entries point at the source folder, outside this datalist's (fedseg.data.checks)
+            "allow_external_paths": True,
             "seed": int(seed),
             "val_fraction": float(val_fraction),
             "test_fraction": float(test_fraction),
@@ -328,6 +330,7 @@ def participant_split(
                 "num_shares": k,
                 "seed": int(seed),
                 "source_datalist": str(Path(path).absolute()),
+                "allow_external_paths": True,  # the shares point at the domain's files
                 "split_rule": rule,
                 # the domain's spatial settings travel with its shares
                 **{k: source[k] for k in ("spatial_mode", "rescale", "spacing") if k in source},

@@ -24,10 +24,18 @@ class SegImageReader(ImageReader):
 
     MONAI's default reader search has no reader for ``.tif``/``.gif`` without ITK installed; this
     dispatches by suffix so DRIVE's TIFFs and GIF masks load with the same ``LoadImaged`` as PNGs.
+
+    Args:
+        image_modes: pass raster images through ``fedseg.data.image_modes.to_pipeline_mode`` (16-bit scaled by
+            dtype to 0..255, RGBA / palette -> RGB). For images only: a mask's palette indices are its labels.
     """
 
-    def __init__(self, **kwargs: Any):
+    def __init__(self, image_modes: bool = False, **kwargs: Any):
         super().__init__()
+        if image_modes:
+            from fedseg.data.image_modes import to_pipeline_mode
+
+            kwargs.setdefault("converter", to_pipeline_mode)
         self._pil = PILReader(**kwargs)
         self._nifti = NibabelReader()
 

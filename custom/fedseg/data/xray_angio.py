@@ -155,6 +155,8 @@ def import_dca1(
             "site": site,
             "source": str(root),
             "terms": "DCA1: research use, cite Cervantes-Sanchez et al. 2019; referenced in place, never copied",
+            # the entries point at the source folder, outside this datalist's (fedseg.data.checks)
+            "allow_external_paths": True,
             "seed": int(seed),
             "split_rule": rule,
             "labels": {"0": "background", "1": "vessel"},

@@ -46,7 +46,7 @@ from monai.data import CacheDataset
 from monai.engines import SupervisedTrainer
 from torch import nn
 
-from fedseg.bundle import load_bundle
+from fedseg.bundle import bundle_for_task, load_bundle
 from fedseg.data.datalist import load_datalist
 from fedseg.data.transforms import resize_scores
 from fedseg.engine.base import SPLITS, LocalEngine, default_device
@@ -77,7 +77,7 @@ class SegEngine(LocalEngine):
         datalist: path of the site's decathlon-style datalist (training / validation / test).
         train_config: effective hyper-parameters (``local_epochs``, ``batch_size``, ``learning_rate``,
             ``image_size``, ...); bundle variables among them override the bundle's defaults.
-        bundle_dir: the MONAI bundle folder (default: ``bundles/unet2d_seg``).
+        bundle_dir: the MONAI bundle folder (default: ``train_config["bundle"]``, else ``bundles/unet2d_seg``).
         device: defaults to CUDA when available, else CPU.
         dp_seed: seeds DP-SGD's sampling and noise generators — for tests only. ``None`` (default)
             draws them from OS entropy, as a deployment must: noise derived from a seed the server
@@ -101,7 +101,7 @@ class SegEngine(LocalEngine):
             # accounted epsilon would be wrong. One patch per Poisson-drawn image keeps the unit the image.
             logger.info("%s: DP-SGD in patch mode draws one patch per image (patch_samples=1)", site)
             self.train_config["patch_samples"] = 1
-        self.parser = load_bundle(bundle_dir, self.train_config)
+        self.parser = load_bundle(bundle_dir or bundle_for_task(self.train_config), self.train_config)
         for key in ("patch_size", "image_size", "patch_samples", "sw_overlap", "sw_batch_size", "sw_blend_mode"):
             self.train_config.setdefault(key, self.parser[key])
         check_patch_size(self.train_config, len(self.parser["channels"]))
@@ -350,13 +350,15 @@ class SegEngine(LocalEngine):
         self,
         model: nn.Module,
         split: str,
-        metrics: Sequence[str] = ("dice", "hd95", "assd"),
+        metrics: Optional[Sequence[str]] = None,
         per_image: bool = False,
     ):
         """Mean foreground metrics of ``model`` over the images of ``split``, each scored at its own size
         against its mask on disk (inside the FOV and in mm too where the datalist provides them; see
-        ``fedseg.metrics.segmentation``). With ``per_image`` returns ``(means, rows)``, one row per image in
-        datalist order: ``{"id": image file name, <metric>: value, ...}``."""
+        ``fedseg.metrics.segmentation``). ``metrics`` None = ``train_config["eval_metrics"]``, else Dice, HD95
+        and ASSD. With ``per_image`` returns ``(means, rows)``, one row per image in datalist order:
+        ``{"id": image file name, <metric>: value, ...}``."""
+        metrics = metrics or self.train_config.get("eval_metrics") or DEFAULT_EVAL_METRICS
         meter = SegmentationMetrics(self.num_classes, metrics)
         entries = self.data[split]
         for i, (batch, logits, _) in enumerate(self._iterate(model, split, False)):

@@ -2,12 +2,12 @@
 
 What leaves the site (``FLModel`` sent back):
   * train:    the trained weights, ``metrics`` {train_loss, steps, the engine's validation metrics:
-              val_dice (segmentation) or val_accuracy (classification)}, ``meta`` {n_samples} plus
+              val_dice (segmentation) or val_accuracy (classification)}, ``meta`` {n_samples, round} plus
               the objective's declared statistics;
   * evaluate: ``metrics`` of the received model on the test split ({dice, hd95, assd} or {accuracy,
               balanced_accuracy, accuracy_class_<k>}), nothing else (the per-image values stay in ``<site workspace>/fedseg_outputs/<site>/per_image_<model>.json``);
   * weight tasks (the objective's ``weight_tasks``, e.g. FedEFM's overseas training and gossip): weights
-    (main and/or extra named models, ``fedseg.fl.protocol.pack_models``), ``meta`` {n_samples} plus
+    (main and/or extra named models, ``fedseg.fl.protocol.pack_models``), ``meta`` {n_samples, round} plus
     declared statistics;
   * other tasks (method-specific): the objective's declared statistics only.
 Images, labels, predictions and overlays stay in the site's workspace, and so does the site's training
@@ -28,9 +28,11 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from fedseg.data.checks import check_datalist
 from fedseg.engine.base import LocalEngine
-from fedseg.engine.factory import build_engine
+from fedseg.engine.factory import build_engine, resolve_task
 from fedseg.engine.site_state import SiteState, job_key
+from fedseg.fl.faults import FAULT_ENV, apply_faults, faults_for
 from fedseg.fl.protocol import BASE_STATISTICS, EVALUATE_TASK, META_KEY, TRAIN_TASK, pack_models, unpack_models
 from fedseg.fl.site_data import resolve_site_datalist
 from fedseg.objectives.base import RoundContext
@@ -65,8 +67,16 @@ class SiteRunner:
             clients=job.get("clients"),
         )
         logger.info("%s: training on %s", self.site, datalist)
+        if resolve_task(datalist, cfg) == "segmentation":
+            # bad files (outside the datalist's folder, 3-D, tiny, huge, unknown modes) fail here, before training,
+            # with the file named in this site's log; the server only learns the error type (DatalistError).
+            # Paths and headers only: SegEngine's load_datalist decodes every pair next
+            check_datalist(datalist, decode=False)
         # the task (train_config / datalist) picks the engine; one site logic for every task
-        self.engine = build_engine(self.site, datalist, cfg, bundle_dir=self.args.bundle_dir)
+        # a foundation checkpoint is read by the server into the initial global model: a site receives those
+        # weights with its first task and needs no copy of the file
+        site_cfg = {**cfg, "foundation_ckpt": None}
+        self.engine = build_engine(self.site, datalist, site_cfg, bundle_dir=self.args.bundle_dir)
         self.model = self.engine.build_network()
         self.objective = build_objective(job["objective"], **job["objective_args"])
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -109,7 +119,8 @@ class SiteRunner:
                 {n: {k: v.detach().cpu().clone() for k, v in m.items()} for n, m in models.items()},
                 main={k: v.detach().cpu().clone() for k, v in weights.items()},
             )
-            return {"params": params, "metrics": {}, "meta": {"n_samples": self.engine.n_train, **self._declared(statistics)}}
+            meta = {"n_samples": self.engine.n_train, "round": ctx.round, **self._declared(statistics)}
+            return {"params": params, "metrics": {}, "meta": meta}
         statistics = self.objective.handle_task(task, ctx, self.model, self.engine)
         return {"params": {}, "metrics": {}, "meta": self._declared(statistics)}
 
@@ -132,7 +143,7 @@ class SiteRunner:
         metrics["compute_time"] = time.perf_counter() - started
         # peak resident memory of this site process so far (MiB; Linux reports KiB) for the benchmarks
         metrics["peak_memory_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        return {"params": params, "metrics": metrics, "meta": {"n_samples": self.engine.n_train, **statistics}}
+        return {"params": params, "metrics": metrics, "meta": {"n_samples": self.engine.n_train, "round": ctx.round, **statistics}}
 
     def _evaluate(self, model_name: str, round_: Optional[int] = None) -> Dict[str, Any]:
         metrics, rows = self.engine.evaluate(self.model, "test", per_image=True)
@@ -185,18 +196,26 @@ def main(argv=None) -> None:
     flare.init()
     site = flare.get_site_name()
     runner = SiteRunner(site, args)
+    faults = faults_for(site)  # test-only (FEDSEG_FAULT_INJECTION); empty in any real run
+    if faults:
+        logger.warning("%s: %s is set: this site will send faulty results (%s)", site, FAULT_ENV, faults)
     writer = SummaryWriter()
     while flare.is_running():
         received = flare.receive()
         if received is None:
             break
         task = flare.get_task_name()
+        # fault injection measures its distortions from what the site received; keep a copy, since the
+        # received tensors may be reused by the time the result is built
+        sent = {k: torch.as_tensor(v).clone() for k, v in (received.params or {}).items()} if faults else {}
         try:
             out = runner.handle(task, received.params or {}, received.meta or {})
         except Exception as e:  # keep serving: the server leaves this site out of the round
             logger.exception("%s: task %s failed", site, task)
             # only the exception type travels; its message may name local files (patient ids)
             out = {"params": {}, "metrics": {}, "meta": {"error": type(e).__name__}}
+        if faults:
+            out = apply_faults(faults, task, int(received.current_round or 0), out, sent)
         if task == TRAIN_TASK:
             step = int(received.current_round or 0)
             for name, value in out["metrics"].items():

@@ -20,7 +20,7 @@ from nvflare.app_common.workflows.model_controller import ModelController
 from fedseg.bundle import build_network
 from fedseg.config import default_task_timeout
 from fedseg.fl.checkpoint import load_checkpoint, save_checkpoint
-from fedseg.fl.protocol import META_KEY, EVALUATE_TASK, TRAIN_TASK, unpack_models
+from fedseg.fl.protocol import BASE_STATISTICS, META_KEY, EVALUATE_TASK, TRAIN_TASK, unpack_models
 from fedseg.fl.report import RunReport
 from fedseg.fl.screening import (
     BASE_STATISTIC_RANGES,
@@ -111,6 +111,8 @@ class FedSegController(ModelController):
         self._reference: Dict[str, torch.Tensor] = {}
         self._rejected: Dict[str, str] = {}
         self._task_times: Dict[str, float] = {}
+        #: per task: the update norm / cosine of every screened model (report field ``screening``)
+        self._geometry: Dict[str, Dict[str, Dict[str, float]]] = {}
         self._bytes: Dict[str, int] = {"sent": 0, "received": 0}
 
     # ---------------------------------------------------------------------------------- workflow
@@ -142,6 +144,7 @@ class FedSegController(ModelController):
                 return
             started = time.perf_counter()
             self._rejected, self._task_times, self._bytes = {}, {}, {"sent": 0, "received": 0}
+            self._geometry = {}
             payloads = {site: self._strategy.payload(site, round_) for site in clients}
             updates = self._exchange(TRAIN_TASK, payloads, round_)
             fields = self._strategy.aggregate(
@@ -152,6 +155,9 @@ class FedSegController(ModelController):
                 metrics={s: u.metrics for s, u in updates.items()},
                 missing=[s for s in clients if s not in updates],
                 rejected=dict(self._rejected),
+                # ||w_i - w_sent_i|| and its cosine with the median update, per task and site: what the
+                # screening thresholds (config.screening) were compared with
+                screening=dict(self._geometry),
                 wall_time=time.perf_counter() - started,
                 # seconds from sending each task to the last answer: lets a benchmark see what a
                 # method's extra task (e.g. FedEvi's evaluate_surrogate) costs within the round
@@ -334,6 +340,7 @@ class FedSegController(ModelController):
                 {s: {MAIN_MODEL: u.params, **u.models} if u.params else dict(u.models) for s, u in results.items()},
                 {s: _named_models(payloads[s].params) for s in results},
                 self._screening,
+                geometry_out=self._geometry.setdefault(task_name, {}),
             ).items():
                 results.pop(site)
                 reject(site, reason)
@@ -361,12 +368,14 @@ class FedSegController(ModelController):
         statistics = validate_statistics(site, meta, self._allowed_statistics)
         statistics.update(validate_arrays(site, meta, self._declared_arrays))
         check_statistic_ranges(site, metrics, METRIC_RANGES)
+        base = validate_statistics(site, meta, BASE_STATISTICS)
         check_result(
             site,
             {MAIN_MODEL: params, **models} if params else models,
-            {**statistics, **validate_statistics(site, meta, ("n_samples",))},
+            {**statistics, **base},
             self._statistic_ranges,
-            result.current_round,
+            # the round the site says it trained for (NVFlare overwrites result.current_round with the task's)
+            base.get("round", result.current_round),
             round_,
             self._screening,
         )

@@ -4,8 +4,10 @@ TRAIN_TASK = "train"
 EVALUATE_TASK = "evaluate"
 #: FLModel.meta key holding the job's settings for the site (method, objective, train_config, round)
 META_KEY = "fedseg"
-#: what a site may always send besides the objective's declared statistics
-BASE_STATISTICS = ("n_samples",)
+#: what a site may always send besides the objective's declared statistics: its number of training images and
+#: the round its result is for (NVFlare stamps the task's round on every result itself, so a site that sends
+#: a result it computed for an earlier round is only seen through this echo; ``fedseg.fl.screening``)
+BASE_STATISTICS = ("n_samples", "round")
 
 #: key prefix of the extra models a task carries besides the main weights (FedEFM's overseas experts
 #: and neighbours): ``"__model__/<name>/<parameter>"``

@@ -25,7 +25,7 @@ from fedseg.foundation.networks import UNETR_PATCH, _foundation_shape, _pair, un
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_unetr", "load_foundation_state"]
+__all__ = ["FoundationUNETR", "build_unetr", "load_foundation_state"]
 
 
 def load_foundation_state(path: Union[str, os.PathLike]) -> dict:
@@ -100,3 +100,45 @@ def build_unetr(
     )
     logger.info("UNETR encoder: %d tensors loaded from %s (depth %s)", len(loaded), foundation_ckpt, arch["depth"])
     return unetr
+
+
+class FoundationUNETR(UNETR):
+    """The network :func:`build_unetr` returns, as a class of its own: NVFlare writes a job's initial model
+    into the server config as a class path plus the constructor arguments it finds as attributes, and a
+    factory function cannot be written that way. The server builds it from that config, so the foundation
+    checkpoint is read once, at the server, into the initial global model. Same arguments and tensors as
+    :func:`build_unetr`."""
+
+    def __init__(
+        self,
+        in_channels: int = 1,
+        out_channels: int = 2,
+        img_size: Union[int, Sequence[int]] = 96,
+        hidden_size: int = 96,
+        mlp_dim: int = 384,
+        num_heads: int = 3,
+        feature_size: int = 16,
+        norm_name: str = "instance",
+        dropout_rate: float = 0.0,
+        qkv_bias: bool = False,
+        foundation_ckpt: Optional[Union[str, os.PathLike]] = None,
+        partial_depth: bool = False,
+        init_seed: Optional[int] = None,
+    ):
+        super().__init__(
+            in_channels=in_channels, out_channels=out_channels, img_size=_pair(img_size), feature_size=feature_size,
+            hidden_size=hidden_size, mlp_dim=mlp_dim, num_heads=num_heads, proj_type="conv",
+            norm_name=norm_name, dropout_rate=dropout_rate, spatial_dims=2, qkv_bias=qkv_bias,
+        )
+        built = build_unetr(
+            in_channels, out_channels, img_size, hidden_size, mlp_dim, num_heads, feature_size, norm_name,
+            dropout_rate, qkv_bias, foundation_ckpt, partial_depth, init_seed,
+        )
+        self.load_state_dict(built.state_dict())
+        # the constructor arguments, under their own names, for NVFlare's job serialisation
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.img_size = list(_pair(img_size))
+        self.mlp_dim, self.num_heads, self.feature_size = int(mlp_dim), int(num_heads), int(feature_size)
+        self.norm_name, self.dropout_rate, self.qkv_bias = norm_name, float(dropout_rate), bool(qkv_bias)
+        self.foundation_ckpt = str(foundation_ckpt) if foundation_ckpt else None
+        self.partial_depth, self.init_seed = bool(partial_depth), init_seed

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fedseg.engine.engine import SegEngine
+    from fedseg.engine.base import LocalEngine
 
 
 @dataclass
@@ -67,10 +67,11 @@ class BatchOutput:
 
     Attributes:
         inputs: images ``(B, C_in, H, W)``.
-        labels: integer-valued masks ``(B, 1, H, W)`` (0 = background, 1..C-1 = classes).
-        logits: network output ``(B, C, H, W)``.
-        features: named feature maps (``FeatureUNet.forward_features``); empty unless the objective
-            sets ``needs_features``.
+        labels: integer-valued masks ``(B, 1, H, W)`` (0 = background, 1..C-1 = classes); for the
+            classification engine class indices ``(B,)`` (long).
+        logits: network output ``(B, C, H, W)``; class logits ``(B, K)`` for classification.
+        features: named feature maps (``FeatureUNet.forward_features``; the classification engine's ViT
+            gives ``{"tokens": (B, N, D)}``); empty unless the objective sets ``needs_features``.
         epoch: 0-based local epoch.
     """
 
@@ -136,7 +137,7 @@ class ClientObjective:
         :meth:`loss`, which must equal ``data_loss + parameter_loss``."""
         return None
 
-    def end_round(self, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: "LocalEngine") -> Dict[str, Any]:
         """Declared statistics to send with the trained weights (keys from ``declared_statistics``)."""
         return {}
 
@@ -147,13 +148,13 @@ class ClientObjective:
         """
 
     def handle_task(
-        self, task_name: str, ctx: RoundContext, model: nn.Module, engine: "SegEngine"
+        self, task_name: str, ctx: RoundContext, model: nn.Module, engine: "LocalEngine"
     ) -> Dict[str, Any]:
         """Run a method-specific task on ``model`` (already loaded with the received weights)."""
         raise ValueError(f"objective {self.name!r} does not handle task {task_name!r}")
 
     def handle_weight_task(
-        self, task_name: str, ctx: RoundContext, model: nn.Module, engine: "SegEngine"
+        self, task_name: str, ctx: RoundContext, model: nn.Module, engine: "LocalEngine"
     ) -> Tuple[Dict[str, torch.Tensor], Dict[str, Dict[str, torch.Tensor]], Dict[str, Any]]:
         """Run a task of ``weight_tasks``. Returns ``(main weights or {}, {name: extra weights},
         declared statistics)``; the site packs the weights with ``fedseg.fl.protocol.pack_models``."""

@@ -8,6 +8,7 @@ from typing import Dict
 _RECIPES: Dict[str, str] = {
     "fedavg": "fedseg.recipes.fedavg:FedAvgRecipe",
     "fedefm": "fedseg.recipes.fedefm:FedEFMRecipe",
+    "fedefm_downstream": "fedseg.recipes.fedefm_downstream:FedEFMDownstreamRecipe",
     "fedevi": "fedseg.recipes.fedevi:FedEviRecipe",
     "fvac": "fedseg.recipes.fvac:FVACRecipe",
     "graphfedseg": "fedseg.recipes.graphfedseg:GraphFedSegRecipe",

@@ -1,0 +1,70 @@
+"""FedEFM phase 2: the downstream job fine-tunes a UNETR whose encoder the *server* loads from the
+foundation checkpoint (sites receive the weights), federated with FedAvg; reports Dice, Jaccard, mIoU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fedseg.cli import export_job
+from fedseg.foundation.networks import build_vit, unetr_key_map
+from fedseg.foundation.unetr import FoundationUNETR
+from sim_utils import run_simulator
+
+
+@pytest.fixture(scope="module")
+def foundation(tmp_path_factory):
+    """A tiny 3-channel foundation ViT at 96 px (the downstream default), saved like the FL server does."""
+    vit = build_vit("tiny", in_channels=3, num_classes=12, init_seed=5)
+    with torch.no_grad():
+        for p in vit.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    path = tmp_path_factory.mktemp("foundation") / "FL_global_model.pt"
+    torch.save({"model": vit.state_dict(), "train_config": {"task": "classification"}}, path)
+    return path, vit.state_dict()
+
+
+def _persistor_model(job):
+    server = json.loads((job / "app" / "config" / "config_fed_server.json").read_text())
+    persistor = next(c for c in server["components"] if c["id"] == "persistor")
+    return persistor["args"]["model"]
+
+
+def test_server_builds_the_initial_model_from_the_foundation(foundation, tmp_path):
+    path, vit_state = foundation
+    job = export_job("fedefm_downstream", tmp_path / "jobs", profile="tiny", foundation_ckpt=str(path))
+    model = _persistor_model(job)
+    assert model["path"] == "fedseg.foundation.unetr.FoundationUNETR"
+    assert model["args"]["foundation_ckpt"] == str(path) and model["args"]["in_channels"] == 3
+    # what the server's persistor instantiates from that config: encoder tensors equal the foundation's
+    unetr = FoundationUNETR(**model["args"])
+    mapping, dropped = unetr_key_map(vit_state)
+    target = unetr.state_dict()
+    assert mapping and set(dropped) == {"vit.cls_token", "vit.classification_head.weight", "vit.classification_head.bias"}
+    for src, dst in mapping.items():
+        assert torch.equal(target[dst], vit_state[src]), dst
+    # the site's train_config never needs the file (it gets the weights with its first task)
+    cfg = json.loads((job / "app" / "config" / "config_fed_server.json").read_text())
+    assert "unetr_seg" in json.dumps(cfg)
+
+
+def test_scratch_has_no_foundation_and_bad_paths_are_refused(tmp_path):
+    job = export_job("fedefm_downstream", tmp_path / "jobs", profile="tiny")
+    assert _persistor_model(job)["args"].get("foundation_ckpt") in (None, "")
+    with pytest.raises(FileNotFoundError, match="absolute"):
+        export_job("fedefm_downstream", tmp_path / "jobs2", profile="tiny", foundation_ckpt="relative/model.pt")
+    with pytest.raises(FileNotFoundError):
+        export_job("fedefm_downstream", tmp_path / "jobs3", profile="tiny", foundation_ckpt=str(tmp_path / "missing.pt"))
+
+
+@pytest.mark.slow
+def test_downstream_job_in_the_simulator(foundation, tmp_path):
+    path, _ = foundation
+    job = export_job("fedefm_downstream", tmp_path / "jobs", profile="tiny", foundation_ckpt=str(path))
+    report = run_simulator(job, tmp_path / "ws", n_clients=2)
+    assert report["method"] == "fedefm_downstream" and report["config"]["strategy"] == "fedavg"
+    for site, final in report["final"]["global"].items():
+        assert {"dice", "iou", "miou", "hd95", "assd"} <= set(final)
+        assert 0.0 <= final["iou"] <= final["dice"] <= 1.0  # Jaccard <= Dice for the same masks
