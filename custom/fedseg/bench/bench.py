@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from fedseg.bench.report import build_results, markdown, plot_results
 from fedseg.bench.runs import (
-    REFERENCES, Budget, RunSpec, load_finished, parse_variant, record_task, run_method, run_reference, save_run, task_metrics,
+    REFERENCES, Budget, RunSpec, federation_task, load_finished, parse_variant, record_task, run_method, run_reference, save_run, task_metrics,
 )
 from fedseg.bench.simulator import machine_info
 
@@ -62,10 +62,12 @@ def prepare_federation(out: Path, site_datalists: Optional[str] = None, family: 
 
 
 def data_summary(mapping: Dict[str, str]) -> Dict[str, Dict[str, Any]]:
-    """Images per split of every site."""
+    """Images per split of every site (segmentation or classification datalists)."""
+    from fedseg.data.classification import load_classification_datalist
     from fedseg.data.datalist import load_datalist
 
-    return {site: {s: len(v) for s, v in load_datalist(p, check_files=False).items()} for site, p in mapping.items()}
+    load = load_classification_datalist if federation_task(mapping) == "classification" else load_datalist
+    return {site: {s: len(v) for s, v in load(p, check_files=False).items()} for site, p in mapping.items()}
 
 
 def plan(methods: Sequence[str], references: Sequence[str], seeds: Sequence[int]) -> List[RunSpec]:
