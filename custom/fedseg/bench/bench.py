@@ -18,10 +18,7 @@ from fedseg.bench.runs import (
     REFERENCES, Budget, RunSpec, federation_task, load_finished, parse_variant, record_task, run_method, run_reference, save_run, task_metrics,
 )
 from fedseg.bench.simulator import machine_info
-
-
-#: built-in family of FedEFM's phase-1 classification silos (``fedseg.data.xray_builtin``)
-FOUNDATION_FAMILY = "xray_foundation"
+from fedseg.fl.site_data import FOUNDATION_FAMILY  # FedEFM's phase-1 classification silos (fedseg.data.xray_builtin)
 
 
 def prepare_federation(out: Path, site_datalists: Optional[str] = None, family: Optional[str] = None,
