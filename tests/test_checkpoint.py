@@ -289,3 +289,17 @@ def test_foreign_or_truncated_file_is_refused_with_its_path(tmp_path):
     torch.save({"format": 1, "config": CONFIG, "evil": SitePayload(params={})}, tmp_path / CHECKPOINT_NAME)
     with pytest.raises(ValueError, match="not a readable"):
         load_checkpoint(tmp_path, CONFIG)
+
+
+def test_export_writes_checkpoint_dir_and_task_timeout(tmp_path):
+    import json
+
+    from fedseg.cli import main
+
+    main(["export", "--method", "fedavg", "--profile", "tiny", "--out", str(tmp_path),
+          "--checkpoint-dir", "/srv/fedseg/ckpt", "--task-timeout", "120"])
+    config = json.loads((tmp_path / "fedavg" / "app" / "config" / "config_fed_server.json").read_text())
+    (args,) = [w["args"] for w in config["workflows"] if w["path"].endswith("FedSegController")]
+    assert args["checkpoint_dir"] == "/srv/fedseg/ckpt" and args["task_timeout"] == 120
+    with pytest.raises(SystemExit, match="absolute"):
+        main(["export", "--method", "fedavg", "--out", str(tmp_path), "--checkpoint-dir", "ckpt"])

@@ -5,7 +5,7 @@
     fedseg data nuclei  --src ../shared/data/nuclei_he --out DIR --layout source|organ
     fedseg data dca1    --src ../shared/data/xray_angio --out DIR [--sites DCA1]
     fedseg data foundation --out DIR [--retina DIR --nuclei DIR --arcade DIR] --unseen 1.0 --sites 3
-    fedseg export       [--method fedavg | --all] [--profile default] [--out jobs]
+    fedseg export       [--method fedavg | --all] [--profile default] [--out jobs] [--checkpoint-dir ABS] [--task-timeout S]
     fedseg run METHOD   [-n 3] [-w WORKSPACE] [--profile default] [--rounds R] [--site-datalists FILE]
                         [--seed S] [--set key=value ...]
     fedseg bench        --out DIR (--site-datalists FILE | --family polyp --sites ...) --methods fedavg fedevi ...
@@ -143,8 +143,17 @@ def _cmd_export(args: argparse.Namespace) -> None:
     from fedseg.recipes import available_methods
 
     methods = available_methods() if args.all else [args.method]
+    job_options = {}
+    if args.checkpoint_dir:
+        if not os.path.isabs(args.checkpoint_dir):
+            raise SystemExit(f"fedseg export: --checkpoint-dir must be an absolute path on the server, got {args.checkpoint_dir!r}")
+        job_options["checkpoint_dir"] = args.checkpoint_dir
+    if args.task_timeout is not None:
+        if args.task_timeout < 0:
+            raise SystemExit(f"fedseg export: --task-timeout must be >= 0 seconds, got {args.task_timeout}")
+        job_options["task_timeout"] = args.task_timeout
     for method in methods:
-        print(f"exported {method} -> {export_job(method, args.out, args.profile)}")
+        print(f"exported {method} -> {export_job(method, args.out, args.profile, **job_options)}")
 
 
 def _train_sets(items: Optional[List[str]]) -> dict:
@@ -350,6 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--all", action="store_true", help="every method")
     export.add_argument("--profile", default="default")
     export.add_argument("--out", default="jobs")
+    export.add_argument(
+        "--checkpoint-dir", default=None,
+        help="absolute server folder for round_checkpoint.pt (default: the run directory); a re-submitted job resumes from it",
+    )
+    export.add_argument(
+        "--task-timeout", type=int, default=None,
+        help="seconds a site may take per task (default: fedseg.config.default_task_timeout of the profile; 0 = wait for ever)",
+    )
     export.set_defaults(func=_cmd_export)
 
     run = sub.add_parser("run", help="run a method in the NVFlare simulator and summarise it")

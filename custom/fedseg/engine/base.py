@@ -11,6 +11,9 @@ same way where they should:
 * the per-round learning-rate schedule ``learning_rate * lr_decay_per_round ** round``, derived from
   the round index so a restarted site resumes the same schedule;
 * a shuffle generator seeded once per engine (each epoch and round gets a new order, reproducibly);
+* the local training loop (:meth:`run_epochs`, an ignite ``SupervisedTrainer``); an engine says only how
+  its batches give labels (:meth:`batch_labels`) and how its network gives logits and features
+  (:meth:`forward`);
 * differential-privacy switches: ``dp_enabled`` and :meth:`refuse_private_training`, which an engine
   without a DP path calls to fail with a clear message instead of silently training in the clear.
 """
@@ -27,7 +30,7 @@ from monai.utils import set_determinism
 from torch import nn
 
 from fedseg.data.datalist import read_datalist_json
-from fedseg.objectives.base import ClientObjective, RoundContext
+from fedseg.objectives.base import BatchOutput, ClientObjective, RoundContext
 
 SPLITS = ("training", "validation", "test")
 
@@ -161,3 +164,50 @@ class LocalEngine(ABC):
     def train(self, model: nn.Module, objective: ClientObjective, ctx: RoundContext, epochs: Optional[int] = None) -> Dict[str, float]:
         """``epochs`` (default ``local_epochs``) epochs of ``objective`` on the training split; returns at
         least ``train_loss`` and ``steps``."""
+
+    # ------------------------------------------------------------------------------ the training loop
+    def batch_labels(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """The labels of a training batch on the device (masks ``(B, 1, H, W)`` by default)."""
+        return batch["label"].to(self.device)
+
+    def forward(self, model: nn.Module, inputs: torch.Tensor, with_features: bool):
+        """``(logits, features)``: ``model.forward_features`` when the objective needs features, else ``{}``."""
+        if with_features:
+            return model.forward_features(inputs)
+        return model(inputs), {}
+
+    def run_epochs(
+        self, model: nn.Module, objective: ClientObjective, ctx: RoundContext, optimizer: torch.optim.Optimizer, epochs: int
+    ) -> Dict[str, float]:
+        """``epochs`` epochs of ``objective.loss`` over the training loader with ``optimizer``; returns
+        ``train_loss`` (mean over iterations) and ``steps``. A non-finite loss stops training with an error."""
+        from monai.engines import SupervisedTrainer
+
+        losses = []
+
+        def iteration(engine: SupervisedTrainer, batch: Dict[str, torch.Tensor]) -> Dict[str, Any]:
+            labels = self.batch_labels(batch)
+            inputs = objective.prepare_inputs(batch["image"].to(self.device), labels)
+            model.train()
+            optimizer.zero_grad(set_to_none=True)
+            logits, features = self.forward(model, inputs, objective.needs_features)
+            loss = objective.loss(BatchOutput(inputs, labels, logits, features, epoch=engine.state.epoch - 1))
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"{self.site}: non-finite training loss {loss.item()} at round {ctx.round}")
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+            return {"loss": losses[-1]}
+
+        trainer = SupervisedTrainer(
+            device=self.device,
+            max_epochs=epochs,
+            train_data_loader=self.loader("training", shuffle=True, train=True),
+            network=model,
+            optimizer=optimizer,
+            loss_function=objective.seg_loss,
+            iteration_update=iteration,
+            amp=False,
+        )
+        trainer.run()
+        return {"train_loss": float(sum(losses) / max(len(losses), 1)), "steps": float(len(losses))}

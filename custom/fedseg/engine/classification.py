@@ -35,14 +35,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from monai.data import CacheDataset, DataLoader
-from monai.engines import SupervisedTrainer
 from torch import nn
 
 from fedseg.data.classification import load_classification_datalist, label_space
 from fedseg.data.classification_transforms import classification_transforms
 from fedseg.engine.base import LocalEngine
 from fedseg.foundation.networks import PROFILES, build_vit
-from fedseg.objectives.base import BatchOutput, ClientObjective, RoundContext
+from fedseg.objectives.base import ClientObjective, RoundContext
 
 logger = logging.getLogger(__name__)
 
@@ -210,38 +209,18 @@ class ClassificationEngine(LocalEngine):
         self.refuse_private_training("DP-SGD is implemented for the segmentation engine only, not for the ViT classifier")
         objective.set_seg_loss(self.build_loss())
         optimizer = self.prepare_optimizer(model, ctx)
-        losses: List[float] = []
+        return self.run_epochs(model, objective, ctx, optimizer, self.local_epochs(epochs))
 
-        def iteration(engine: SupervisedTrainer, batch: Dict[str, torch.Tensor]) -> Dict[str, Any]:
-            labels = batch["label"].to(self.device).long().view(-1)
-            inputs = objective.prepare_inputs(batch["image"].to(self.device), labels)
-            model.train()
-            optimizer.zero_grad(set_to_none=True)
-            if objective.needs_features:
-                logits, tokens = model.forward_features(inputs)
-                features = {"tokens": tokens}
-            else:
-                logits, features = model(inputs), {}
-            loss = objective.loss(BatchOutput(inputs, labels, logits, features, epoch=engine.state.epoch - 1))
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"{self.site}: non-finite training loss {loss.item()} at round {ctx.round}")
-            loss.backward()
-            optimizer.step()
-            losses.append(float(loss.detach()))
-            return {"loss": losses[-1]}
+    def batch_labels(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """Class indices ``(B,)`` (long)."""
+        return batch["label"].to(self.device).long().view(-1)
 
-        trainer = SupervisedTrainer(
-            device=self.device,
-            max_epochs=self.local_epochs(epochs),
-            train_data_loader=self.loader("training", shuffle=True, train=True),
-            network=model,
-            optimizer=optimizer,
-            loss_function=objective.seg_loss,
-            iteration_update=iteration,
-            amp=False,
-        )
-        trainer.run()
-        return {"train_loss": float(sum(losses) / max(len(losses), 1)), "steps": float(len(losses))}
+    def forward(self, model: nn.Module, inputs: torch.Tensor, with_features: bool):
+        """``(logits (B, K), {"tokens": (B, N, D)})`` with features, else ``(logits, {})``."""
+        if with_features:
+            logits, tokens = model.forward_features(inputs)
+            return logits, {"tokens": tokens}
+        return model(inputs), {}
 
     # ----------------------------------------------------------------------------------- evaluation
     @torch.no_grad()

@@ -210,37 +210,7 @@ class SegEngine(LocalEngine):
         epochs = self.local_epochs(epochs)
         if self.dp_enabled:
             return self._train_private(model, objective, ctx, epochs)
-        losses = []
-
-        def iteration(engine: SupervisedTrainer, batch: Dict[str, torch.Tensor]) -> Dict[str, Any]:
-            labels = batch["label"].to(self.device)
-            inputs = objective.prepare_inputs(batch["image"].to(self.device), labels)
-            model.train()
-            optimizer.zero_grad(set_to_none=True)
-            if objective.needs_features:
-                logits, features = model.forward_features(inputs)
-            else:
-                logits, features = model(inputs), {}
-            loss = objective.loss(BatchOutput(inputs, labels, logits, features, epoch=engine.state.epoch - 1))
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"{self.site}: non-finite training loss {loss.item()} at round {ctx.round}")
-            loss.backward()
-            optimizer.step()
-            losses.append(float(loss.detach()))
-            return {"loss": losses[-1]}
-
-        trainer = SupervisedTrainer(
-            device=self.device,
-            max_epochs=epochs,
-            train_data_loader=self.loader("training", shuffle=True, train=True),
-            network=model,
-            optimizer=optimizer,
-            loss_function=objective.seg_loss,
-            iteration_update=iteration,
-            amp=False,
-        )
-        trainer.run()
-        return {"train_loss": float(sum(losses) / max(len(losses), 1)), "steps": float(len(losses))}
+        return self.run_epochs(model, objective, ctx, optimizer, epochs)
 
     def _train_private(self, model: nn.Module, objective: ClientObjective, ctx: RoundContext, epochs: int) -> Dict[str, float]:
         """``train`` with DP-SGD: same trainer, Poisson batches, privatised data term (module docstring)."""
