@@ -123,3 +123,33 @@ def test_run_seed_reproduces_and_changes_the_model(bench, tmp_path):
     bench_run = json.loads((bench / "runs" / "method-fedavg-seed1.json").read_text())
     # same weights, same test images: the same test metrics
     assert report["final"]["global"] == json.loads(Path(bench_run["report_path"]).read_text())["final"]["global"]
+
+
+def test_fedefm_bench_on_foundation_silos_with_pooled_reference(tmp_path):
+    """Classification end to end: FedEFM (1 round) on the built-in X-ray silos and the pooled (centralised)
+    reference; accuracy tables, val_accuracy per round, McNemar of pooled vs FedEFM from the site files."""
+    from fedseg.bench.stats import mcnemar_exact
+
+    out = tmp_path / "fedefm"
+    main(["bench", "--out", str(out), "--family", "xray_foundation", "--sites", *SITES, "--data-profile", "tiny",
+          "--profile", "tiny", "--rounds", "1", "--local-epochs", "1", "--set", "batch_size=4", "data_unseen=0.5",
+          "--methods", "fedefm", "--references", "pooled", "--seeds", "0", "--baseline", "fedefm"])
+    results = json.loads((out / "results.json").read_text())
+    assert results["task"] == "classification" and results["baseline"] == "fedefm"
+    assert set(results["approaches"]) == {"fedefm", "pooled"}
+    for name in ("fedefm", "pooled"):
+        assert 0 <= results["approaches"][name]["summary"]["mean"]["accuracy"]["mean"] <= 1
+    assert len(results["methods"]["fedefm"]["val_accuracy_per_round"]) == 1
+    pooled_run = json.loads((out / "runs" / "reference-pooled-seed0.json").read_text())
+    assert pooled_run["train_config"]["task"] == "classification" and len(pooled_run["val_accuracy_per_round"]) == 1
+    x, y = [], []
+    for site in SITES:
+        mine = pooled_run["per_image"]["global"][site]
+        theirs = _site_rows(out, "fedefm", 0, site)
+        assert [r["id"] for r in mine] == [r["id"] for r in theirs] and mine
+        x += [r["correct"] for r in mine]
+        y += [r["correct"] for r in theirs]
+    assert results["comparisons"]["pooled"]["metrics"]["correct"]["all"] == mcnemar_exact(x, y)
+    text = (out / "results.md").read_text()
+    assert "## Accuracy" in text and "McNemar" in text and "Dice" not in text
+    assert (out / "plots" / "accuracy_per_site.png").is_file() and (out / "plots" / "val_accuracy_rounds.png").is_file()

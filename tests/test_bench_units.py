@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 
+from pathlib import Path
+
 import pytest
 import torch
 from scipy import stats as sps
@@ -200,3 +202,150 @@ def test_payload_bytes_counts_tensors_arrays_and_numbers():
     value = {"w": torch.zeros(2, 3), "b": torch.zeros(5, dtype=torch.float64), "n": 7, "s": [0.1, 0.2, 0.3],
              "noise": np.zeros((4, 3, 8, 8), np.float32), "name": "site-1"}
     assert payload_bytes(value) == 2 * 3 * 4 + 5 * 8 + 8 + 3 * 8 + 4 * 3 * 8 * 8 * 4
+
+
+# ------------------------------------------------------------------------------------ classification
+def _binomial_two_sided(b: int, c: int) -> float:
+    """McNemar's exact p by hand: P(X <= min(b, c)) doubled for X ~ Binomial(b + c, 1/2), capped at 1."""
+    from math import comb
+
+    n = b + c
+    return min(1.0, 2 * sum(comb(n, k) for k in range(min(b, c) + 1)) / 2**n)
+
+
+def test_mcnemar_exact_against_a_hand_binomial():
+    from fedseg.bench.stats import mcnemar_exact
+
+    # 12 images: 7 only A right, 2 only B right, 2 both right, 1 both wrong
+    x = [1] * 7 + [0] * 2 + [1, 1, 0]
+    y = [0] * 7 + [1] * 2 + [1, 1, 0]
+    out = mcnemar_exact(x, y)
+    assert (out["b"], out["c"], out["n"]) == (7, 2, 12)
+    assert out["mcnemar_p"] == pytest.approx(_binomial_two_sided(7, 2), rel=1e-12)  # 0.1796875
+    assert out["mean_diff"] == pytest.approx(sum(x) / 12 - sum(y) / 12)
+    assert mcnemar_exact(y, x)["mcnemar_p"] == pytest.approx(out["mcnemar_p"])  # symmetric in A and B
+    assert mcnemar_exact([1, 0] * 5, [1, 0] * 5)["mcnemar_p"] is None  # no discordant pair
+    assert mcnemar_exact([1], [0])["mcnemar_p"] is None
+    with pytest.raises(ValueError, match="0 or 1"):
+        mcnemar_exact([0.5, 1], [1, 1])
+
+
+def _cls_rows(ids, correct):
+    return [{"id": i, "label": 0, "prediction": 0 if c else 1, "correct": float(c)} for i, c in zip(ids, correct)]
+
+
+def _cls_record(label, seed, correct_s1, correct_s2, kind="method"):
+    per_image = {"s1": _cls_rows(["a.png", "b.png", "c.png"], correct_s1), "s2": _cls_rows(["d.png", "e.png"], correct_s2)}
+    final = {s: {"accuracy": sum(r["correct"] for r in rows) / len(rows), "balanced_accuracy": 0.5} for s, rows in per_image.items()}
+    return {"id": f"{kind}-{label}-seed{seed}", "kind": kind, "label": label, "method": "fedefm", "seed": seed,
+            "task": "classification", "final": {"global": final}, "per_image": {"global": per_image},
+            "wall_s": 1.0, "round_walls": [1.0, 1.0], "report_path": "r.json", "val_metric": "val_accuracy",
+            "val_accuracy_per_round": [0.2, 0.4]}
+
+
+def test_classification_results_use_accuracy_and_mcnemar_against_the_fedavg_row(tmp_path):
+    from fedseg.bench.report import build_results, markdown, plot_results
+    from fedseg.bench.stats import mcnemar_exact
+
+    records = [_cls_record("fedavg_cfl", 0, [1, 0, 0], [1, 0]), _cls_record("fedefm", 0, [1, 1, 1], [0, 1]),
+               _cls_record("fedavg_cfl", 1, [0, 0, 1], [1, 1]), _cls_record("fedefm", 1, [1, 1, 0], [1, 1]),
+               {**_cls_record("pooled", 0, [1, 1, 1], [1, 1], kind="reference"), "method": "pooled"}]
+    res = build_results(records, ["s1", "s2"], {"seeds": [0, 1]})
+    assert res["task"] == "classification" and res["metrics"] == ["accuracy", "balanced_accuracy"]
+    assert res["baseline"] == "fedavg_cfl"  # the only label starting with fedavg
+    summary = res["approaches"]["fedefm"]["summary"]
+    assert set(summary["s1"]) == {"accuracy", "balanced_accuracy"}
+    assert summary["s1"]["accuracy"]["mean"] == pytest.approx((1 + 2 / 3) / 2)
+    got = res["comparisons"]["fedefm"]["metrics"]["correct"]
+    # pairs: seed 0 then 1, site s1 then s2
+    x = [1, 1, 1, 0, 1] + [1, 1, 0, 1, 1]
+    y = [1, 0, 0, 1, 0] + [0, 0, 1, 1, 1]
+    assert got["all"] == mcnemar_exact(x, y)
+    assert got["all"]["mcnemar_p"] == pytest.approx(_binomial_two_sided(5, 2))
+    assert got["per_site"]["s2"]["n"] == 4
+    assert res["methods"]["fedefm"]["val_accuracy_per_round"] == pytest.approx([0.2, 0.4])
+    text = markdown(res)
+    assert "## Accuracy" in text and "## Balanced accuracy" in text and "McNemar" in text
+    assert "Dice" not in text and "Wilcoxon" not in text and "vs `fedavg_cfl`" in text
+    names = [p.name for p in plot_results(res, records, tmp_path)]
+    assert names == ["accuracy_per_site.png", "val_accuracy_rounds.png"]
+    with pytest.raises(ValueError, match="baseline 'x'"):
+        build_results(records, ["s1", "s2"], {}, baseline="x")
+    seg = {**records[0], "task": None, "id": "method-seg-seed0", "label": "seg"}
+    with pytest.raises(ValueError, match="mix tasks"):
+        build_results(records + [seg], ["s1", "s2"], {})
+
+
+def test_segmentation_results_keep_dice_tables_and_wilcoxon():
+    from fedseg.bench.report import build_results, markdown
+
+    def rec(label, seed, rows):
+        per_image = {"s1": rows}
+        final = {"s1": {m: sum(r[m] for r in rows) / len(rows) for m in ("dice", "hd95", "assd")}}
+        return {"id": f"method-{label}-seed{seed}", "kind": "method", "label": label, "method": label, "seed": seed,
+                "final": {"global": final}, "per_image": {"global": per_image}, "wall_s": 1.0, "round_walls": [1.0],
+                "report_path": "r.json", "val_dice_per_round": [0.3]}  # a run stored before "task" existed
+
+    ids = ["a.png", "b.png", "c.png"]
+    res = build_results([rec("fedavg", 0, _rows(ids, [0.5, 0.6, 0.7])), rec("fedevi", 0, _rows(ids, [0.6, 0.5, 0.9]))], ["s1"], {})
+    assert res["task"] == "segmentation" and res["baseline"] == "fedavg" and "accuracy" not in res["metrics"]
+    assert set(res["comparisons"]["fedevi"]["metrics"]) == {"dice", "hd95", "assd"}
+    assert res["methods"]["fedavg"]["val_dice_per_round"] == [0.3]
+    text = markdown(res)
+    assert "## Dice" in text and "Wilcoxon" in text and "McNemar" not in text and "Accuracy" not in text
+
+
+@pytest.fixture(scope="module")
+def foundation_silos(tmp_path_factory):
+    from fedseg.bench.bench import prepare_federation
+
+    out = tmp_path_factory.mktemp("xray_foundation")
+    return out, prepare_federation(out, family="xray_foundation", sites=["site-1", "site-2"], data_profile="tiny",
+                                   sets={"data_unseen": 0.5})
+
+
+def test_bench_builds_foundation_silos_with_the_unseen_proportion(foundation_silos):
+    from fedseg.bench.runs import federation_task
+    from fedseg.data.classification import classification_info
+    from fedseg.data.xray_builtin import builtin_assignment
+
+    out, mapping = foundation_silos
+    assert list(mapping) == ["site-1", "site-2"] and federation_task(mapping) == "classification"
+    # the silos a site process would generate itself: 3 scanners (BASE_TRAIN_CONFIG) x 4 devices, unseen 0.5
+    expected = builtin_assignment(["site-1", "site-2"], unseen=0.5, seed=0, n_scanners=3)
+    for site, path in mapping.items():
+        info = json.loads(open(path).read())
+        assert info["task"] == "classification" and len(info["label_space"]) == 12
+        assert info["classes"] == expected[site]
+    assert json.loads((out / "site_datalists.json").read_text()) == mapping
+
+
+def test_pooled_classification_datalist_keeps_label_space_and_int_labels(foundation_silos, tmp_path):
+    from fedseg.bench.runs import Budget, pooled_datalist, reference_config
+    from fedseg.data.classification import load_classification_datalist
+    from fedseg.engine.factory import build_engine
+
+    _, mapping = foundation_silos
+    path = pooled_datalist(mapping, tmp_path / "pooled" / "datalist.json")
+    pooled = json.loads(path.read_text())
+    site_lists = {s: load_classification_datalist(p, check_files=False) for s, p in mapping.items()}
+    space = json.loads(open(mapping["site-1"]).read())["label_space"]
+    assert pooled["task"] == "classification" and pooled["label_space"] == space
+    for split in ("training", "validation", "test"):
+        want = [{"image": e["image"], "label": e["label"]} for s in mapping for e in site_lists[s][split]]
+        assert pooled[split] == want and all(type(e["label"]) is int for e in pooled[split])
+    assert set(pooled["classes"]) == {space[e["label"]] for split in ("training", "validation", "test") for e in pooled[split]}
+    loaded = load_classification_datalist(path)  # a valid classification datalist, images on disk
+    assert sum(len(v) for v in loaded.values()) == sum(len(v) for s in site_lists.values() for v in s.values())
+    # the reference trains the ViT over the global label space through the task's engine
+    cfg = reference_config(Budget(profile="tiny", rounds=1), 0, mapping)["train_config"]
+    assert cfg["task"] == "classification" and cfg["num_classes"] == 12
+    assert type(build_engine("pooled", path, cfg)).__name__ == "ClassificationEngine"
+    # silos on different label spaces cannot be pooled
+    other = json.loads(open(mapping["site-2"]).read())
+    other["label_space"] = list(reversed(other["label_space"]))
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({**other, **{k: [{**e, "image": str(Path(mapping["site-2"]).parent / e["image"])}
+                                               for e in other[k]] for k in ("training", "validation", "test")}}))
+    with pytest.raises(ValueError, match="different label spaces"):
+        pooled_datalist({"site-1": mapping["site-1"], "site-2": str(bad)}, tmp_path / "bad.json")

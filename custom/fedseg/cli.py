@@ -247,7 +247,7 @@ def _cmd_bench(args: argparse.Namespace) -> None:
         run_bench(args.out, methods=args.methods, references=args.references, seeds=args.seeds,
                   site_datalists=args.site_datalists, family=args.family, sites=args.sites,
                   data_profile=args.data_profile, data_seed=args.data_seed, budget=budget,
-                  command="fedseg " + " ".join(args.argv or []))
+                  command="fedseg " + " ".join(args.argv or []), baseline=args.baseline)
     except ValueError as e:
         raise SystemExit(f"fedseg bench: {e}") from None
 
@@ -391,7 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "--out. Repeating the command with the same --out skips finished runs.")
     data_src = bench.add_mutually_exclusive_group()
     data_src.add_argument("--site-datalists", default=None, help="JSON map site -> datalist path")
-    data_src.add_argument("--family", default=None, choices=FAMILY_CHOICES, help="built-in data family (default polyp)")
+    data_src.add_argument("--family", default=None, choices=FAMILY_CHOICES + ("xray_foundation",),
+                          help="built-in data family (default polyp; xray_foundation = FedEFM's classification "
+                               "silos, unseen proportion from --set data_unseen=P)")
     bench.add_argument("--sites", nargs="+", default=["site-1", "site-2", "site-3"], help="built-in data: site names")
     bench.add_argument("--data-profile", default="default", help="built-in data: profile (image count / size)")
     bench.add_argument("--data-seed", type=int, default=0, help="built-in data: federation seed")
@@ -399,6 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="methods, method options (graphfedseg:uncertainty_pass=last_epoch) or ablation rows "
                             "LABEL=METHOD:key=value,key=value")
     bench.add_argument("--references", nargs="*", default=["local", "pooled"], choices=["local", "pooled"])
+    bench.add_argument("--baseline", default=None,
+                       help="label every approach is tested against (default fedavg, else the only label starting with fedavg)")
     bench.add_argument("--seeds", nargs="+", type=int, default=[0])
     bench.add_argument("--profile", default="default")
     bench.add_argument("--rounds", type=int, default=None)

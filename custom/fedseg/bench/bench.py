@@ -14,20 +14,37 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from fedseg.bench.report import build_results, markdown, plot_results
-from fedseg.bench.runs import REFERENCES, Budget, RunSpec, load_finished, parse_variant, run_method, run_reference, save_run
+from fedseg.bench.runs import (
+    REFERENCES, Budget, RunSpec, federation_task, load_finished, parse_variant, record_task, run_method, run_reference, save_run, task_metrics,
+)
 from fedseg.bench.simulator import machine_info
+from fedseg.fl.site_data import FOUNDATION_FAMILY  # FedEFM's phase-1 classification silos (fedseg.data.xray_builtin)
 
 
 def prepare_federation(out: Path, site_datalists: Optional[str] = None, family: Optional[str] = None,
-                       sites: Optional[Sequence[str]] = None, data_profile: str = "default", data_seed: int = 0) -> Dict[str, str]:
+                       sites: Optional[Sequence[str]] = None, data_profile: str = "default", data_seed: int = 0,
+                       sets: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
     """``{site: absolute datalist path}`` from a site -> datalist map file, or built-in data of ``family``
     generated under ``<out>/data`` (deterministic in family, site, seed and profile). The map is also
-    written to ``<out>/site_datalists.json`` (the simulator sites read it)."""
+    written to ``<out>/site_datalists.json`` (the simulator sites read it).
+
+    ``family="xray_foundation"``: FedEFM's classification silos, with the unseen proportion, scanner
+    count and ViT image size of ``sets`` (``data_unseen``, ``data_scanners``, ``vit_image_size``; defaults
+    :data:`fedseg.config.BASE_TRAIN_CONFIG`), i.e. the silos a site process would generate itself."""
     out.mkdir(parents=True, exist_ok=True)
     if site_datalists:
         src = Path(site_datalists).resolve()
         raw = json.loads(src.read_text())
         mapping = {s: str((src.parent / p).resolve()) for s, p in raw.items()}
+    elif family == FOUNDATION_FAMILY:
+        from fedseg.config import BASE_TRAIN_CONFIG
+        from fedseg.data.xray_builtin import builtin_foundation_silos
+
+        cfg = {**BASE_TRAIN_CONFIG, **(sets or {})}
+        paths = builtin_foundation_silos(out / "data" / FOUNDATION_FAMILY, list(sites or ["site-1", "site-2", "site-3"]),
+                                         unseen=float(cfg["data_unseen"]), seed=data_seed, profile=data_profile,
+                                         n_scanners=cfg["data_scanners"], image_size=cfg["vit_image_size"])
+        mapping = {s: str(Path(p).resolve()) for s, p in paths.items()}
     else:
         from fedseg.data.synthetic import generate_federation
 
@@ -42,10 +59,12 @@ def prepare_federation(out: Path, site_datalists: Optional[str] = None, family: 
 
 
 def data_summary(mapping: Dict[str, str]) -> Dict[str, Dict[str, Any]]:
-    """Images per split of every site."""
+    """Images per split of every site (segmentation or classification datalists)."""
+    from fedseg.data.classification import load_classification_datalist
     from fedseg.data.datalist import load_datalist
 
-    return {site: {s: len(v) for s, v in load_datalist(p, check_files=False).items()} for site, p in mapping.items()}
+    load = load_classification_datalist if federation_task(mapping) == "classification" else load_datalist
+    return {site: {s: len(v) for s, v in load(p, check_files=False).items()} for site, p in mapping.items()}
 
 
 def plan(methods: Sequence[str], references: Sequence[str], seeds: Sequence[int]) -> List[RunSpec]:
@@ -85,6 +104,7 @@ def run_bench(
     data_seed: int = 0,
     budget: Optional[Budget] = None,
     command: Optional[str] = None,
+    baseline: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Run (or resume) a bench and write ``results.json``, ``results.md`` and ``plots/`` under ``out``.
 
@@ -98,6 +118,8 @@ def run_bench(
         family, sites, data_profile, data_seed: the built-in federation.
         budget: rounds, local epochs, profile, ``train_config`` overrides and job settings.
         command: the command line, recorded in ``results.json``.
+        baseline: label every approach is tested against (default ``fedavg``, else the only label
+            starting with ``fedavg``; :func:`fedseg.bench.report.resolve_baseline`).
 
     Returns:
         The ``results.json`` dict.
@@ -108,7 +130,9 @@ def run_bench(
     started = time.perf_counter()
     root = Path(out).resolve()
     specs = plan(methods, references, seeds)  # fail on a bad spec before any data or job
-    mapping = prepare_federation(root, site_datalists, family, sites, data_profile, data_seed)
+    if baseline is not None and baseline not in {s.label for s in specs}:
+        raise ValueError(f"--baseline {baseline!r} is not one of the bench's labels {sorted({s.label for s in specs})}")
+    mapping = prepare_federation(root, site_datalists, family, sites, data_profile, data_seed, budget.sets)
     site_names = list(mapping)
     site_map_file = root / "site_datalists.json"
     records: List[Dict[str, Any]] = []
@@ -133,9 +157,10 @@ def run_bench(
         executed_seconds += time.perf_counter() - run_started
         executed += 1
         remaining = len(specs) - i - 1
-        mean_dice = [m.get("dice") for m in record["final"]["global"].values() if m.get("dice") is not None]
+        metric = task_metrics(record_task(record))[0]
+        mean_dice = [m.get(metric) for m in record["final"]["global"].values() if m.get(metric) is not None]
         eta = executed_seconds / executed * remaining
-        print(f"[{i + 1}/{len(specs)}] done {spec.label} seed {spec.seed}: mean test Dice "
+        print(f"[{i + 1}/{len(specs)}] done {spec.label} seed {spec.seed}: mean test {'Dice' if metric == 'dice' else metric} "
               f"{(sum(mean_dice) / len(mean_dice)) if mean_dice else float('nan'):.3f} in {_fmt_s(time.perf_counter() - run_started)}; "
               f"elapsed {_fmt_s(time.perf_counter() - started)}, about {_fmt_s(eta)} remaining", flush=True)
 
@@ -150,7 +175,7 @@ def run_bench(
         "data": data_summary(mapping),
         "runs": {r["id"]: str(root / "runs" / f"{r['id']}.json") for r in records},
     }
-    results = build_results(records, site_names, header)
+    results = build_results(records, site_names, header, baseline=baseline)
     results["plots"] = [str(p) for p in plot_results(results, records, root / "plots")]
     results["wall_time_s"] = time.perf_counter() - started
     (root / "results.json").write_text(json.dumps(results, indent=1))

@@ -7,32 +7,72 @@ import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from fedseg.bench.runs import METRICS
-from fedseg.fl.report import METRIC_HEADERS, METRIC_NOTE
-from fedseg.bench.stats import compare, seed_spread, summarise_seeds
+from fedseg.bench.runs import VAL_METRIC, record_task, task_metrics
+from fedseg.fl.report import CLASSIFICATION_NOTE, METRIC_HEADERS, METRIC_NOTE
+from fedseg.bench.stats import compare, compare_correct, seed_spread, summarise_seeds
 
+#: the approach every other is tested against, unless the bench names another (``--baseline``)
 BASELINE = "fedavg"
+
+
+def bench_task(records: Sequence[Dict[str, Any]]) -> str:
+    """The task shared by all runs ("segmentation" when there are none).
+
+    Raises:
+        ValueError: runs of different tasks (e.g. a stale ``runs/`` folder of another federation).
+    """
+    tasks = {record_task(r) for r in records}
+    if len(tasks) > 1:
+        raise ValueError(f"the runs mix tasks {sorted(tasks)}; use one --out per federation")
+    return tasks.pop() if tasks else "segmentation"
+
+
+def resolve_baseline(labels: Sequence[str], baseline: Optional[str] = None) -> Optional[str]:
+    """The label the paired tests and cost ratios compare against.
+
+    ``baseline`` given: it must be one of ``labels``. Otherwise ``fedavg`` where present, else the only
+    label starting with ``fedavg`` (e.g. ``fedavg_cfl=fedefm:overseas=false``), else None (no tests).
+
+    Raises:
+        ValueError: ``baseline`` is not a label of this bench.
+    """
+    labels = list(labels)
+    if baseline is not None:
+        if baseline not in labels:
+            raise ValueError(f"baseline {baseline!r} is not one of the bench's labels {labels}")
+        return baseline
+    if BASELINE in labels:
+        return BASELINE
+    candidates = [l for l in labels if l.startswith(BASELINE)]
+    return candidates[0] if len(candidates) == 1 else None
 
 
 def _approach_name(record: Dict[str, Any], model: str) -> str:
     return record["label"] if model == "global" else f"{record['label']} (personalised)"
 
 
-def build_results(records: Sequence[Dict[str, Any]], sites: Sequence[str], header: Dict[str, Any]) -> Dict[str, Any]:
+def build_results(records: Sequence[Dict[str, Any]], sites: Sequence[str], header: Dict[str, Any],
+                  baseline: Optional[str] = None) -> Dict[str, Any]:
     """Aggregate the stored runs into the ``results.json`` dict.
 
     Args:
         records: one dict per finished run (``fedseg.bench.runs.run_method`` / ``run_reference``).
         sites: site order.
         header: fields written first (command, budget, data, machine, ...).
+        baseline: label to test against (:func:`resolve_baseline`; default FedAvg).
 
     Returns:
-        ``header`` plus ``approaches`` (per site and mean: mean +- std over seeds of Dice / HD95 /
-        ASSD), ``comparisons`` (paired tests of every approach against FedAvg's global model, per
-        metric, pooled over sites and seeds and per site), ``timing`` (wall time per run, median
-        round wall time and its ratio to FedAvg's in this bench) and, for ``benchmarks/ablation_table.py``,
+        ``header`` plus ``task``, ``baseline``, ``approaches`` (per site and mean: mean +- std over seeds
+        of the task's metrics: Dice / HD95 / ASSD, or accuracy / balanced accuracy), ``comparisons``
+        (paired tests of every approach against the baseline's global model, pooled over sites and seeds
+        and per site: Wilcoxon and t-test per segmentation metric, McNemar's exact test on per-image
+        correctness for classification), ``timing`` (wall time per run, median round wall time and its
+        ratio to the baseline's in this bench) and, for ``benchmarks/ablation_table.py``,
         ``methods`` / ``references`` with seed-mean per-site metrics.
     """
+    task = bench_task(records)
+    metrics = task_metrics(task)
+    base_label = resolve_baseline(list(dict.fromkeys(r["label"] for r in records)), baseline)
     approaches: Dict[str, Dict[str, Any]] = {}
     for rec in records:
         for model, per_site in rec["final"].items():
@@ -47,38 +87,45 @@ def build_results(records: Sequence[Dict[str, Any]], sites: Sequence[str], heade
             entry["run_ids"].append(rec["id"])
     for entry in approaches.values():
         entry["seeds"] = sorted(entry["final_by_seed"])
-        entry["summary"] = summarise_seeds(entry["final_by_seed"], sites, metrics=METRICS)
+        entry["summary"] = summarise_seeds(entry["final_by_seed"], sites, metrics=metrics)
 
     comparisons: Dict[str, Any] = {}
-    base = approaches.get(BASELINE)
+    base = approaches.get(base_label) if base_label else None
     if base is not None:
         for name, entry in approaches.items():
-            if name == BASELINE:
+            if name == base_label:
                 continue
-            comparisons[name] = {"vs": BASELINE,
+            if task == "classification":
+                tests = compare_correct(entry["per_image_by_seed"], base["per_image_by_seed"], sites)
+            else:
+                tests = compare(entry["per_image_by_seed"], base["per_image_by_seed"], sites,
+                                metrics=_present(entry["per_image_by_seed"], metrics))
+            comparisons[name] = {"vs": base_label,
                                  "seeds": sorted(set(entry["per_image_by_seed"]) & set(base["per_image_by_seed"])),
-                                 "metrics": compare(entry["per_image_by_seed"], base["per_image_by_seed"], sites,
-                                                    metrics=_present(entry["per_image_by_seed"]))}
+                                 "metrics": tests}
 
-    timing = _timing(records)
+    timing = _timing(records, base_label)
     results = dict(header)
     results.update({
+        "task": task,
+        "metrics": list(metrics),
+        "baseline": base_label,
         "sites": list(sites),
         "approaches": {k: {kk: vv for kk, vv in v.items() if kk not in ("per_image_by_seed",)} for k, v in approaches.items()},
         "comparisons": comparisons,
         "timing": timing,
     })
-    results.update(_compat(records, approaches, timing, sites))
+    results.update(_compat(records, approaches, timing, sites, metrics, VAL_METRIC[task]))
     return results
 
 
-def _present(per_image_by_seed: Dict[int, Dict[str, List[Dict[str, Any]]]]) -> List[str]:
-    """The metrics of :data:`METRICS` that at least one per-image row carries."""
+def _present(per_image_by_seed: Dict[int, Dict[str, List[Dict[str, Any]]]], metrics: Sequence[str]) -> List[str]:
+    """The metrics of ``metrics`` that at least one per-image row carries."""
     keys = {k for per_site in per_image_by_seed.values() for rows in per_site.values() for row in rows for k in row}
-    return [m for m in METRICS if m in keys] or ["dice", "hd95", "assd"]
+    return [m for m in metrics if m in keys] or ["dice", "hd95", "assd"]
 
 
-def _timing(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+def _timing(records: Sequence[Dict[str, Any]], baseline: Optional[str] = BASELINE) -> Dict[str, Any]:
     by_label: Dict[str, List[Dict[str, Any]]] = {}
     for rec in records:
         by_label.setdefault(rec["label"], []).append(rec)
@@ -90,23 +137,30 @@ def _timing(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
                       "median_round_wall": statistics.median(walls) if walls else None,
                       "upload_mb_per_site_round": recs[0].get("upload_mb_per_site_round"),
                       "download_mb_per_site_round": recs[0].get("download_mb_per_site_round")}
-    base = (out.get(BASELINE) or {}).get("median_round_wall")
+    ref = out.get(baseline) or {} if baseline else {}
+    base = ref.get("median_round_wall")
     for entry in out.values():
         mine = entry["median_round_wall"]
         entry["round_wall_ratio_to_fedavg"] = mine / base if mine and base else None
-        up, base_up = entry.get("upload_mb_per_site_round"), (out.get(BASELINE) or {}).get("upload_mb_per_site_round")
+        up, base_up = entry.get("upload_mb_per_site_round"), ref.get("upload_mb_per_site_round")
         entry["upload_ratio_to_fedavg"] = up / base_up if up and base_up else None
     return out
 
 
-def _mean_over_seeds(final_by_seed: Dict[int, Dict[str, Dict[str, Optional[float]]]], sites) -> Dict[str, Dict[str, Optional[float]]]:
+def _mean_over_seeds(final_by_seed: Dict[int, Dict[str, Dict[str, Optional[float]]]], sites,
+                     metrics: Sequence[str]) -> Dict[str, Dict[str, Optional[float]]]:
     out = {}
     for site in sites:
-        out[site] = {m: seed_spread([(final_by_seed[s].get(site) or {}).get(m) for s in final_by_seed])["mean"] for m in METRICS}
+        out[site] = {m: seed_spread([(final_by_seed[s].get(site) or {}).get(m) for s in final_by_seed])["mean"] for m in metrics}
     return out
 
 
-def _compat(records, approaches, timing, sites) -> Dict[str, Any]:
+def val_curve(record: Dict[str, Any]) -> List[Optional[float]]:
+    """A run's mean validation metric over sites per round (Dice or accuracy, ``record["val_metric"]``)."""
+    return record.get(f"{record.get('val_metric') or 'val_dice'}_per_round") or []
+
+
+def _compat(records, approaches, timing, sites, metrics, val_key) -> Dict[str, Any]:
     """``methods`` / ``references`` in the layout ``benchmarks/compare.py`` wrote (seed means)."""
     methods: Dict[str, Any] = {}
     references: Dict[str, Any] = {}
@@ -120,18 +174,18 @@ def _compat(records, approaches, timing, sites) -> Dict[str, Any]:
             references.setdefault(rec["label"], {"seeds": []})["seeds"].append(rec["seed"])
     for label, entry in methods.items():
         recs = [r for r in records if r["kind"] == "method" and r["label"] == label]
-        entry["global"] = _mean_over_seeds(approaches[label]["final_by_seed"], sites)
+        entry["global"] = _mean_over_seeds(approaches[label]["final_by_seed"], sites, metrics)
         pers = approaches.get(f"{label} (personalised)")
         if pers:
-            entry["personalized"] = _mean_over_seeds(pers["final_by_seed"], sites)
+            entry["personalized"] = _mean_over_seeds(pers["final_by_seed"], sites, metrics)
         entry["median_round_wall"] = timing[label]["median_round_wall"]
         entry["job_total_seconds"] = timing[label]["wall_s_per_run"]["mean"]
         tasks = sorted({t for r in recs for t in r.get("median_task_times", {})})
         entry["median_task_times"] = {t: statistics.median([r["median_task_times"][t] for r in recs if t in r["median_task_times"]])
                                       for t in tasks}
-        entry["val_dice_per_round"] = _mean_curve([r.get("val_dice_per_round") or [] for r in recs])
+        entry[f"{val_key}_per_round"] = _mean_curve([val_curve(r) for r in recs])
     for label, entry in references.items():
-        entry["final"] = _mean_over_seeds(approaches[label]["final_by_seed"], sites)
+        entry["final"] = _mean_over_seeds(approaches[label]["final_by_seed"], sites, metrics)
         entry["total_train_seconds"] = timing[label]["wall_s_per_run"]["mean"]
     return {"methods": methods, "references": references}
 
@@ -157,6 +211,10 @@ def markdown(results: Dict[str, Any]) -> str:
     sites = results["sites"]
     budget = results.get("budget", {})
     seeds = results.get("seeds", [])
+    task = results.get("task", "segmentation")
+    metrics = results.get("metrics") or task_metrics(task)
+    base = results.get("baseline", BASELINE) or BASELINE
+    base_name = "FedAvg" if base == BASELINE else f"`{base}`"
     lines = [
         f"# fedseg bench — {', '.join(results['approaches'])}",
         "",
@@ -165,14 +223,14 @@ def markdown(results: Dict[str, Any]) -> str:
         + (f", set {json.dumps(budget.get('sets'))}" if budget.get("sets") else "") + ". "
         "Final models (no checkpoint selection) on each site's test split; cells are mean ± std over seeds; "
         "mean = unweighted mean over sites per seed, then mean ± std over seeds ('-' where a site lacks the metric). "
-        f"{METRIC_NOTE}. Total wall time {results.get('wall_time_s', 0):.0f} s.",
+        f"{CLASSIFICATION_NOTE if task == 'classification' else METRIC_NOTE}. Total wall time {results.get('wall_time_s', 0):.0f} s.",
         "",
     ]
-    shown = [m for m in METRICS if any(
+    shown = [m for m in metrics if any(
         (entry["summary"].get(site) or {}).get(m, {}).get("mean") is not None
         for entry in results["approaches"].values() for site in sites)]
     for metric in shown:
-        digits = 3 if metric.startswith("dice") else 2
+        digits = 3 if metric.startswith("dice") or "accuracy" in metric else 2
         lines += [f"## {METRIC_HEADERS[metric]}", "",
                   "| approach | " + " | ".join(sites) + " | mean |", "|---" * (len(sites) + 2) + "|"]
         for name, entry in results["approaches"].items():
@@ -180,9 +238,11 @@ def markdown(results: Dict[str, Any]) -> str:
             lines.append(f"| {name} | " + " | ".join(_pm(s[site][metric], digits) for site in sites)
                          + f" | {_pm(s['mean'][metric], digits)} |")
         lines.append("")
-    if results.get("comparisons"):
-        lines += ["## Paired tests against FedAvg (per-image test Dice)", "",
-                  "Pairs: image i of site k of seed s vs the same image of FedAvg's global model with seed s, pooled "
+    if results.get("comparisons") and task == "classification":
+        lines += _mcnemar_lines(results["comparisons"], sites, base_name)
+    elif results.get("comparisons"):
+        lines += [f"## Paired tests against {base_name} (per-image test Dice)", "",
+                  f"Pairs: image i of site k of seed s vs the same image of {base_name}'s global model with seed s, pooled "
                   "over seeds (and over sites in the 'all sites' columns). Two-sided Wilcoxon signed-rank "
                   "(`scipy.stats.wilcoxon`) and paired t-test (`scipy.stats.ttest_rel`).", "",
                   "| approach | pairs | mean Dice diff | Wilcoxon p | t-test p | " + " | ".join(f"Wilcoxon p {s}" for s in sites) + " |",
@@ -203,7 +263,8 @@ def markdown(results: Dict[str, Any]) -> str:
                 lines.append(f"| {name} | {a['n']} | {diff} | {_p(a['wilcoxon_p'])} | {_p(a['ttest_p'])} |")
             lines.append("")
     lines += ["## Cost", "",
-              "| approach | runs | wall time per run (s) | total (s) | median round wall (s) | vs FedAvg | upload / download per site per round (MB) | upload vs FedAvg |",
+              f"| approach | runs | wall time per run (s) | total (s) | median round wall (s) | vs {base_name} | "
+              f"upload / download per site per round (MB) | upload vs {base_name} |",
               "|---|---|---|---|---|---|---|---|"]
     for label, t in results["timing"].items():
         kind = "simulator job" if t["kind"] == "method" else "in-process training"
@@ -218,10 +279,30 @@ def markdown(results: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _mcnemar_lines(comparisons: Dict[str, Any], sites: Sequence[str], base_name: str) -> List[str]:
+    """The classification paired-test table: accuracy difference and McNemar's exact test."""
+    lines = [f"## Paired tests against {base_name} (per-image test correctness)", "",
+             f"Pairs: image i of site k of seed s (right or wrong) vs the same image of {base_name}'s global model "
+             "with seed s, pooled over seeds (and over sites in the 'all sites' columns). b = images only this "
+             f"approach gets right, c = images only {base_name} gets right; McNemar's exact test = two-sided "
+             "`scipy.stats.binomtest(b, b + c, 0.5)`.", "",
+             "| approach | pairs | mean accuracy diff | b / c | McNemar p | " + " | ".join(f"McNemar p {s}" for s in sites) + " |",
+             "|---" * (5 + len(sites)) + "|"]
+    for name, comp in comparisons.items():
+        d = comp["metrics"]["correct"]
+        a = d["all"]
+        diff = "-" if a["mean_diff"] is None else f"{a['mean_diff']:+.3f}"
+        lines.append(f"| {name} | {a['n']} | {diff} | {a['b']} / {a['c']} | {_p(a['mcnemar_p'])} | "
+                     + " | ".join(_p(d["per_site"][s]["mcnemar_p"]) for s in sites) + " |")
+    return lines + [""]
+
+
 # --------------------------------------------------------------------------------------------- plots
 def plot_results(results: Dict[str, Any], records: Sequence[Dict[str, Any]], out_dir: Path) -> List[Path]:
-    """``dice_per_site.png`` (seed mean, std error bar, each seed a dot) and ``val_dice_rounds.png``
-    (mean validation Dice over sites per round; line = seed mean, band = seed min..max)."""
+    """``<metric>_per_site.png`` (seed mean, std error bar, each seed a dot) and ``<val metric>_rounds.png``
+    (mean validation metric over sites per round; line = seed mean, band = seed min..max). The metric is
+    the task's first: Dice (``dice_per_site.png``, ``val_dice_rounds.png``) or accuracy
+    (``accuracy_per_site.png``, ``val_accuracy_rounds.png``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -230,6 +311,9 @@ def plot_results(results: Dict[str, Any], records: Sequence[Dict[str, Any]], out
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    task = results.get("task", "segmentation")
+    metric, val_key = task_metrics(task)[0], VAL_METRIC[task]
+    title = METRIC_HEADERS[metric].split(" (")[0]
     sites = list(results["sites"]) + ["mean"]
     names = list(results["approaches"])
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(sites) * max(1, len(names)) * 0.5), 4))
@@ -237,26 +321,26 @@ def plot_results(results: Dict[str, Any], records: Sequence[Dict[str, Any]], out
     for j, name in enumerate(names):
         summary = results["approaches"][name]["summary"]
         xs = np.arange(len(sites)) + (j - (len(names) - 1) / 2) * width
-        means = [summary[s]["dice"]["mean"] or 0.0 for s in sites]
-        stds = [summary[s]["dice"]["std"] or 0.0 for s in sites]
+        means = [summary[s][metric]["mean"] or 0.0 for s in sites]
+        stds = [summary[s][metric]["std"] or 0.0 for s in sites]
         ax.bar(xs, means, width, yerr=stds, capsize=3, label=name, alpha=0.8)
         for x, s in zip(xs, sites):
-            vals = summary[s]["dice"]["values"]
+            vals = summary[s][metric]["values"]
             ax.scatter([x] * len(vals), vals, color="k", s=8, zorder=3)
     ax.set_xticks(range(len(sites)), sites)
-    ax.set_ylabel("test Dice")
+    ax.set_ylabel(f"test {title}")
     ax.set_ylim(0, 1)
-    ax.set_title("final test Dice per site (bar: seed mean, error bar: std, dots: seeds)")
+    ax.set_title(f"final test {title} per site (bar: seed mean, error bar: std, dots: seeds)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    p1 = out_dir / "dice_per_site.png"
+    p1 = out_dir / f"{metric}_per_site.png"
     fig.savefig(p1, dpi=100)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     by_label: Dict[str, List[List[Optional[float]]]] = {}
     for rec in records:
-        by_label.setdefault(rec["label"], []).append(rec.get("val_dice_per_round") or [])
+        by_label.setdefault(rec["label"], []).append(val_curve(rec))
     for label, curves in by_label.items():
         n = max((len(c) for c in curves), default=0)
         if not n:
@@ -269,12 +353,12 @@ def plot_results(results: Dict[str, Any], records: Sequence[Dict[str, Any]], out
         line, = ax.plot(rounds, mean, marker=".", label=label)
         ax.fill_between(rounds, lo, hi, alpha=0.2, color=line.get_color())
     ax.set_xlabel("round")
-    ax.set_ylabel("mean validation Dice over sites")
-    ax.set_title("validation Dice over rounds (line: seed mean, band: seed range)")
+    ax.set_ylabel(f"mean validation {title} over sites")
+    ax.set_title(f"validation {title} over rounds (line: seed mean, band: seed range)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    p2 = out_dir / "val_dice_rounds.png"
+    p2 = out_dir / f"{val_key}_rounds.png"
     fig.savefig(p2, dpi=100)
     plt.close(fig)
     return [p1, p2]

@@ -27,7 +27,42 @@ from fedseg.fl.report import METRIC_ORDER
 
 #: every final metric a site may report (FOV and mm variants only where its datalist allows them)
 METRICS = METRIC_ORDER
+#: the final metrics of each task (classification: accuracy_class_<k> stays in report.json, not in the tables)
+CLASSIFICATION_METRICS = ("accuracy", "balanced_accuracy")
+TASK_METRICS = {
+    "segmentation": tuple(m for m in METRIC_ORDER if m not in CLASSIFICATION_METRICS),
+    "classification": CLASSIFICATION_METRICS,
+}
+#: the validation metric a site sends with its weights, per task (``validation_metrics`` of its engine)
+VAL_METRIC = {"segmentation": "val_dice", "classification": "val_accuracy"}
 REFERENCES = ("local", "pooled")
+
+
+def task_metrics(task: str) -> Tuple[str, ...]:
+    """The final test metrics reported for ``task`` ("segmentation" or "classification")."""
+    if task not in TASK_METRICS:
+        raise ValueError(f"unknown task {task!r}; expected one of {sorted(TASK_METRICS)}")
+    return TASK_METRICS[task]
+
+
+def federation_task(mapping: Mapping[str, str]) -> str:
+    """The task every site's datalist declares (absent ``"task"`` = segmentation).
+
+    Raises:
+        ValueError: the sites' datalists declare different tasks.
+    """
+    from fedseg.data.classification import datalist_task
+    from fedseg.data.datalist import read_datalist_json
+
+    tasks = {site: datalist_task(read_datalist_json(p)[1]) for site, p in mapping.items()}
+    if len(set(tasks.values())) > 1:
+        raise ValueError(f"the sites' datalists declare different tasks: {tasks}")
+    return next(iter(tasks.values()), "segmentation")
+
+
+def record_task(record: Mapping[str, Any]) -> str:
+    """The task of a stored run (runs stored before classification existed are segmentation)."""
+    return record.get("task") or "segmentation"
 
 
 # -------------------------------------------------------------------------------------- parsing
@@ -192,8 +227,8 @@ def _median_task_times(rounds: List[Dict[str, Any]]) -> Dict[str, float]:
     return {t: statistics.median([r["task_times"][t] for r in rounds if t in (r.get("task_times") or {})]) for t in names}
 
 
-def _site_summary(rows: List[Dict[str, Any]]) -> Dict[str, Optional[float]]:
-    return {k: _mean([clean(r.get(k)) for r in rows]) for k in METRICS}
+def _site_summary(rows: List[Dict[str, Any]], metrics: Sequence[str] = METRICS) -> Dict[str, Optional[float]]:
+    return {k: _mean([clean(r.get(k)) for r in rows]) for k in metrics}
 
 
 # ------------------------------------------------------------------------------------ method runs
@@ -214,10 +249,12 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
     res = run_simulator(job, workspace, sites, threads=len(sites), omp_threads=budget.omp_threads,
                         fedseg_threads=budget.omp_threads, log_path=out / "logs" / f"{spec.id}.log")
     report = res["report"]
+    task = federation_task(mapping)
+    metrics, val_key = task_metrics(task), VAL_METRIC[task]
     walls = [r["wall"] for r in round_timings(report)]
     record: Dict[str, Any] = {
         "kind": "method", "label": spec.label, "method": spec.method, "seed": spec.seed,
-        "variant_args": spec.variant_args,
+        "variant_args": spec.variant_args, "task": task,
         "train_config": report.get("config", {}).get("train_config"),
         "num_rounds": report.get("config", {}).get("num_rounds"),
         "command": res["command"], "report_path": res["report_path"], "workspace": str(workspace),
@@ -225,7 +262,8 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
         "round_walls": walls,
         "median_round_wall": statistics.median(walls[1:] if len(walls) > 1 else walls) if walls else None,
         "median_task_times": _median_task_times(report["rounds"][1:] or report["rounds"]),
-        "val_dice_per_round": [_mean([clean(m.get("val_dice")) for m in r["metrics"].values()]) for r in report["rounds"]],
+        "val_metric": val_key,
+        f"{val_key}_per_round": [_mean([clean(m.get(val_key)) for m in r["metrics"].values()]) for r in report["rounds"]],
         "upload_mb_per_site_round": _payload_mb(report["rounds"], "bytes_received", len(sites)),
         "download_mb_per_site_round": _payload_mb(report["rounds"], "bytes_sent", len(sites)),
         "final": {}, "per_image": {},
@@ -234,7 +272,7 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
         final = (report.get("final") or {}).get(model)
         if not final:
             continue
-        record["final"][model] = {s: {k: clean(final[s].get(k)) for k in METRICS} for s in sites if s in final}
+        record["final"][model] = {s: {k: clean(final[s].get(k)) for k in metrics} for s in sites if s in final}
         # site-local files, read here because every site of the bench runs on this machine
         record["per_image"][model] = {s: read_site_per_image(workspace, s, model) for s in sites if s in final}
     return record
@@ -251,10 +289,15 @@ def _payload_mb(rounds: List[Dict[str, Any]], field: str, n_sites: int) -> Optio
 def pooled_datalist(mapping: Mapping[str, str], path: Path) -> Path:
     """A datalist whose splits are the unions of the sites' splits (absolute paths, nothing copied).
 
-    Each entry keeps its data set's fixed ``rescale`` factor (patch mode), and the pooled list declares the
-    sites' common ``spatial_mode`` (none when they differ: then the job's ``train_config`` decides)."""
+    Segmentation: each entry keeps its data set's fixed ``rescale`` factor (patch mode), and the pooled list
+    declares the sites' common ``spatial_mode`` (none when they differ: then the job's ``train_config``
+    decides). Classification (:func:`pooled_classification_datalist`): the sites' common label space and
+    integer labels.
+    """
     from fedseg.data.datalist import common_spatial_mode, load_datalist, read_datalist_json, write_json_atomic
 
+    if federation_task(mapping) == "classification":
+        return pooled_classification_datalist(mapping, path)
     union: Dict[str, List[Dict[str, Any]]] = {"training": [], "validation": [], "test": []}
     for site, p in mapping.items():
         _, info = read_datalist_json(p)
@@ -270,13 +313,41 @@ def pooled_datalist(mapping: Mapping[str, str], path: Path) -> Path:
     return write_json_atomic(Path(path), {**header, **union})
 
 
+def pooled_classification_datalist(mapping: Mapping[str, str], path: Path) -> Path:
+    """The union of classification silos: ``task`` / ``label_space`` of the sites (which must share one
+    global label space, else the class indices would mean different classes), entries ``{"image":
+    absolute path, "label": int}``; ``classes`` = the label-space classes any silo holds.
+
+    Raises:
+        ValueError: the sites' label spaces differ.
+    """
+    from fedseg.data.classification import label_space, load_classification_datalist
+    from fedseg.data.datalist import read_datalist_json, write_json_atomic
+
+    spaces = {}
+    union: Dict[str, List[Dict[str, Any]]] = {"training": [], "validation": [], "test": []}
+    for site, p in mapping.items():
+        dl_path, info = read_datalist_json(p)
+        spaces[site] = label_space(info, dl_path)
+        for split, entries in load_classification_datalist(p, check_files=False).items():
+            union[split] += [{"image": e["image"], "label": int(e["label"])} for e in entries]
+    space = next(iter(spaces.values()))
+    if any(s != space for s in spaces.values()):
+        raise ValueError(f"cannot pool classification silos with different label spaces: {spaces}")
+    held = sorted({e["label"] for entries in union.values() for e in entries})
+    header = {"name": "pooled", "task": "classification", "label_space": space, "classes": [space[k] for k in held],
+              "sites": list(mapping), "allow_external_paths": True}  # the sites' own files
+    return write_json_atomic(Path(path), {**header, **union})
+
+
 def _train(name: str, datalist: str, cfg: Dict[str, Any], rounds: int, val_engines: Dict[str, Any]):
-    """R calls of ``SegEngine.train`` (E local epochs each, Adam state kept, per-round learning rate) —
-    the federated schedule without the federation. Returns (engine, model, seconds, losses, val Dice per round)."""
-    from fedseg.engine.engine import SegEngine
+    """R calls of the task's engine ``train`` (E local epochs each, Adam state kept, per-round learning
+    rate) — the federated schedule without the federation. Returns (engine, model, seconds, losses, mean
+    over ``val_engines`` of their validation metric per round: Dice or accuracy)."""
+    from fedseg.engine.factory import build_engine
     from fedseg.objectives.base import ClientObjective, RoundContext
 
-    engine = SegEngine(name, datalist, cfg)
+    engine = build_engine(name, datalist, cfg)
     model = engine.build_network()
     objective = ClientObjective()
     seconds, losses, val = 0.0, [], []
@@ -285,49 +356,75 @@ def _train(name: str, datalist: str, cfg: Dict[str, Any], rounds: int, val_engin
         ctx = RoundContext(site=name, round=r, total_rounds=rounds, train_config=cfg)
         losses.append(engine.train(model, objective, ctx)["train_loss"])
         seconds += time.perf_counter() - started
-        val.append(_mean([e.evaluate(model, "validation", metrics=("dice",))["dice"] for e in val_engines.values()]))
+        # the value a federated site sends with its weights (val_dice / val_accuracy)
+        val.append(_mean([next(iter(e.validation_metrics(model).values())) for e in val_engines.values()]))
     return engine, model, seconds, losses, val
 
 
-def run_reference(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: Path) -> Dict[str, Any]:
-    """``local``: every site trains alone; ``pooled``: one model on the union of the training splits.
+def reference_config(budget: Budget, seed: int, mapping: Mapping[str, str]) -> Dict[str, Any]:
+    """``{"num_rounds", "train_config"}`` of a reference run.
 
-    Both use the same engine, the base profile's ``train_config`` with the budget's overrides, and the
-    schedule of the federated runs (``rounds`` calls of ``local_epochs`` epochs); the final model is
-    evaluated on each site's test split (per image).
+    Segmentation: the base profile with the budget's overrides. Classification: also FedEFM's
+    classification defaults and ``paper`` profile (``fedseg.recipes.fedefm``) under the budget's
+    overrides, and ``num_classes`` = the sites' label-space size, so that the references train the same
+    ViT as the federated runs.
+    """
+    from fedseg.config import resolve_profile
+
+    overrides = budget.overrides(seed)
+    if federation_task(mapping) != "classification":
+        return resolve_profile(budget.profile, None, budget.rounds, **overrides)
+    from fedseg.data.classification import label_space
+    from fedseg.data.datalist import read_datalist_json
+    from fedseg.recipes.fedefm import CLASSIFICATION_DEFAULTS, PAPER_PROFILES
+
+    path, info = read_datalist_json(next(iter(mapping.values())))
+    merged = {**CLASSIFICATION_DEFAULTS, **overrides}
+    merged.setdefault("num_classes", len(label_space(info, path)))
+    return resolve_profile(budget.profile, PAPER_PROFILES, budget.rounds, **merged)
+
+
+def run_reference(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: Path) -> Dict[str, Any]:
+    """``local``: every site trains alone; ``pooled``: one model on the union of the training splits
+    (for classification: the centralised reference of the FedEFM benchmark).
+
+    Both use the task's engine (:func:`fedseg.engine.factory.build_engine`), the train_config of
+    :func:`reference_config` and the schedule of the federated runs (``rounds`` calls of ``local_epochs``
+    epochs); the final model is evaluated on each site's test split (per image).
     """
     import torch
 
-    from fedseg.config import resolve_profile
-    from fedseg.engine.engine import SegEngine
+    from fedseg.engine.factory import build_engine
 
     if budget.omp_threads not in (None, "", "default"):
         torch.set_num_threads(int(budget.omp_threads))
-    resolved = resolve_profile(budget.profile, None, budget.rounds, **budget.overrides(spec.seed))
+    task = federation_task(mapping)
+    metrics, val_key = task_metrics(task), VAL_METRIC[task]
+    resolved = reference_config(budget, spec.seed, mapping)
     cfg, rounds = resolved["train_config"], resolved["num_rounds"]
-    engines = {site: SegEngine(site, p, cfg) for site, p in mapping.items()}
+    engines = {site: build_engine(site, p, cfg) for site, p in mapping.items()}
     final, per_image, seconds, losses, val_curves = {}, {}, {}, {}, {}
     started = time.perf_counter()
     if spec.method == "local":
         for site, p in mapping.items():
             engine, model, secs, loss, val = _train(site, p, cfg, rounds, {site: engines[site]})
             summary, rows = engine.evaluate(model, "test", per_image=True)
-            final[site], per_image[site] = {k: clean(summary.get(k)) for k in METRICS}, rows
+            final[site], per_image[site] = {k: clean(summary.get(k)) for k in metrics}, rows
             seconds[site], losses[site], val_curves[site] = secs, [loss[0], loss[-1]], val
-        val_dice = [_mean([c[r] for c in val_curves.values()]) for r in range(rounds)]
+        val_curve = [_mean([c[r] for c in val_curves.values()]) for r in range(rounds)]
     elif spec.method == "pooled":
         path = pooled_datalist(mapping, out / "data" / "pooled" / "datalist.json")
-        _, model, secs, loss, val_dice = _train("pooled", str(path), cfg, rounds, engines)
+        _, model, secs, loss, val_curve = _train("pooled", str(path), cfg, rounds, engines)
         for site in mapping:
             summary, rows = engines[site].evaluate(model, "test", per_image=True)
-            final[site], per_image[site] = {k: clean(summary.get(k)) for k in METRICS}, rows
+            final[site], per_image[site] = {k: clean(summary.get(k)) for k in metrics}, rows
         seconds, losses = {"pooled": secs}, {"pooled": [loss[0], loss[-1]]}
     else:
         raise ValueError(f"unknown reference {spec.method!r}; choose from {REFERENCES}")
     return {
         "kind": "reference", "label": spec.label, "method": spec.method, "seed": spec.seed, "variant_args": {},
-        "train_config": cfg, "num_rounds": rounds,
+        "task": task, "train_config": cfg, "num_rounds": rounds,
         "wall_s": time.perf_counter() - started, "train_seconds": seconds, "train_loss_first_last": losses,
-        "val_dice_per_round": val_dice,
+        "val_metric": val_key, f"{val_key}_per_round": val_curve,
         "final": {"global": final}, "per_image": {"global": per_image},
     }

@@ -7,6 +7,9 @@ in datalist order.
 Pairing (:func:`paired_values`): image ``i`` of site ``k`` of seed ``s`` of approach A is paired with
 image ``i`` of site ``k`` of seed ``s`` of approach B (the ids must agree); pairs are pooled over the
 seeds both approaches ran (ascending) and, unless one site is asked for, over the sites (in the given order).
+
+Classification rows are ``{"id", "label", "prediction", "correct" (0/1)}``; their paired test is McNemar's
+exact test on the per-image correctness (:func:`mcnemar_exact`, :func:`compare_correct`).
 """
 
 from __future__ import annotations
@@ -110,6 +113,49 @@ def compare(a: PerImage, b: PerImage, sites: Sequence[str], metrics: Sequence[st
         out[metric] = {"all": paired_tests(x, y),
                        "per_site": {s: paired_tests(*paired_values(a, b, metric, [s])[:2]) for s in sites}}
     return out
+
+
+def mcnemar_exact(x: Sequence[float], y: Sequence[float]) -> Dict[str, Any]:
+    """McNemar's exact test of paired per-image correctness ``x`` (approach A) and ``y`` (approach B), 0/1 each.
+
+    Only the discordant pairs carry information: ``b`` = images A gets right and B wrong, ``c`` = the
+    reverse. Under H0 (same accuracy) ``b ~ Binomial(b + c, 1/2)``; the p-value is the two-sided exact
+    binomial test ``scipy.stats.binomtest(b, b + c, 0.5)``.
+
+    Returns:
+        ``{"n", "mean_x", "mean_y", "mean_diff" (accuracy of A - accuracy of B), "b", "c", "mcnemar_p"}``;
+        with fewer than 2 pairs or no discordant pair the p-value is None and a ``note`` says why.
+
+    Raises:
+        ValueError: different lengths, or a value that is not 0 or 1.
+    """
+    from scipy import stats as sps
+
+    n = len(x)
+    if n != len(y):
+        raise ValueError(f"paired samples of different lengths {n} and {len(y)}")
+    bad = [v for v in list(x) + list(y) if float(v) not in (0.0, 1.0)]
+    if bad:
+        raise ValueError(f"McNemar's test needs per-image correctness 0 or 1, got {bad[:5]}")
+    b = sum(1 for a, o in zip(x, y) if float(a) == 1.0 and float(o) == 0.0)
+    c = sum(1 for a, o in zip(x, y) if float(a) == 0.0 and float(o) == 1.0)
+    out: Dict[str, Any] = {"n": n, "mean_x": statistics.fmean(x) if n else None, "mean_y": statistics.fmean(y) if n else None,
+                           "mean_diff": (b - c) / n if n else None, "b": b, "c": c, "mcnemar_p": None}
+    if n < 2:
+        out["note"] = "fewer than 2 pairs"
+    elif b + c == 0:
+        out["note"] = "no discordant pairs (both approaches right or wrong on the same images)"
+    else:
+        out["mcnemar_p"] = _finite(sps.binomtest(b, b + c, 0.5).pvalue)
+    return out
+
+
+def compare_correct(a: PerImage, b: PerImage, sites: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    """McNemar's exact test of ``a`` against ``b`` on per-image correctness (classification):
+    ``{"correct": {"all": pooled over sites and seeds, "per_site": {site: pooled over seeds}}}``."""
+    x, y, _ = paired_values(a, b, "correct", sites)
+    return {"correct": {"all": mcnemar_exact(x, y),
+                        "per_site": {s: mcnemar_exact(*paired_values(a, b, "correct", [s])[:2]) for s in sites}}}
 
 
 def summarise_seeds(final: Mapping[int, Mapping[str, Mapping[str, Optional[float]]]], sites: Sequence[str],
