@@ -60,7 +60,8 @@ def test_scaled_update_rejected_by_norm_rule():
 
 def test_flipped_update_rejected_by_update_cosine_rule_against_a_consensus():
     flipped = {k: GLOBAL[k] - (v - GLOBAL[k]) for k, v in _model(9).items()}
-    rejected = screen_models(*_sites(4, s3=flipped), CFG)
+    assert screen_models(*_sites(4, s3=flipped), CFG) == {}  # the direction rule is off by default
+    rejected = screen_models(*_sites(4, s3=flipped), ScreeningConfig(min_update_cosine=-0.3))
     assert list(rejected) == ["s3"] and "update points against the other sites'" in rejected["s3"]
 
 
@@ -224,14 +225,14 @@ def test_exchange_rejects_each_hostile_result_with_its_reason():
 def test_exchange_screens_packed_models():
     sites = ["a", "b", "c", "d"]
     answers = [(s, pack_models({"guest@x": {k: v.numpy() for k, v in _model(i).items()}}), {"n_samples": 5}, 0) for i, s in enumerate(sites)]
-    flipped = {k: GLOBAL[k].numpy() - (v - GLOBAL[k].numpy()) for k, v in {k: v.numpy() for k, v in _model(7).items()}.items()}
-    answers[2] = ("c", pack_models({"guest@x": flipped}), {"n_samples": 5}, 0)
+    scaled = {k: GLOBAL[k].numpy() + 100 * (v - GLOBAL[k].numpy()) for k, v in {k: v.numpy() for k, v in _model(7).items()}.items()}
+    answers[2] = ("c", pack_models({"guest@x": scaled}), {"n_samples": 5}, 0)
     controller = ScriptedController(answers, strategy="fedefm", objective="fedefm")
     controller._reference = dict(GLOBAL)
     payloads = {s: SitePayload(params=pack_models({"guest@x": GLOBAL})) for s in sites}
     results = controller._exchange("overseas_train", payloads, 0)
     assert sorted(results) == ["a", "b", "d"]
-    assert "[guest@x]" in controller._rejected["c"] and "cosine" in controller._rejected["c"]
+    assert "[guest@x]" in controller._rejected["c"] and "median of the other sites" in controller._rejected["c"]
 
 
 # ------------------------------------------------------------------------------ test-only fault injection

@@ -78,7 +78,8 @@ class ScreeningConfig:
     norm_factor: float = 10.0
     max_update_norm: Optional[float] = None
     min_model_cosine: Optional[float] = 0.0
-    min_update_cosine: Optional[float] = -0.3
+    # off by default: silos with disjoint label sets (FedEFM, unseen 100 %) pull honestly against each other
+    min_update_cosine: Optional[float] = None
     min_sites: int = 3
     check_round: bool = True
 
