@@ -225,9 +225,9 @@ def _print_summary(report_path: Path) -> None:
         rows = final_table(data, which)
         if rows:
             print(f"\n{data['method']} — final {which} model (test split)")
-            print(f"{'site':<14}" + "".join(f"{METRIC_HEADERS[n]:>15}" for n in metric_columns(data, which)))
+            print(f"{'site':<14}" + "".join(f"{METRIC_HEADERS[n]:>19}" for n in metric_columns(data, which)))
             for row in rows:
-                print(f"{row[0].strip('*'):<14}" + "".join(f"{c:>15}" for c in row[1:]))
+                print(f"{row[0].strip('*'):<14}" + "".join(f"{c:>19}" for c in row[1:]))
     print(f"\nreport:  {report_path}\nsummary: {out / 'summary.md'}\nplots:   {out / 'plots'}")
 
 
