@@ -75,6 +75,9 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     "cache_max_mb": 4096,
     # federated schedule
     "local_epochs": 1,
+    # validation metric (val_dice / val_accuracy) sent every N rounds and always in the last round: sliding-window
+    # validation of whole slides can cost several times the round's training (docs/benchmarks.md, section g)
+    "validate_every": 1,
     # differential privacy in local training (Opacus DP-SGD); None = off
     "dp_target_epsilon": None,
     "dp_delta": 1e-5,
@@ -107,6 +110,14 @@ PROFILES: Dict[str, Dict[str, Any]] = {
 TASK_SECONDS_PER_EPOCH_64PX = 300
 #: bounds of ``default_task_timeout`` (5 minutes, 24 hours)
 TASK_TIMEOUT_RANGE = (300, 24 * 3600)
+
+
+def validation_due(train_config: Dict[str, Any], round_: int, total_rounds: int) -> bool:
+    """Whether a site computes its validation metric after training round ``round_`` (0-based)."""
+    every = train_config.get("validate_every", BASE_TRAIN_CONFIG["validate_every"])
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise ValueError(f"train_config['validate_every'] must be a positive integer, got {every!r}")
+    return (round_ + 1) % every == 0 or round_ >= total_rounds - 1
 
 
 def default_task_timeout(train_config: Dict[str, Any]) -> int:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from fedseg.bench.simulator import patch_job, round_timings, run_simulator
-
+from fedseg.config import validation_due
 from fedseg.fl.report import METRIC_ORDER
 
 #: every final metric a site may report (FOV and mm variants only where its datalist allows them)
@@ -357,7 +357,8 @@ def _train(name: str, datalist: str, cfg: Dict[str, Any], rounds: int, val_engin
         losses.append(engine.train(model, objective, ctx)["train_loss"])
         seconds += time.perf_counter() - started
         # the value a federated site sends with its weights (val_dice / val_accuracy)
-        val.append(_mean([next(iter(e.validation_metrics(model).values())) for e in val_engines.values()]))
+        due = validation_due(cfg, r, rounds)
+        val.append(_mean([next(iter(e.validation_metrics(model).values())) for e in val_engines.values()]) if due else None)
     return engine, model, seconds, losses, val
 
 

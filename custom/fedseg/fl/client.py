@@ -28,6 +28,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from fedseg.config import validation_due
 from fedseg.data.checks import check_datalist
 from fedseg.engine.base import LocalEngine
 from fedseg.engine.factory import build_engine, resolve_task
@@ -133,7 +134,8 @@ class SiteRunner:
         self._trained = True
         if restored is not None:
             metrics["state_restored_from_round"] = float(restored)
-        metrics.update(self.engine.validation_metrics(self.model))
+        if validation_due(ctx.train_config, ctx.round, ctx.total_rounds):
+            metrics.update(self.engine.validation_metrics(self.model))
         statistics = self._declared(self.objective.end_round(ctx, self.model, self.engine))
         if ctx.round == ctx.total_rounds - 1:
             self.objective.save_site_figures(str(self.output_dir), ctx)
@@ -185,37 +187,61 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+class SiteService:
+    """One site's answer to each task, whichever NVFlare executor delivers it.
+
+    Wraps :class:`SiteRunner` with what every delivery path must do alike: a failed task is answered with
+    the exception's type only (its message may name local files), and the test-only fault injection
+    (``fedseg.fl.faults``) distorts the result last. ``fedseg.fl.site_executor`` (the native executor every
+    job uses) and :func:`main` (the Client API script) both call :meth:`answer`.
+    """
+
+    def __init__(self, site: str, args: argparse.Namespace, workspace: Optional[str] = None):
+        self.site = site
+        self.runner = SiteRunner(site, args, workspace=workspace)
+        self.faults = faults_for(site)  # test-only (FEDSEG_FAULT_INJECTION); empty in any real run
+        if self.faults:
+            logger.warning("%s: %s is set: this site will send faulty results (%s)", site, FAULT_ENV, self.faults)
+
+    def answer(self, task: str, params: Dict[str, Any], meta: Dict[str, Any], current_round: Optional[int]) -> Dict[str, Any]:
+        """``{"params", "metrics", "meta"}`` to send for ``task``; never raises."""
+        # fault injection measures its distortions from what the site received; keep a copy, since the
+        # received tensors may be reused by the time the result is built
+        sent = {k: torch.as_tensor(v).clone() for k, v in (params or {}).items()} if self.faults else {}
+        try:
+            out = self.runner.handle(task, params or {}, meta or {})
+        except Exception as e:  # keep serving: the server leaves this site out of the round
+            logger.exception("%s: task %s failed", self.site, task)
+            # only the exception type travels; its message may name local files (patient ids)
+            out = {"params": {}, "metrics": {}, "meta": {"error": type(e).__name__}}
+        if self.faults:
+            out = apply_faults(self.faults, task, int(current_round or 0), out, sent)
+        return out
+
+
+def set_site_threads() -> None:
+    """Torch threads from ``FEDSEG_NUM_THREADS`` (several sites sharing one machine: simulator, POC)."""
+    if os.environ.get("FEDSEG_NUM_THREADS"):
+        torch.set_num_threads(int(os.environ["FEDSEG_NUM_THREADS"]))
+
+
 def main(argv=None) -> None:
+    """The Client API site loop (``fedseg.fl.site_executor.FedSegScriptExecutor``): receive, answer, send."""
     import nvflare.client as flare
     from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
     from nvflare.client.tracking import SummaryWriter
 
     args = parse_args(argv)
-    if os.environ.get("FEDSEG_NUM_THREADS"):  # several sites sharing one machine (simulator, POC)
-        torch.set_num_threads(int(os.environ["FEDSEG_NUM_THREADS"]))
+    set_site_threads()
     flare.init()
-    site = flare.get_site_name()
-    runner = SiteRunner(site, args)
-    faults = faults_for(site)  # test-only (FEDSEG_FAULT_INJECTION); empty in any real run
-    if faults:
-        logger.warning("%s: %s is set: this site will send faulty results (%s)", site, FAULT_ENV, faults)
+    service = SiteService(flare.get_site_name(), args)
     writer = SummaryWriter()
     while flare.is_running():
         received = flare.receive()
         if received is None:
             break
         task = flare.get_task_name()
-        # fault injection measures its distortions from what the site received; keep a copy, since the
-        # received tensors may be reused by the time the result is built
-        sent = {k: torch.as_tensor(v).clone() for k, v in (received.params or {}).items()} if faults else {}
-        try:
-            out = runner.handle(task, received.params or {}, received.meta or {})
-        except Exception as e:  # keep serving: the server leaves this site out of the round
-            logger.exception("%s: task %s failed", site, task)
-            # only the exception type travels; its message may name local files (patient ids)
-            out = {"params": {}, "metrics": {}, "meta": {"error": type(e).__name__}}
-        if faults:
-            out = apply_faults(faults, task, int(received.current_round or 0), out, sent)
+        out = service.answer(task, received.params or {}, received.meta or {}, received.current_round)
         if task == TRAIN_TASK:
             step = int(received.current_round or 0)
             for name, value in out["metrics"].items():

@@ -1,39 +1,116 @@
-"""The site executor: NVFlare's in-process Client API running the *installed* fedseg site entry.
+"""The site executors: how NVFlare hands a task to a site's :class:`fedseg.fl.client.SiteService`.
 
-NVFlare's ``ClientAPIExecutor`` looks for its ``task_script_path`` in the job's ``app/custom/`` folder, so a job
-built that way carries Python code — "bring your own code" (BYOC), which a production deployment refuses
-(``authorization.json``: right ``byoc`` = ``none``). This executor instead points the same in-process runner at
-``fedseg/fl/site_script.py`` of the fedseg package installed at the site, resolved on the site's machine when
-the job starts. The job folder then holds configuration only (``meta.json`` + ``app/config/*.json``): nothing
-executable travels from the server to a hospital, and the code that runs is the version its IT installed.
+``FedSegSiteExecutor`` (every exported job) is a native NVFlare ``Executor``: it owns the site's engine,
+model, objective and state for the whole job and answers each task inside ``execute`` — no training script,
+no exchange queue between an executor and a script, no result polling. That polling was a fixed cost of
+every task on the Client API path (docs/benchmarks.md, sections b and i).
+
+``FedSegScriptExecutor`` is NVFlare's Client API executor pointed at the *installed*
+``fedseg/fl/site_script.py``. It serves the same ``SiteService`` through ``flare.receive()/send()`` and is
+kept for one purpose: ``execution_mode="external_process"`` runs a site's training in a process of its own,
+so a crash there (a CUDA fault, the kernel's out-of-memory killer) leaves the site's NVFlare client
+connected and the job answers with the task missing rather than a lost site. Both run one site logic.
+
+Neither carries code in the job: the job folder references ``fedseg`` installed at the site (custom code
+— "bring your own code" — is refused by a production deployment, ``deploy/``).
 """
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
+from typing import Optional
 
+from nvflare.apis.event_type import EventType
+from nvflare.apis.executor import Executor
+from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import Shareable, make_reply
+from nvflare.apis.signal import Signal
+from nvflare.apis.analytix import AnalyticsDataType
+from nvflare.apis.utils.analytix_utils import create_analytic_dxo, send_analytic_dxo
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
+from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 from nvflare.client.config import ExchangeFormat, TransferType
+from nvflare.fuel.utils import fobs
 
-#: the site entry script inside the installed package (``python -m fedseg.fl.client`` does the same)
+from fedseg.fl.client import SiteService, parse_args, set_site_threads
+from fedseg.fl.protocol import TRAIN_TASK
+
+#: the Client API site entry inside the installed package (``python -m fedseg.fl.client`` does the same)
 INSTALLED_SITE_SCRIPT = Path(__file__).resolve().parent / "site_script.py"
 
 
-class FedSegSiteExecutor(ClientAPIExecutor):
-    """In-process Client API executor whose training script is the installed ``fedseg.fl.site_script``.
+class FedSegSiteExecutor(Executor):
+    """Native site executor: every task of every method answered in-process by one ``SiteService``.
 
     Args:
-        script_args: command-line arguments for the site script (``fedseg.fl.client.parse_args``),
-            e.g. ``--site_datalists sites.json``.
+        script_args: the site's command-line options (``fedseg.fl.client.parse_args``), e.g.
+            ``--site_datalists sites.json``; the same string the Client API script would receive.
     """
 
     def __init__(self, script_args: str = ""):
+        super().__init__()
+        self.script_args = script_args  # recipe export records constructor args stored as self.<name>
+        self._args = parse_args(shlex.split(script_args))  # a bad option fails when the job is built
+        self._service: Optional[SiteService] = None
+
+    def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
+        if event_type == EventType.START_RUN:
+            # params travel as torch tensors (the server's persistor registers the same decomposer)
+            from nvflare.app_opt.pt.decomposers import TensorDecomposer
+
+            fobs.register(TensorDecomposer)
+            set_site_threads()
+            self._service = SiteService(fl_ctx.get_identity_name(), self._args)
+
+    def execute(self, task_name: str, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
+        if self._service is None:  # START_RUN never came: not a state a task can be answered in
+            self.log_error(fl_ctx, "site executor was not started (no START_RUN event)")
+            return make_reply(ReturnCode.EXECUTION_EXCEPTION)
+        try:
+            received = FLModelUtils.from_shareable(shareable, fl_ctx)
+        except Exception as e:
+            self.log_error(fl_ctx, f"task {task_name}: cannot read the task data ({type(e).__name__})")
+            return make_reply(ReturnCode.BAD_TASK_DATA)
+        if abort_signal.triggered:
+            return make_reply(ReturnCode.TASK_ABORTED)
+        out = self._service.answer(task_name, received.params or {}, received.meta or {}, received.current_round)
+        if task_name == TRAIN_TASK:
+            self._track(out["metrics"], int(received.current_round or 0), fl_ctx)
+        return FLModelUtils.to_shareable(
+            FLModel(
+                params=out["params"],
+                params_type=ParamsType.FULL,
+                metrics=out["metrics"],
+                meta=out["meta"],
+                current_round=received.current_round,
+            )
+        )
+
+    def _track(self, metrics: dict, step: int, fl_ctx: FLContext) -> None:
+        """Per-round training metrics as NVFlare analytics events (the job's TensorBoard receiver)."""
+        for name, value in metrics.items():
+            dxo = create_analytic_dxo(tag=name, value=float(value), data_type=AnalyticsDataType.SCALAR, global_step=step)
+            send_analytic_dxo(self, dxo, fl_ctx)
+
+
+class FedSegScriptExecutor(ClientAPIExecutor):
+    """NVFlare Client API executor running the installed ``fedseg.fl.site_script`` (see the module docstring).
+
+    Args:
+        script_args: command-line arguments for the site script (``fedseg.fl.client.parse_args``).
+        execution_mode: ``"in_process"`` or ``"external_process"`` (training in its own process).
+    """
+
+    def __init__(self, script_args: str = "", execution_mode: str = "in_process"):
         if not INSTALLED_SITE_SCRIPT.is_file():
             raise FileNotFoundError(
                 f"the installed fedseg package has no site entry {INSTALLED_SITE_SCRIPT}; reinstall fedseg at this site"
             )
         super().__init__(
-            execution_mode="in_process",
+            execution_mode=execution_mode,
             # an absolute path: NVFlare's TaskScriptRunner uses it as is instead of searching app/custom/
             task_script_path=str(INSTALLED_SITE_SCRIPT),
             task_script_args=script_args,
@@ -41,4 +118,4 @@ class FedSegSiteExecutor(ClientAPIExecutor):
             server_expected_format=ExchangeFormat.PYTORCH,
             params_transfer_type=TransferType.FULL,
         )
-        self.script_args = script_args  # recipe export records constructor args stored as self.<name>
+        self.script_args = script_args

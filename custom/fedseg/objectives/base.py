@@ -37,6 +37,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from fedseg.engine.base import LocalEngine
 
 
+class UnknownTaskError(ValueError):
+    """A site was asked for a task its method does not have (the server and site disagree on the method)."""
+
+
 @dataclass
 class RoundContext:
     """What a client objective knows about the current round.
@@ -151,11 +155,11 @@ class ClientObjective:
         self, task_name: str, ctx: RoundContext, model: nn.Module, engine: "LocalEngine"
     ) -> Dict[str, Any]:
         """Run a method-specific task on ``model`` (already loaded with the received weights)."""
-        raise ValueError(f"objective {self.name!r} does not handle task {task_name!r}")
+        raise UnknownTaskError(f"objective {self.name!r} does not handle task {task_name!r}")
 
     def handle_weight_task(
         self, task_name: str, ctx: RoundContext, model: nn.Module, engine: "LocalEngine"
     ) -> Tuple[Dict[str, torch.Tensor], Dict[str, Dict[str, torch.Tensor]], Dict[str, Any]]:
         """Run a task of ``weight_tasks``. Returns ``(main weights or {}, {name: extra weights},
         declared statistics)``; the site packs the weights with ``fedseg.fl.protocol.pack_models``."""
-        raise ValueError(f"objective {self.name!r} does not handle weight task {task_name!r}")
+        raise UnknownTaskError(f"objective {self.name!r} does not handle weight task {task_name!r}")

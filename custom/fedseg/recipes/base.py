@@ -16,22 +16,33 @@ from fedseg.config import default_task_timeout
 from fedseg.fl.audit import ResultAuditFilter
 from fedseg.fl.controller import FedSegController
 from fedseg.fl.protocol import EVALUATE_TASK, TRAIN_TASK
-from fedseg.fl.site_executor import FedSegSiteExecutor
+from fedseg.fl.site_executor import FedSegScriptExecutor, FedSegSiteExecutor
 from fedseg.strategies.registry import get_strategy_class
 
+#: ``site_executor`` option -> how a site receives its tasks (``fedseg.fl.site_executor``)
+SITE_EXECUTORS = {
+    "native": lambda args: FedSegSiteExecutor(args),
+    "client_api": lambda args: FedSegScriptExecutor(args, execution_mode="in_process"),
+    "client_api_external": lambda args: FedSegScriptExecutor(args, execution_mode="external_process"),
+}
+
+
 class SiteScript:
-    """Adds the site executor to a job: the installed ``fedseg`` site entry, run in-process.
+    """Adds the site executor to a job (native by default; ``fedseg.fl.site_executor``).
 
     Nothing is copied into ``app/custom/``: a job that carries code is "bring your own code" (BYOC), which
-    a production deployment refuses (``deploy/``). The executor resolves the site script inside the fedseg
-    package installed at the site, so the exported job is configuration only and relocatable.
+    a production deployment refuses (``deploy/``). The executors run the fedseg package installed at the
+    site, so the exported job is configuration only and relocatable.
     """
 
-    def __init__(self, script_args: str = ""):
+    def __init__(self, script_args: str = "", executor: str = "native"):
+        if executor not in SITE_EXECUTORS:
+            raise ValueError(f"site_executor must be one of {sorted(SITE_EXECUTORS)}, got {executor!r}")
         self.script_args = script_args
+        self.executor = executor
 
     def add_to_fed_job(self, job, ctx, **kwargs):
-        job.add_executor(FedSegSiteExecutor(self.script_args), tasks=["*"], ctx=ctx)
+        job.add_executor(SITE_EXECUTORS[self.executor](self.script_args), tasks=["*"], ctx=ctx)
         return {}
 
 
@@ -39,7 +50,9 @@ class SiteScript:
 TASK_REQUEST_INTERVAL = 0.2
 
 #: recipe options that configure the job rather than training (everything else is a train_config override)
-JOB_OPTIONS = ("min_clients", "task_timeout", "task_check_period", "script_args", "screening", "checkpoint_dir")
+JOB_OPTIONS = (
+    "min_clients", "task_timeout", "task_check_period", "script_args", "site_executor", "screening", "checkpoint_dir",
+)
 
 
 def split_options(options: Dict[str, Any]) -> tuple:
@@ -66,7 +79,9 @@ class FedSegRecipe(Recipe):
         min_clients: sites needed to start, and fewest valid results a round may continue with.
         task_timeout: seconds a site may take for one task before it is left out of that round; None =
             ``fedseg.config.default_task_timeout(train_config)`` (written into the exported job); 0 = no limit.
-        script_args: extra arguments for the site script (e.g. ``--site_datalists sites.json``).
+        script_args: the sites' command-line options (e.g. ``--site_datalists sites.json``).
+        site_executor: "native" (default: ``FedSegSiteExecutor``), "client_api" or "client_api_external"
+            (NVFlare's Client API running the site script in-process or in a process of its own).
         screening: checks on every result before aggregation (``fedseg.fl.screening.ScreeningConfig`` fields,
             e.g. ``{"norm_factor": 5, "max_update_norm": 50}``); ``None`` = the documented defaults.
         checkpoint_dir: absolute folder for the server's ``round_checkpoint.pt`` (None: the run directory);
@@ -88,6 +103,7 @@ class FedSegRecipe(Recipe):
         task_timeout: Optional[int] = None,
         task_check_period: float = 0.5,
         script_args: str = "",
+        site_executor: str = "native",
         screening: Optional[Dict[str, Any]] = None,
         checkpoint_dir: Optional[str] = None,
     ):
@@ -121,7 +137,7 @@ class FedSegRecipe(Recipe):
         # fedseg is an installed package at every site: reference it, don't copy its source into the job
         job.set_app_packages(["fedseg"])
         job.to_server(controller, id="controller")
-        job.to_clients(SiteScript(script_args))
+        job.to_clients(SiteScript(script_args, site_executor))
         super().__init__(job)
         # every result a site sends is summarised (names/shapes, never values) into privacy_audit.jsonl
         # (NVFlare filter tables have no wildcard: list every task this method uses)
