@@ -36,7 +36,7 @@ from fedseg.engine.site_state import SiteState, job_key
 from fedseg.fl.faults import FAULT_ENV, apply_faults, faults_for
 from fedseg.fl.protocol import BASE_STATISTICS, EVALUATE_TASK, META_KEY, TRAIN_TASK, pack_models, unpack_models
 from fedseg.fl.site_data import resolve_site_datalist
-from fedseg.objectives.base import RoundContext
+from fedseg.objectives.base import RoundContext, UnknownTaskError
 from fedseg.objectives.registry import build_objective
 
 logger = logging.getLogger(__name__)
@@ -98,6 +98,9 @@ class SiteRunner:
         return out
 
     def _run(self, task: str, params: Dict[str, Any], meta: Dict[str, Any], job: Dict[str, Any]) -> Dict[str, Any]:
+        known = (TRAIN_TASK, EVALUATE_TASK) + tuple(self.objective.weight_tasks) + tuple(self.objective.statistic_tasks)
+        if task not in known:  # before touching the model: the server and this site disagree on the method
+            raise UnknownTaskError(f"{self.site}: method {job['objective']!r} has no task {task!r} (known: {known})")
         main, extra = unpack_models(params)
         if main or not extra:  # a task may carry only extra models (FedEFM's overseas training)
             self.model.load_state_dict({k: torch.as_tensor(v) for k, v in main.items()})
@@ -122,7 +125,7 @@ class SiteRunner:
             )
             meta = {"n_samples": self.engine.n_train, "round": ctx.round, **self._declared(statistics)}
             return {"params": params, "metrics": {}, "meta": meta}
-        statistics = self.objective.handle_task(task, ctx, self.model, self.engine)
+        statistics = self.objective.handle_task(task, ctx, self.model, self.engine)  # a statistic task
         return {"params": {}, "metrics": {}, "meta": self._declared(statistics)}
 
     def _train(self, ctx: RoundContext) -> Dict[str, Any]:

@@ -96,6 +96,8 @@ class ClientObjective:
     declared_statistics: Tuple[str, ...] = ()
     #: extra tasks whose answer is weights (``handle_weight_task``), validated like trained models
     weight_tasks: Tuple[str, ...] = ()
+    #: extra tasks whose answer is declared statistics only (``handle_task``)
+    statistic_tasks: Tuple[str, ...] = ()
     #: valid range ``(low, high)`` (inclusive) of each declared statistic, checked by the server for every
     #: value (or every element of a list); a result outside it is rejected (``fedseg.fl.screening``)
     statistic_ranges: Dict[str, Tuple[float, float]] = {}
@@ -154,7 +156,7 @@ class ClientObjective:
     def handle_task(
         self, task_name: str, ctx: RoundContext, model: nn.Module, engine: "LocalEngine"
     ) -> Dict[str, Any]:
-        """Run a method-specific task on ``model`` (already loaded with the received weights)."""
+        """Run a task of ``statistic_tasks`` on ``model`` (already loaded with the received weights)."""
         raise UnknownTaskError(f"objective {self.name!r} does not handle task {task_name!r}")
 
     def handle_weight_task(

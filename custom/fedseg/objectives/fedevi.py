@@ -56,6 +56,7 @@ class FedEviObjective(ClientObjective):
 
     name = "fedevi"
     declared_statistics = ("G", "A", "R_paper")
+    statistic_tasks = (SURROGATE_TASK,)
     # mean epistemic / aleatoric uncertainties and a mean of 1/aleatoric: none is negative
     statistic_ranges = {"G": (0.0, math.inf), "A": (0.0, math.inf), "R_paper": (0.0, math.inf)}
 

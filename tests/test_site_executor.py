@@ -1,0 +1,92 @@
+"""The native site executor (``fedseg.fl.site_executor.FedSegSiteExecutor``).
+
+* called directly: it answers a task name no method has with a clear error result (not a hang, not an
+  exception into NVFlare), and trains like ``SiteRunner`` does;
+* in NVFlare's simulator: a FedAvg round through the native executor gives the same global model as the
+  Client API path (``site_executor="client_api"``) for a fixed seed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_constant import ReservedKey, ReturnCode
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.signal import Signal
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.utils.fl_model_utils import FLModelUtils
+
+from fedseg.fl.protocol import EVALUATE_TASK, META_KEY
+from fedseg.fl.site_executor import FedSegSiteExecutor
+from fedseg.recipes.base import SiteScript, build_initial_network
+
+
+def _job_meta(cfg, round_=0, total=2):
+    return {META_KEY: {"method": "fedavg", "objective": "fedavg", "objective_args": {}, "train_config": cfg,
+                       "round": round_, "total_rounds": total}}
+
+
+@pytest.fixture()
+def started(tmp_path, monkeypatch, tiny_datalist):
+    monkeypatch.chdir(tmp_path)  # the site workspace (NVFlare runs a site in its workspace folder)
+    executor = FedSegSiteExecutor(f"--datalist {tiny_datalist}")
+    ctx = FLContext()
+    ctx.set_prop(ReservedKey.IDENTITY_NAME, "site-a", private=False, sticky=True)
+    executor.handle_event(EventType.START_RUN, ctx)
+    return executor, ctx
+
+
+def _task(params, meta, round_=0):
+    return FLModelUtils.to_shareable(FLModel(params=params, params_type=ParamsType.FULL, meta=meta, current_round=round_))
+
+
+def test_unknown_task_gets_a_clear_error_result(started, tiny_train_config):
+    executor, ctx = started
+    reply = executor.execute("no_such_task", _task({}, _job_meta(tiny_train_config)), ctx, Signal())
+    assert reply.get_return_code() == ReturnCode.OK  # an answer the server reads, with the reason
+    answer = FLModelUtils.from_shareable(reply)
+    assert answer.meta["error"] == "UnknownTaskError" and not answer.params and not answer.metrics
+
+
+def test_unstarted_executor_and_unreadable_task_data_are_refused(tiny_datalist, tiny_train_config):
+    executor = FedSegSiteExecutor(f"--datalist {tiny_datalist}")
+    reply = executor.execute(EVALUATE_TASK, _task({}, _job_meta(tiny_train_config)), FLContext(), Signal())
+    assert reply.get_return_code() == ReturnCode.EXECUTION_EXCEPTION
+
+
+def test_bad_site_options_fail_when_the_job_is_built():
+    with pytest.raises(SystemExit):
+        FedSegSiteExecutor("--no_such_option x")
+    with pytest.raises(ValueError, match="site_executor"):
+        SiteScript("", "grpc_magic")
+
+
+def test_evaluate_through_the_executor(started, tiny_train_config):
+    executor, ctx = started
+    params = build_initial_network(tiny_train_config).state_dict()
+    reply = executor.execute(EVALUATE_TASK, _task(params, _job_meta(tiny_train_config)), ctx, Signal())
+    answer = FLModelUtils.from_shareable(reply)
+    assert set(answer.metrics) == {"dice", "hd95", "assd"} and not answer.params
+
+
+@pytest.mark.slow
+def test_native_and_client_api_paths_give_the_same_round(tmp_path):
+    """One FedAvg round, 2 sites, no augmentation: global models equal to float tolerance."""
+    from fedseg.cli import export_job
+    from sim_utils import run_simulator
+
+    models = {}
+    for executor in ("native", "client_api"):
+        job = export_job("fedavg", tmp_path / executor / "jobs", profile="tiny", num_rounds=1,
+                         augment=False, site_executor=executor)
+        report = run_simulator(job, tmp_path / executor / "ws", n_clients=2)
+        assert report["rounds"][0]["missing"] == [] and report["rounds"][0]["rejected"] == {}
+        saved = next((tmp_path / executor / "ws").rglob("FL_global_model.pt"))
+        models[executor] = torch.load(saved, map_location="cpu", weights_only=False)["model"]
+    native, client_api = models["native"], models["client_api"]
+    assert native.keys() == client_api.keys()
+    initial = build_initial_network(report["config"]["train_config"]).state_dict()
+    assert any(not torch.allclose(torch.as_tensor(native[k]), initial[k]) for k in initial), "nothing trained"
+    for k in native:
+        assert torch.allclose(torch.as_tensor(native[k]), torch.as_tensor(client_api[k]), atol=1e-5), k
