@@ -22,6 +22,9 @@ Settings tried (``--variants``, each ``name:key=value,...``; keys):
              the server's first WAIT_TIME arrives)
     omp      OMP_NUM_THREADS for the simulator and its site processes ("default" = unset: torch uses
              one thread per physical core in every site process)
+    exe      the site executor (recipe option ``site_executor``): native (default; ``FedSegSiteExecutor``)
+             or client_api (NVFlare's in-process Client API running the site script)
+    method   the method's job (default fedavg): compare methods' round time in one run
     threads  simulator threads (-t); 3 = one persistent process per site. Fewer threads than sites
              makes the simulator start a fresh site process for every task (site state such as the
              optimiser's moments is lost between rounds — a different training run, timing only).
@@ -77,9 +80,12 @@ def parse_variant(spec: str) -> Dict[str, Any]:
     settings: Dict[str, Any] = {"name": name}
     for item in filter(None, body.split(",")):
         key, _, value = item.partition("=")
-        if key not in ("tcp", "tri", "fetch", "omp", "threads"):
+        if key not in ("tcp", "tri", "fetch", "omp", "threads", "exe", "method"):
             raise ValueError(f"unknown setting {key!r} in variant {spec!r}")
-        settings[key] = value if key == "omp" else (int(value) if key == "threads" else float(value))
+        if key in ("omp", "exe", "method"):
+            settings[key] = value
+        else:
+            settings[key] = int(value) if key == "threads" else float(value)
     return settings
 
 
@@ -95,7 +101,7 @@ def main(argv=None) -> Dict[str, Any]:
     parser.add_argument("--local-epochs", type=int, default=1)
     parser.add_argument("--sites", nargs="+", default=["site-1", "site-2", "site-3"])
     parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS,
-                        help="'name:key=value,...' with keys tcp, tri, fetch, omp, threads")
+                        help="'name:key=value,...' with keys tcp, tri, fetch, omp, threads, exe, method")
     args = parser.parse_args(argv)
 
     from fedseg.cli import export_job
@@ -114,7 +120,8 @@ def main(argv=None) -> Dict[str, Any]:
         for v in order:
             tag = f"{v['name']}_r{rep}"
             job = export_job(
-                "fedavg", out / "jobs" / tag, args.profile, num_rounds=args.rounds,
+                v.get("method", "fedavg"), out / "jobs" / tag, args.profile, num_rounds=args.rounds,
+                site_executor=v.get("exe", "native"),
                 script_args=f"--site_datalists {site_map}", min_clients=len(args.sites),
                 task_check_period=v.get("tcp", 0.5), data_family=args.family,
                 image_size=args.image_size, local_epochs=args.local_epochs,
