@@ -222,6 +222,14 @@ class SiteService:
         return out
 
 
+def result_model(out: Dict[str, Any], current_round: Optional[int]):
+    """The ``FLModel`` a site sends for ``SiteService.answer``'s ``out`` (both executors send this)."""
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+    return FLModel(params=out["params"], params_type=ParamsType.FULL, metrics=out["metrics"], meta=out["meta"],
+                   current_round=current_round)
+
+
 def set_site_threads() -> None:
     """Torch threads from ``FEDSEG_NUM_THREADS`` (several sites sharing one machine: simulator, POC)."""
     if os.environ.get("FEDSEG_NUM_THREADS"):
@@ -231,7 +239,6 @@ def set_site_threads() -> None:
 def main(argv=None) -> None:
     """The Client API site loop (``fedseg.fl.site_executor.FedSegScriptExecutor``): receive, answer, send."""
     import nvflare.client as flare
-    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
     from nvflare.client.tracking import SummaryWriter
 
     args = parse_args(argv)
@@ -249,12 +256,4 @@ def main(argv=None) -> None:
             step = int(received.current_round or 0)
             for name, value in out["metrics"].items():
                 writer.add_scalar(name, float(value), global_step=step)
-        flare.send(
-            FLModel(
-                params=out["params"],
-                params_type=ParamsType.FULL,
-                metrics=out["metrics"],
-                meta=out["meta"],
-                current_round=received.current_round,
-            )
-        )
+        flare.send(result_model(out, received.current_round))

@@ -29,13 +29,12 @@ from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
 from nvflare.apis.analytix import AnalyticsDataType
 from nvflare.apis.utils.analytix_utils import create_analytic_dxo, send_analytic_dxo
-from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 from nvflare.client.config import ExchangeFormat, TransferType
 from nvflare.fuel.utils import fobs
 
-from fedseg.fl.client import SiteService, parse_args, set_site_threads
+from fedseg.fl.client import SiteService, parse_args, result_model, set_site_threads
 from fedseg.fl.protocol import TRAIN_TASK
 
 #: the Client API site entry inside the installed package (``python -m fedseg.fl.client`` does the same)
@@ -79,15 +78,7 @@ class FedSegSiteExecutor(Executor):
         out = self._service.answer(task_name, received.params or {}, received.meta or {}, received.current_round)
         if task_name == TRAIN_TASK:
             self._track(out["metrics"], int(received.current_round or 0), fl_ctx)
-        return FLModelUtils.to_shareable(
-            FLModel(
-                params=out["params"],
-                params_type=ParamsType.FULL,
-                metrics=out["metrics"],
-                meta=out["meta"],
-                current_round=received.current_round,
-            )
-        )
+        return FLModelUtils.to_shareable(result_model(out, received.current_round))
 
     def _track(self, metrics: dict, step: int, fl_ctx: FLContext) -> None:
         """Per-round training metrics as NVFlare analytics events (the job's TensorBoard receiver)."""
