@@ -469,3 +469,17 @@ def test_inference_reproduces_pathfl_feature_alignment(tmp_path, vessel_site):
     assert any(not torch.equal(a[2].argmax(1), b[2].argmax(1)) for a, b in zip(outputs, unaligned))
     for mask, (_, _, logits, _) in zip(masks, outputs):
         np.testing.assert_array_equal(np.asarray(Image.open(mask)) > 0, logits.argmax(1)[0].numpy().T.astype(bool))
+
+
+@pytest.mark.parametrize("bundle", ["unet2d_seg", "unetr_seg", "vit_foundation"])
+@pytest.mark.parametrize("name", ["Adam", "AdamW", "SGD"])
+def test_bundle_optimizer_factory_takes_any_torch_optimizer(bundle, name):
+    """Adam's betas go only to the Adam family: ``optimizer_name="SGD"`` must not fail on ``betas``."""
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    parser.read_config(str(Path(__file__).resolve().parents[1] / "bundles" / bundle / "configs" / "train.json"))
+    parser["optimizer_name"] = name
+    optimizer = parser.get_parsed_content("optimizer_factory", instantiate=True)([torch.nn.Parameter(torch.zeros(2))])
+    assert type(optimizer).__name__ == name
+    assert ("betas" in optimizer.defaults) == (name != "SGD")

@@ -78,6 +78,14 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     # validation metric (val_dice / val_accuracy) sent every N rounds and always in the last round: sliding-window
     # validation of whole slides can cost several times the round's training (docs/benchmarks.md, section g)
     "validate_every": 1,
+    # wire dtype of the weights sent each way ("float32" | "float16" | "bfloat16"; fedseg.fl.payload):
+    # half precision halves the bytes of a round; models are kept and trained in float32 at both ends
+    "payload_dtype": "float32",
+    # mixed precision of the training forward/backward (None | "bfloat16" | "float16"; float16 needs CUDA and uses
+    # a gradient scaler); evaluation always runs in float32
+    "amp": None,
+    # DataLoader worker processes feeding training (0 = in the training process); pinned memory on CUDA
+    "num_workers": 0,
     # differential privacy in local training (Opacus DP-SGD); None = off
     "dp_target_epsilon": None,
     "dp_delta": 1e-5,

@@ -11,7 +11,8 @@ same way where they should:
 * the per-round learning-rate schedule ``learning_rate * lr_decay_per_round ** round``, derived from
   the round index so a restarted site resumes the same schedule;
 * a shuffle generator seeded once per engine (each epoch and round gets a new order, reproducibly);
-* the local training loop (:meth:`run_epochs`, an ignite ``SupervisedTrainer``); an engine says only how
+* the local training loop (:meth:`run_epochs`, an ignite ``SupervisedTrainer``, optionally in mixed precision:
+  ``train_config["amp"]``) and its data loaders (:meth:`data_loader`); an engine says only how
   its batches give labels (:meth:`batch_labels`) and how its network gives logits and features
   (:meth:`forward`);
 * differential-privacy switches: ``dp_enabled`` and :meth:`refuse_private_training`, which an engine
@@ -130,8 +131,38 @@ class LocalEngine(ABC):
         ``train_config["batch_size"]``, 4); ``train=False``: one item at a time. The batch contents are
         the subclass's (see its ``loader`` docstring)."""
         bs = int(batch_size or self.train_config.get("batch_size", 4)) if train else 1
-        # one generator per engine: seeded, yet each epoch (and round) gets a new shuffle order
-        return DataLoader(self._dataset(split, train), batch_size=bs, shuffle=shuffle, num_workers=0, generator=self._shuffle_generator)
+        return self.data_loader(self._dataset(split, train), bs, shuffle, train)
+
+    def data_loader(self, dataset, batch_size: int, shuffle: bool, train: bool) -> DataLoader:
+        """A MONAI ``DataLoader`` over ``dataset``: one seeded generator per engine (each epoch and round gets a
+        new, reproducible order); training loaders get ``train_config["num_workers"]`` worker processes, and
+        pinned memory when the engine runs on CUDA."""
+        workers = int(self.train_config.get("num_workers") or 0) if train else 0
+        if workers < 0:
+            raise ValueError(f"train_config['num_workers'] must be >= 0, got {workers}")
+        return DataLoader(
+            dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers, generator=self._shuffle_generator,
+            pin_memory=self.device.type == "cuda", persistent_workers=workers > 0,
+        )
+
+    def autocast_dtype(self) -> Optional[torch.dtype]:
+        """The mixed-precision dtype of training (``train_config["amp"]``: None, "bfloat16" or "float16").
+
+        Raises:
+            ValueError: an unknown name, float16 without CUDA (CPU autocast is bfloat16 only), or AMP together
+                with DP-SGD (per-sample clipping is calibrated in float32).
+        """
+        name = self.train_config.get("amp")
+        if not name:
+            return None
+        dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+        if name not in dtypes:
+            raise ValueError(f"train_config['amp'] must be None, 'bfloat16' or 'float16', got {name!r}")
+        if name == "float16" and self.device.type != "cuda":
+            raise ValueError(f"{self.site}: amp='float16' needs a CUDA device (this site runs on {self.device}); use 'bfloat16'")
+        if self.dp_enabled:
+            raise ValueError(f"{self.site}: amp cannot be combined with differential privacy (dp_target_epsilon)")
+        return dtypes[name]
 
     # ------------------------------------------------------------------------------------- privacy
     @property
@@ -184,18 +215,27 @@ class LocalEngine(ABC):
         from monai.engines import SupervisedTrainer
 
         losses = []
+        amp = self.autocast_dtype()
+        # float16 gradients underflow without loss scaling; bfloat16 has float32's range and needs none
+        scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
 
         def iteration(engine: SupervisedTrainer, batch: Dict[str, torch.Tensor]) -> Dict[str, Any]:
             labels = self.batch_labels(batch)
-            inputs = objective.prepare_inputs(batch["image"].to(self.device), labels)
+            inputs = objective.prepare_inputs(batch["image"].to(self.device, non_blocking=True), labels)
             model.train()
             optimizer.zero_grad(set_to_none=True)
-            logits, features = self.forward(model, inputs, objective.needs_features)
-            loss = objective.loss(BatchOutput(inputs, labels, logits, features, epoch=engine.state.epoch - 1))
+            with torch.autocast(device_type=self.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                logits, features = self.forward(model, inputs, objective.needs_features)
+                loss = objective.loss(BatchOutput(inputs, labels, logits, features, epoch=engine.state.epoch - 1))
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"{self.site}: non-finite training loss {loss.item()} at round {ctx.round}")
-            loss.backward()
-            optimizer.step()
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
             losses.append(float(loss.detach()))
             return {"loss": losses[-1]}
 

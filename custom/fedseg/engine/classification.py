@@ -198,7 +198,7 @@ class ClassificationEngine(LocalEngine):
         (default ``train_config["batch_size"]``) images, evaluation included (all images share one size);
         ``train=True`` adds the random flips when ``augment``."""
         bs = int(batch_size or self.train_config.get("batch_size", 4))
-        return DataLoader(self._dataset(split, train), batch_size=bs, shuffle=shuffle, num_workers=0, generator=self._shuffle_generator)
+        return self.data_loader(self._dataset(split, train), bs, shuffle, train)
 
     # ------------------------------------------------------------------------------------- training
     def train(

@@ -34,6 +34,7 @@ from fedseg.engine.base import LocalEngine
 from fedseg.engine.factory import build_engine, resolve_task
 from fedseg.engine.site_state import SiteState, job_key
 from fedseg.fl.faults import FAULT_ENV, apply_faults, faults_for
+from fedseg.fl.payload import from_wire, payload_dtype, to_wire
 from fedseg.fl.protocol import BASE_STATISTICS, EVALUATE_TASK, META_KEY, TRAIN_TASK, pack_models, unpack_models
 from fedseg.fl.site_data import resolve_site_datalist
 from fedseg.objectives.base import RoundContext, UnknownTaskError
@@ -92,7 +93,9 @@ class SiteRunner:
         always already in the state a restarted process resumes from."""
         job = meta[META_KEY]
         self._setup(job)
-        out = self._run(task, params, meta, job)
+        # weights may travel in float16/bfloat16 (train_config payload_dtype); the site computes in float32
+        out = self._run(task, from_wire(params), meta, job)
+        out["params"] = to_wire(out["params"], payload_dtype(job["train_config"]))
         if self._trained:
             self.site_state.save(int(job["round"]), self.engine.make_optimizer(self.model), self.engine.shuffle_generator)
         return out

@@ -20,6 +20,7 @@ from nvflare.app_common.workflows.model_controller import ModelController
 from fedseg.bundle import build_network
 from fedseg.config import default_task_timeout
 from fedseg.fl.checkpoint import load_checkpoint, save_checkpoint
+from fedseg.fl.payload import payload_dtype, to_wire
 from fedseg.fl.protocol import BASE_STATISTICS, META_KEY, EVALUATE_TASK, TRAIN_TASK, unpack_models
 from fedseg.fl.report import RunReport
 from fedseg.fl.screening import (
@@ -114,6 +115,8 @@ class FedSegController(ModelController):
         #: per task: the update norm / cosine of every screened model (report field ``screening``)
         self._geometry: Dict[str, Dict[str, Dict[str, float]]] = {}
         self._bytes: Dict[str, int] = {"sent": 0, "received": 0}
+        # wire dtype of the weights this server sends (sites cast theirs themselves); fails here if unknown
+        self._payload_dtype = payload_dtype(self.train_config)
 
     # ---------------------------------------------------------------------------------- workflow
     def run(self) -> None:
@@ -316,9 +319,11 @@ class FedSegController(ModelController):
                 sub_groups = [[s] for s in sites]
             else:
                 sub_groups = [sites]
+            # the group's sites share one parameter object, so one cast (train_config payload_dtype) serves them
+            wire = to_wire(first.params, self._payload_dtype) if first.params else first.params
             for targets in sub_groups:
                 data = FLModel(
-                    params=payloads[targets[0]].params,
+                    params=wire,
                     params_type=ParamsType.FULL,
                     current_round=round_,
                     total_rounds=self.num_rounds,
