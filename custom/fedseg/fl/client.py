@@ -11,7 +11,7 @@ What leaves the site (``FLModel`` sent back):
     declared statistics;
   * other tasks (method-specific): the objective's declared statistics only.
 Images, labels, predictions and overlays stay in the site's workspace, and so does the site's training
-state (``fedseg.engine.site_state``: optimiser, data order; saved after every task once the process has
+state (``fedseg.engine.site_state``: optimiser, data order; saved after every training task once the process has
 trained, restored by a restarted process before its first training).
 """
 
@@ -89,14 +89,15 @@ class SiteRunner:
     def handle(self, task: str, params: Dict[str, Any], meta: Dict[str, Any]) -> Dict[str, Any]:
         """Run one task; returns ``{"params", "metrics", "meta"}`` — exactly what will be sent.
 
-        The site state is saved after the task, before anything is sent: what the server received is
-        always already in the state a restarted process resumes from."""
+        The site state is saved after a training task, before anything is sent: what the server received
+        is always already in the state a restarted process resumes from."""
         job = meta[META_KEY]
         self._setup(job)
         # weights may travel in float16/bfloat16 (train_config payload_dtype); the site computes in float32
         out = self._run(task, from_wire(params), meta, job)
         out["params"] = to_wire(out["params"], payload_dtype(job["train_config"]))
-        if self._trained:
+        # only training tasks change the optimiser and the data order (evaluate and statistic tasks do not)
+        if self._trained and (task == TRAIN_TASK or task in self.objective.weight_tasks):
             self.site_state.save(int(job["round"]), self.engine.make_optimizer(self.model), self.engine.shuffle_generator)
         return out
 
