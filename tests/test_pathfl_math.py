@@ -52,6 +52,56 @@ def test_adain_matches_hand_computation():
     np.testing.assert_allclose(std.numpy(), np.tile(style_std, (2, 1)), atol=1e-6)
 
 
+def test_adain_with_whole_image_statistics_matches_hand_computation():
+    """A patch restyled with the statistics of the image it was cut from (``cse_statistics="image"``)."""
+    rng = np.random.default_rng(1)
+    image = rng.random((3, 40, 40))
+    patch = image[:, 8:24, 16:32][None]  # (1, 3, 16, 16)
+    mu, sd = image.reshape(3, -1).mean(1), image.reshape(3, -1).std(1)  # numpy std: population
+    style_mean, style_std = np.array([0.2, 0.5, 0.7]), np.array([0.1, 0.3, 0.05])
+    expected = (patch - mu[None, :, None, None]) / sd[None, :, None, None] * style_std[None, :, None, None] + style_mean[None, :, None, None]
+    out = adain_restyle(torch.tensor(patch), torch.tensor(style_mean), torch.tensor(style_std),
+                        source=(torch.tensor(mu[None]), torch.tensor(sd[None])))
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6, atol=1e-8)
+    with pytest.raises(ValueError, match="source statistics"):
+        adain_restyle(torch.tensor(patch), torch.tensor(style_mean), torch.tensor(style_std), source=(torch.zeros(2, 3), torch.ones(2, 3)))
+
+
+def test_channel_statistics_transform_travels_into_every_patch():
+    from monai.transforms import Compose, RandCropByPosNegLabeld
+
+    from fedseg.data.transforms import ChannelStatisticsd
+
+    rng = np.random.default_rng(2)
+    image = rng.random((3, 48, 48)).astype(np.float32)
+    label = (rng.random((1, 48, 48)) > 0.7).astype(np.float32)
+    crop = RandCropByPosNegLabeld(keys=["image", "label"], label_key="label", spatial_size=(16, 16), num_samples=3)
+    patches = Compose([ChannelStatisticsd(keys="image"), crop])({"image": torch.tensor(image), "label": torch.tensor(label)})
+    for patch in patches:
+        np.testing.assert_allclose(patch["image_mean"].numpy(), image.reshape(3, -1).mean(1), rtol=1e-5)
+        np.testing.assert_allclose(patch["image_std"].numpy(), image.reshape(3, -1).std(1), rtol=1e-5)
+
+
+def test_objective_uses_whole_image_statistics_when_asked():
+    model = FeatureUNet(**TINY, feature_alignment=False)
+    x = torch.rand(2, 3, 16, 16)
+    source = (torch.full((2, 3), 0.4), torch.full((2, 3), 0.2))
+    for kind, expected_mean in (("image", source[0].mean(0)), ("patch", channel_statistics(x)[0].mean(0))):
+        obj = PathFLObjective(use_afa=False, use_ssa=False, cse_statistics=kind)
+        obj.begin_round(RoundContext("s", 0, 2), model)
+        obj.prepare_inputs(x, torch.zeros(2, 1, 16, 16), source)
+        stats = obj.end_round(RoundContext("s", 0, 2), model, engine=None)
+        assert stats["cse_mean"] == pytest.approx(expected_mean.tolist(), rel=1e-6)
+    pool = {"mean": [[0.5, 0.5, 0.5]], "std": [[0.1, 0.1, 0.1]]}
+    obj = PathFLObjective(use_afa=False, use_ssa=False, cse_statistics="image")
+    obj.begin_round(RoundContext("s", 1, 2, server_meta={"cse_style_pool": pool}), model)
+    obj.prepare_inputs(x, torch.zeros(2, 1, 16, 16), source)
+    _, restyled, _ = obj.last_examples()
+    torch.testing.assert_close(restyled[0], (x[0] - 0.4) / 0.2 * 0.1 + 0.5)
+    with pytest.raises(ValueError, match="cse_statistics"):
+        PathFLObjective(cse_statistics="slide")
+
+
 @pytest.mark.parametrize("turns,flip", ORIENTATIONS)
 def test_half_plane_mask_is_exactly_half_in_every_orientation(turns, flip):
     mask = half_plane_mask(6, 6, turns, flip)

@@ -27,16 +27,30 @@ def channel_statistics(images: torch.Tensor, eps: float = 1e-6) -> Tuple[torch.T
     return flat.mean(-1), flat.std(-1, unbiased=False).clamp_min(eps)
 
 
-def adain_restyle(images: torch.Tensor, style_mean: torch.Tensor, style_std: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def adain_restyle(
+    images: torch.Tensor,
+    style_mean: torch.Tensor,
+    style_std: torch.Tensor,
+    eps: float = 1e-6,
+    source: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+) -> torch.Tensor:
     """``(x - mu_x) / sigma_x * sigma_s + mu_s`` per image and channel (PathFL eq. 8, AdaIN).
 
     Args:
         images: ``(B, C, *spatial)``.
         style_mean, style_std: ``(B, C)`` (one style per image) or ``(C,)`` (one for all).
+        source: ``(mu_x, sigma_x)``, ``(B, C)`` each, when ``images`` are patches and the statistics should be
+            those of the whole images they were cut from; ``None`` = each image's own.
     Returns:
         ``(B, C, *spatial)``.
     """
-    mean, std = channel_statistics(images, eps)
+    if source is None:
+        mean, std = channel_statistics(images, eps)
+    else:
+        mean = torch.as_tensor(source[0], dtype=images.dtype, device=images.device)
+        std = torch.as_tensor(source[1], dtype=images.dtype, device=images.device).clamp_min(eps)
+        if mean.shape != images.shape[:2] or std.shape != images.shape[:2]:
+            raise ValueError(f"source statistics must be {tuple(images.shape[:2])}, got {tuple(mean.shape)} / {tuple(std.shape)}")
     extra = (1,) * (images.dim() - 2)
     style_mean = torch.as_tensor(style_mean, dtype=images.dtype, device=images.device).expand_as(mean)
     style_std = torch.as_tensor(style_std, dtype=images.dtype, device=images.device).expand_as(std)
@@ -67,6 +81,7 @@ def hybrid_images(
     style_means: Sequence[Sequence[float]],
     style_stds: Sequence[Sequence[float]],
     generator: Optional[torch.Generator] = None,
+    source: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """``M * x + (1 - M) * x_style`` (PathFL eq. 9) with, per image, a style drawn uniformly from the pool
     and a half-plane mask in a random one of the 8 orientations (non-square images: the 4 that keep the
@@ -75,6 +90,8 @@ def hybrid_images(
     Args:
         images: ``(B, C, H, W)``.
         style_means, style_stds: the style pool, ``(M, C)`` each.
+        source: whole-image ``(mean, std)`` of each patch, ``(B, C)`` each (:func:`adain_restyle`); ``None`` =
+            each image's own statistics.
     Returns:
         ``(hybrids (B, C, H, W), restyled (B, C, H, W))``.
     """
@@ -84,7 +101,7 @@ def hybrid_images(
     if means.dim() != 2 or means.shape != stds.shape or means.shape[1] != images.shape[1]:
         raise ValueError(f"style pool must be (M, {images.shape[1]}) means and stds, got {tuple(means.shape)} / {tuple(stds.shape)}")
     pick = torch.randint(len(means), (b,), generator=generator)
-    restyled = adain_restyle(images, means[pick].to(images.device), stds[pick].to(images.device))
+    restyled = adain_restyle(images, means[pick].to(images.device), stds[pick].to(images.device), source=source)
     allowed = ORIENTATIONS if h == w else tuple(o for o in ORIENTATIONS if o[0] % 2 == 0)
     orient = torch.randint(len(allowed), (b,), generator=generator)
     masks = torch.stack([half_plane_mask(h, w, *allowed[int(i)]) for i in orient]).to(images)

@@ -154,6 +154,28 @@ class Rescaled(MapTransform):
         return d
 
 
+class ChannelStatisticsd(MapTransform):
+    """Per-channel mean and population std of the whole image, stored next to it before patches are cut.
+
+    ``data[key]`` ``(C, *spatial)`` -> adds ``data[f"{key}_mean"]`` and ``data[f"{key}_std"]``, float32 ``(C,)``
+    each (std at least ``eps``). Patch croppers copy such extra keys into every patch, so a training patch
+    carries the statistics of the image it came from (PathFL's CSE restyles a patch with them,
+    ``cse_statistics="image"``). They stay at the site like the image itself.
+    """
+
+    def __init__(self, keys: KeysCollection = "image", eps: float = 1e-6, allow_missing_keys: bool = False):
+        super().__init__(keys, allow_missing_keys)
+        self.eps = float(eps)
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            flat = torch.as_tensor(d[key]).float().flatten(1)
+            d[f"{key}_mean"] = flat.mean(1)
+            d[f"{key}_std"] = flat.std(1, unbiased=False).clamp_min(self.eps)
+        return d
+
+
 class ResizeToReferenced(MapTransform):
     """Resize ``keys`` (channel-first logits or probabilities) to the spatial size of ``ref_key``.
 

@@ -221,7 +221,9 @@ class LocalEngine(ABC):
 
         def iteration(engine: SupervisedTrainer, batch: Dict[str, torch.Tensor]) -> Dict[str, Any]:
             labels = self.batch_labels(batch)
-            inputs = objective.prepare_inputs(batch["image"].to(self.device, non_blocking=True), labels)
+            # patch mode: each patch carries its whole image's channel statistics (ChannelStatisticsd)
+            source = (batch["image_mean"], batch["image_std"]) if "image_mean" in batch else None
+            inputs = objective.prepare_inputs(batch["image"].to(self.device, non_blocking=True), labels, source)
             model.train()
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast(device_type=self.device.type, dtype=amp or torch.float32, enabled=amp is not None):

@@ -119,9 +119,13 @@ class ClientObjective:
     def begin_round(self, ctx: RoundContext, model: nn.Module) -> None:
         """Called after the received weights are loaded into ``model``, before local training."""
 
-    def prepare_inputs(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def prepare_inputs(
+        self, inputs: torch.Tensor, labels: torch.Tensor, source_statistics: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+    ) -> torch.Tensor:
         """The training images ``(B, C_in, H, W)`` as the network should see them this iteration. Must
-        treat each image on its own (DP-SGD clips per image). Default: unchanged."""
+        treat each image on its own (DP-SGD clips per image). ``source_statistics``: per-channel ``(mean, std)``,
+        ``(B, C_in)`` each, of the whole images the patches were cut from (patch mode; ``None`` otherwise).
+        Default: unchanged."""
         return inputs
 
     def loss(self, out: BatchOutput) -> torch.Tensor:

@@ -31,6 +31,8 @@ from fedseg.alignment.style import channel_statistics, hybrid_images
 
 from .base import ClientObjective, RoundContext
 
+#: ``cse_statistics`` values: a patch is restyled with its own or its whole image's channel statistics
+CSE_STATISTICS = ("patch", "image")
 #: server meta key of the style pool: {"mean": [[C floats] per site], "std": [[C floats] per site]}
 STYLE_POOL_KEY = "cse_style_pool"
 
@@ -46,6 +48,10 @@ class PathFLObjective(ClientObjective):
         ssa_noise_batch, ssa_noise_size: the noise batch is ``(ssa_noise_batch, C, size, size)``; ``size``
             must suit the network (a multiple of ``2 ** depth``).
         keep_examples: how many (original, restyled, hybrid) triples to keep for the site-local figure.
+        cse_statistics: whose mean/std CSE normalises a training patch by, and reports as the site's style:
+            "patch" (the patch's own: the paper's form when the network sees whole 512 px images) or "image"
+            (the whole image the patch was cut from; in patch mode a small patch of near-uniform tissue would
+            otherwise have its noise stretched to the target spread). Resize mode: the same either way.
     """
 
     name = "pathfl"
@@ -62,9 +68,13 @@ class PathFLObjective(ClientObjective):
         ssa_noise_batch: int = 4,
         ssa_noise_size: int = 64,
         keep_examples: int = 4,
+        cse_statistics: str = "patch",
         **kwargs: Any,
     ):
         super().__init__(seg_loss=seg_loss, **kwargs)
+        if cse_statistics not in CSE_STATISTICS:
+            raise ValueError(f"cse_statistics must be one of {CSE_STATISTICS}, got {cse_statistics!r}")
+        self.cse_statistics = cse_statistics
         if ssa_noise_batch < 1 or ssa_noise_size < 1:
             raise ValueError(f"ssa_noise_batch and ssa_noise_size must be >= 1, got {ssa_noise_batch}, {ssa_noise_size}")
         self.use_cse = bool(use_cse)
@@ -119,17 +129,24 @@ class PathFLObjective(ClientObjective):
         self._hook = model.bottleneck.register_forward_hook(record)
         self._hooked = id(model)
 
-    def prepare_inputs(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def prepare_inputs(
+        self, inputs: torch.Tensor, labels: torch.Tensor, source_statistics: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+    ) -> torch.Tensor:
         """Record this batch's style; return CSE hybrids when a style pool has arrived (else ``inputs``)."""
         if not self.use_cse:
             return inputs
-        mean, std = channel_statistics(inputs.detach())
+        source = None
+        if self.cse_statistics == "image" and source_statistics is not None:
+            source = tuple(torch.as_tensor(t).to(inputs) for t in source_statistics)
+            mean, std = source
+        else:
+            mean, std = channel_statistics(inputs.detach())
         batch = torch.stack([mean.mean(0), std.mean(0)]).double().cpu()
         self._batch_sum = batch if self._batch_sum is None else self._batch_sum + batch
         self._batches += 1
         if self._pool is None:
             return inputs
-        hybrids, restyled = hybrid_images(inputs, self._pool[0], self._pool[1], generator=self._generator)
+        hybrids, restyled = hybrid_images(inputs, self._pool[0], self._pool[1], generator=self._generator, source=source)
         self._examples.append((inputs[0].detach().cpu(), restyled[0].detach().cpu(), hybrids[0].detach().cpu()))
         return hybrids
 
