@@ -151,6 +151,8 @@ def main(argv=None) -> Dict[str, Any]:
             "rounds_used": len(used), "median_wall": med("wall"), "median_max_compute": med("max_compute"),
             "median_sum_compute": med("sum_compute"), "median_overhead": med("overhead"),
             "median_job_total_s": statistics.median(r["total_wall_s"] for r in mine),
+            "tasks_per_round": med("tasks"),
+            "mb_up_per_site_round": med("bytes_up") / len(args.sites) / 1e6,
             "final_dice_mean": statistics.mean(r["final_dice_mean"] for r in mine),
         })
     base = table[0]
@@ -169,15 +171,16 @@ def main(argv=None) -> Dict[str, Any]:
     print(f"\nFedAvg, {len(args.sites)} sites, {args.family} {args.image_size}px, {args.rounds} rounds x "
           f"{args.local_epochs} local epoch(s), {args.repeats} repeat(s) per variant; medians over rounds 1..{args.rounds - 1} "
           "of all repeats (round 0 = warm-up, left out)\n")
-    print("| variant | settings | wall/round (s) | max site compute (s) | sum site compute (s) | overhead = wall - max (s) "
-          "| overhead vs baseline | job total (s) | final mean Dice |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| variant | settings | wall/round (s) | wall vs first | max site compute (s) | sum site compute (s) "
+          "| overhead = wall - max (s) | tasks/round | overhead per task (s) | upload/site/round (MB) | job total (s) "
+          "| final mean Dice |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in table:
         settings = ", ".join(f"{k}={val}" for k, val in row["settings"].items()) or "defaults"
-        print(f"| {row['variant']} | {settings} | {row['median_wall']:.2f} | {row['median_max_compute']:.2f} | "
-              f"{row['median_sum_compute']:.2f} | {row['median_overhead']:.2f} | "
-              f"{row['median_overhead'] - base['median_overhead']:+.2f} | {row['median_job_total_s']:.1f} | "
-              f"{row['final_dice_mean']:.3f} |")
+        print(f"| {row['variant']} | {settings} | {row['median_wall']:.2f} | {row['median_wall'] / base['median_wall']:.2f}x | "
+              f"{row['median_max_compute']:.2f} | {row['median_sum_compute']:.2f} | {row['median_overhead']:.2f} | "
+              f"{row['tasks_per_round']:g} | {row['median_overhead'] / row['tasks_per_round']:.2f} | "
+              f"{row['mb_up_per_site_round']:.3f} | {row['median_job_total_s']:.1f} | {row['final_dice_mean']:.3f} |")
     print(f"\nwrote {out / 'framework_overhead.json'}")
     return result
 

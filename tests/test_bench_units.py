@@ -349,3 +349,17 @@ def test_pooled_classification_datalist_keeps_label_space_and_int_labels(foundat
                                                for e in other[k]] for k in ("training", "validation", "test")}}))
     with pytest.raises(ValueError, match="different label spaces"):
         pooled_datalist({"site-1": mapping["site-1"], "site-2": str(bad)}, tmp_path / "bad.json")
+
+
+def test_round_timings_reads_walls_compute_tasks_and_bytes():
+    from fedseg.bench.simulator import round_timings
+
+    report = {"rounds": [
+        {"round": 0, "wall_time": 5.0, "metrics": {"a": {"compute_time": 3.0}, "b": {"compute_time": 4.0}},
+         "task_times": {"train": 4.5, "evaluate_surrogate": 0.4}, "bytes_received": 200, "bytes_sent": 100},
+        {"round": 1, "wall_time": 2.0, "metrics": {}},
+    ]}
+    first, second = round_timings(report)
+    assert first == {"round": 0, "wall": 5.0, "tasks": 2, "bytes_up": 200.0, "bytes_down": 100.0,
+                     "max_compute": 4.0, "sum_compute": 7.0, "overhead": 1.0}
+    assert second == {"round": 1, "wall": 2.0, "tasks": 1, "bytes_up": 0.0, "bytes_down": 0.0}

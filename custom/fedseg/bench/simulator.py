@@ -86,12 +86,14 @@ def run_simulator(job_dir: Path, workspace: Path, sites: Sequence[str], threads:
 
 def round_timings(report: Dict[str, Any]) -> List[Dict[str, float]]:
     """Per round of ``report.json``: ``wall``, ``max_compute`` / ``sum_compute`` over sites of
-    ``compute_time`` and ``overhead = wall - max_compute``."""
+    ``compute_time`` (the train task's site work), ``overhead = wall - max_compute``, ``tasks`` (task kinds the
+    round sent: train plus a method's extra exchanges) and ``bytes_up`` / ``bytes_down`` (all sites)."""
     rows = []
     for r in report.get("rounds", []):
         computes = [float(m["compute_time"]) for m in r.get("metrics", {}).values() if m.get("compute_time") is not None]
         wall = float(r.get("wall_time") or 0.0)
-        row = {"round": int(r["round"]), "wall": wall}
+        row = {"round": int(r["round"]), "wall": wall, "tasks": len(r.get("task_times") or {}) or 1,
+               "bytes_up": float(r.get("bytes_received") or 0), "bytes_down": float(r.get("bytes_sent") or 0)}
         if computes:
             row.update(max_compute=max(computes), sum_compute=sum(computes), overhead=wall - max(computes))
         rows.append(row)
