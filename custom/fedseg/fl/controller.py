@@ -9,6 +9,7 @@ checkpoint there continues from the round after the checkpoint's instead of star
 
 from __future__ import annotations
 
+import resource
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -169,6 +170,8 @@ class FedSegController(ModelController):
                 # task of the round, server -> sites and sites -> server
                 bytes_sent=self._bytes["sent"],
                 bytes_received=self._bytes["received"],
+                # peak resident memory of the server process so far (MiB): how the server scales with K sites
+                server_peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 **fields,
             )
             if self._strategy.has_global_model:

@@ -1,0 +1,93 @@
+"""Many sites: does a round complete with 16, 32, 64 sites, and how does the server's memory grow with K?
+
+For each method and K, the ``tiny`` job runs in NVFlare's simulator on built-in data with K sites and a few
+simulator threads (``--threads``; with fewer threads than sites the simulator runs sites in turns, each task in a
+fresh site process that restores its training state from disk, so K = 64 does not need 64 resident processes).
+Read from each run's ``report.json``:
+    server MB     ``server_peak_memory_mb`` of the last round (peak RSS of the server process; in the simulator
+                  that process also hosts the simulator's bookkeeping, the same for every method)
+    round s       median ``wall_time`` over rounds
+    missing       sites absent from any round (must be 0)
+Per method, a least-squares line of server MB against K (``scipy.stats.linregress``) gives MB per site.
+
+Usage:
+    python benchmarks/many_sites.py --sites 4 16 32 64 --methods fedavg graphfedseg --out /work/bench_out/many_sites
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+
+def run(method: str, k: int, out: Path, rounds: int, threads: int) -> Dict[str, Any]:
+    from fedseg.bench.simulator import run_simulator
+    from fedseg.cli import export_job
+    from fedseg.data.synthetic import generate_federation
+
+    sites = [f"site-{i + 1}" for i in range(k)]
+    family = "nuclei" if method == "pathfl" else "polyp"
+    paths = generate_federation(family, sites, out / "data" / f"{family}_{k}", profile="tiny")
+    site_map = out / "data" / f"{family}_{k}.json"
+    site_map.write_text(json.dumps({s: str(Path(p).resolve()) for s, p in paths.items()}, indent=1))
+    job = export_job(method, out / "jobs" / f"{method}_{k}", "tiny", num_rounds=rounds,
+                     script_args=f"--site_datalists {site_map}", min_clients=k, data_family=family)
+    res = run_simulator(job, out / "ws" / f"{method}_{k}", sites, threads=min(threads, k),
+                        log_path=out / "logs" / f"{method}_{k}.log")
+    rounds_ = res["report"]["rounds"]
+    return {
+        "method": method, "sites": k, "threads": min(threads, k), "rounds": len(rounds_),
+        "server_peak_memory_mb": rounds_[-1].get("server_peak_memory_mb"),
+        "median_round_s": statistics.median(r["wall_time"] for r in rounds_),
+        "missing": sorted({s for r in rounds_ for s in r.get("missing", [])}),
+        "upload_mb_per_round": statistics.median(r.get("bytes_received", 0) for r in rounds_) / 1e6,
+        "total_wall_s": res["total_wall_s"], "command": res["command"],
+    }
+
+
+def main(argv=None) -> Dict[str, Any]:
+    from scipy.stats import linregress
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sites", type=int, nargs="+", default=[4, 16, 32, 64])
+    parser.add_argument("--methods", nargs="+", default=["fedavg", "graphfedseg"])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=4, help="simulator threads (site processes at a time)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    rows: List[Dict[str, Any]] = []
+    for method in args.methods:
+        for k in args.sites:
+            print(f"[{_dt.datetime.now():%H:%M:%S}] {method} K={k} ...", flush=True)
+            rows.append(run(method, k, out, args.rounds, args.threads))
+            print(f"    server {rows[-1]['server_peak_memory_mb']:.0f} MB, round {rows[-1]['median_round_s']:.1f} s, "
+                  f"missing {rows[-1]['missing']}", flush=True)
+    fits = {}
+    for method in args.methods:
+        mine = [r for r in rows if r["method"] == method]
+        if len(mine) >= 2:
+            fit = linregress([r["sites"] for r in mine], [r["server_peak_memory_mb"] for r in mine])
+            fits[method] = {"mb_per_site": fit.slope, "intercept_mb": fit.intercept, "r": fit.rvalue}
+    result = {"benchmark": "many_sites", "date": _dt.datetime.now().isoformat(timespec="seconds"),
+              "command": "python " + " ".join([sys.argv[0]] + (list(argv) if argv is not None else sys.argv[1:])),
+              "rows": rows, "fits": fits}
+    (out / "many_sites.json").write_text(json.dumps(result, indent=1))
+    print("\n| method | K | threads | server peak MB | median round (s) | upload MB/round | missing |\n|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['method']} | {r['sites']} | {r['threads']} | {r['server_peak_memory_mb']:.0f} | {r['median_round_s']:.1f} | "
+              f"{r['upload_mb_per_round']:.2f} | {len(r['missing'])} |")
+    for method, fit in fits.items():
+        print(f"{method}: {fit['mb_per_site']:.2f} MB per site (intercept {fit['intercept_mb']:.0f} MB, r = {fit['r']:.3f})")
+    print(f"\nwrote {out / 'many_sites.json'}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
