@@ -68,3 +68,19 @@ def test_downstream_job_in_the_simulator(foundation, tmp_path):
     for site, final in report["final"]["global"].items():
         assert {"dice", "iou", "miou", "hd95", "assd"} <= set(final)
         assert 0.0 <= final["iou"] <= final["dice"] <= 1.0  # Jaccard <= Dice for the same masks
+
+
+def test_foundation_unetr_class_equals_the_factory_without_touching_the_global_rng():
+    from fedseg.foundation.unetr import build_unetr
+
+    args = dict(in_channels=3, out_channels=2, img_size=32, hidden_size=48, mlp_dim=96, num_heads=3, feature_size=8)
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    model = FoundationUNETR(**args, init_seed=7)
+    assert torch.equal(torch.rand(1), before)  # a seeded build draws nothing from the global generator
+    reference = build_unetr(**args, init_seed=7).state_dict()
+    state = model.state_dict()
+    assert state.keys() == reference.keys()
+    for key, value in reference.items():
+        assert state[key].device.type == "cpu" and torch.equal(state[key], value), key

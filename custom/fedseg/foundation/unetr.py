@@ -125,15 +125,19 @@ class FoundationUNETR(UNETR):
         partial_depth: bool = False,
         init_seed: Optional[int] = None,
     ):
-        super().__init__(
-            in_channels=in_channels, out_channels=out_channels, img_size=_pair(img_size), feature_size=feature_size,
-            hidden_size=hidden_size, mlp_dim=mlp_dim, num_heads=num_heads, proj_type="conv",
-            norm_name=norm_name, dropout_rate=dropout_rate, spatial_dims=2, qkv_bias=qkv_bias,
-        )
         built = build_unetr(
             in_channels, out_channels, img_size, hidden_size, mlp_dim, num_heads, feature_size, norm_name,
             dropout_rate, qkv_bias, foundation_ckpt, partial_depth, init_seed,
         )
+        # the module structure only: built on the meta device (no memory, no initialisation, no draw from the
+        # global RNG), then given storage and every tensor of ``built`` (UNETR has no buffer outside its state dict)
+        with torch.device("meta"):
+            super().__init__(
+                in_channels=in_channels, out_channels=out_channels, img_size=_pair(img_size), feature_size=feature_size,
+                hidden_size=hidden_size, mlp_dim=mlp_dim, num_heads=num_heads, proj_type="conv",
+                norm_name=norm_name, dropout_rate=dropout_rate, spatial_dims=2, qkv_bias=qkv_bias,
+            )
+        self.to_empty(device="cpu")
         self.load_state_dict(built.state_dict())
         # the constructor arguments, under their own names, for NVFlare's job serialisation
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
