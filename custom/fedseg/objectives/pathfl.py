@@ -49,9 +49,9 @@ class PathFLObjective(ClientObjective):
             must suit the network (a multiple of ``2 ** depth``).
         keep_examples: how many (original, restyled, hybrid) triples to keep for the site-local figure.
         cse_statistics: whose mean/std CSE normalises a training patch by, and reports as the site's style:
-            "patch" (the patch's own: the paper's form when the network sees whole 512 px images) or "image"
-            (the whole image the patch was cut from; in patch mode a small patch of near-uniform tissue would
-            otherwise have its noise stretched to the target spread). Resize mode: the same either way.
+            "image" (default: the whole image the patch was cut from — what the paper's whole 512 px inputs
+            amount to) or "patch" (the patch's own; a small patch of near-uniform tissue then has its noise
+            stretched to the target spread: docs/benchmarks.md section g). Resize mode: the same either way.
     """
 
     name = "pathfl"
@@ -68,7 +68,7 @@ class PathFLObjective(ClientObjective):
         ssa_noise_batch: int = 4,
         ssa_noise_size: int = 64,
         keep_examples: int = 4,
-        cse_statistics: str = "patch",
+        cse_statistics: str = "image",
         **kwargs: Any,
     ):
         super().__init__(seg_loss=seg_loss, **kwargs)

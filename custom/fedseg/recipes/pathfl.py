@@ -34,7 +34,7 @@ class PathFLRecipe(FedSegRecipe):
         afa_at_inference: keep the bottleneck alignment on in evaluation and bundle inference.
         weighting: FedAvg weighting of the aggregation when SSA is off.
         ssa_noise_batch, ssa_noise_size: shape of each site's noise batch (batch, C, size, size).
-        cse_statistics: "patch" or "image": the statistics CSE normalises a training patch by
+        cse_statistics: "image" (default) or "patch": the statistics CSE normalises a training patch by
             (``PathFLObjective``; docs/benchmarks.md section g measures both).
     The segmentation loss is the bundle's (Dice + CE) in the ``default`` profile, so that a comparison
     with FedAvg at the same settings isolates the method; the ``paper`` profile uses plain CE.
@@ -53,7 +53,7 @@ class PathFLRecipe(FedSegRecipe):
         weighting: str = "samples",
         ssa_noise_batch: int = 4,
         ssa_noise_size: int = 64,
-        cse_statistics: str = "patch",
+        cse_statistics: str = "image",
         **options: Any,
     ):
         job_options, train_overrides = split_options(options)
