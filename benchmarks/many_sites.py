@@ -9,6 +9,8 @@ Read from each run's ``report.json``:
     round s       median ``wall_time`` over rounds
     missing       sites absent from any round (must be 0)
 Per method, a least-squares line of server MB against K (``scipy.stats.linregress``) gives MB per site.
+In process (``--state-methods``), the tensors a strategy holds after one round with K sites, in copies of the
+model: what a method adds per site on top of FedAvg's one global model.
 
 Usage:
     python benchmarks/many_sites.py --sites 4 16 32 64 --methods fedavg graphfedseg --out /work/bench_out/many_sites
@@ -50,18 +52,52 @@ def run(method: str, k: int, out: Path, rounds: int, threads: int) -> Dict[str, 
     }
 
 
+def strategy_state_mb(method: str, k: int) -> Dict[str, float]:
+    """In process, no simulator: the bytes a method's server strategy holds after one round with K sites
+    (its ``state_dict()``: global, personalised and any other per-site tensors), for the ``tiny`` network.
+    ``models`` = that size in copies of the model."""
+    import torch
+
+    from fedseg.config import resolve_profile
+    from fedseg.fl.controller import payload_bytes
+    from fedseg.recipes.base import build_initial_network
+    from fedseg.strategies.base import ClientUpdate
+    from fedseg.strategies.registry import build_strategy
+
+    reference = dict(build_initial_network(resolve_profile("tiny")["train_config"]).state_dict())
+    strategy = build_strategy(method)
+    sites = [f"site-{i + 1}" for i in range(k)]
+    strategy.start(sites, reference)
+    gen = torch.Generator().manual_seed(0)
+    updates = {
+        s: ClientUpdate(site=s, n_samples=10, metrics={}, meta={"uncertainty": 0.5}, params={
+            n: v + 0.01 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v for n, v in reference.items()})
+        for s in sites
+    }
+    strategy.aggregate(0, updates, lambda *args, **kwargs: {})
+    model_mb = payload_bytes(reference) / 1e6
+    state_mb = payload_bytes(strategy.state_dict()) / 1e6
+    return {"method": method, "sites": k, "model_mb": model_mb, "state_mb": state_mb, "models": state_mb / model_mb}
+
+
 def main(argv=None) -> Dict[str, Any]:
     from scipy.stats import linregress
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sites", type=int, nargs="+", default=[4, 16, 32, 64])
-    parser.add_argument("--methods", nargs="+", default=["fedavg", "graphfedseg"])
+    parser.add_argument("--methods", nargs="*", default=["fedavg", "graphfedseg"])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=4, help="simulator threads (site processes at a time)")
+    parser.add_argument("--state-methods", nargs="*", default=["fedavg", "graphfedseg"],
+                        help="strategies whose held state is measured in process for each K (no simulator)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    states = [strategy_state_mb(m, k) for m in args.state_methods for k in args.sites]
+    print("| strategy | K | state held after a round (MB) | in model copies |\n|---|---|---|---|")
+    for r in states:
+        print(f"| {r['method']} | {r['sites']} | {r['state_mb']:.2f} | {r['models']:.1f} |", flush=True)
     rows: List[Dict[str, Any]] = []
     for method in args.methods:
         for k in args.sites:
@@ -77,7 +113,7 @@ def main(argv=None) -> Dict[str, Any]:
             fits[method] = {"mb_per_site": fit.slope, "intercept_mb": fit.intercept, "r": fit.rvalue}
     result = {"benchmark": "many_sites", "date": _dt.datetime.now().isoformat(timespec="seconds"),
               "command": "python " + " ".join([sys.argv[0]] + (list(argv) if argv is not None else sys.argv[1:])),
-              "rows": rows, "fits": fits}
+              "rows": rows, "fits": fits, "strategy_state": states}
     (out / "many_sites.json").write_text(json.dumps(result, indent=1))
     print("\n| method | K | threads | server peak MB | median round (s) | upload MB/round | missing |\n|---|---|---|---|---|---|---|")
     for r in rows:
