@@ -168,11 +168,12 @@ class ChannelStatisticsd(MapTransform):
         self.eps = float(eps)
 
     def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
+        from fedseg.alignment.style import channel_statistics  # the same statistics CSE computes per patch
+
         d = dict(data)
         for key in self.key_iterator(d):
-            flat = torch.as_tensor(d[key]).float().flatten(1)
-            d[f"{key}_mean"] = flat.mean(1)
-            d[f"{key}_std"] = flat.std(1, unbiased=False).clamp_min(self.eps)
+            mean, std = channel_statistics(torch.as_tensor(d[key]).float()[None], self.eps)
+            d[f"{key}_mean"], d[f"{key}_std"] = mean[0], std[0]
         return d
 
 

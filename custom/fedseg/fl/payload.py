@@ -38,7 +38,7 @@ def to_wire(params: Mapping[str, Any], dtype: torch.dtype) -> Dict[str, Any]:
 
     Args:
         params: ``{name: tensor or array}`` (a flat state dict, possibly packed with extra models).
-        dtype: the wire dtype; float32 returns ``params`` as it is (no copy).
+        dtype: the wire dtype; float32 returns the same tensors (a new dict, no tensor copied).
     """
     if dtype == torch.float32:
         return dict(params)
