@@ -28,6 +28,9 @@ Settings tried (``--variants``, each ``name:key=value,...``; keys):
     threads  simulator threads (-t); 3 = one persistent process per site. Fewer threads than sites
              makes the simulator start a fresh site process for every task (site state such as the
              optimiser's moments is lost between rounds — a different training run, timing only).
+Per task, the report's ``task_breakdown`` (``fedseg.fl.task_clock``) splits each site's round trip into deliver
+(server send -> site start), site (its own work) and return (site answer -> server receipt); the second table
+prints their medians and framework = deliver + return, NVFlare's fixed cost per task.
 Hard-coded in NVFlare 2.9 (not settable from a job; listed so the residual overhead is explained):
     * simulator_worker: 3 fetch tries 0.5 s apart before it reports back and sleeps WAIT_TIME;
     * in-process Client API: the trainer's ``flare.receive()`` and the executor's result wait both
@@ -61,7 +64,9 @@ DEFAULT_VARIANTS = [
 
 # ------------------------------------------------------------------------------------ job helpers
 # the simulator helpers live in the package (``fedseg bench`` uses them); re-exported here
-from fedseg.bench.simulator import machine_info, patch_job, round_timings, run_simulator  # noqa: E402,F401
+from fedseg.bench.simulator import (  # noqa: E402,F401
+    machine_info, median_task_breakdown, patch_job, round_timings, run_simulator,
+)
 
 
 def summarise_rounds(rows: List[Dict[str, float]], skip_first: int = 1) -> Dict[str, float]:
@@ -134,6 +139,7 @@ def main(argv=None) -> Dict[str, Any]:
             summary = summarise_rounds(rows)
             runs.append({"variant": v["name"], "settings": v, "repeat": rep, "total_wall_s": res["total_wall_s"],
                          "command": res["command"], "rounds": rows, "summary": summary,
+                         "report_rounds": [{"task_breakdown": r.get("task_breakdown", {})} for r in res["report"]["rounds"]],
                          "final_dice_mean": statistics.mean(m["dice"] for m in res["report"]["final"]["global"].values())})
             print(f"    wall/round {summary.get('median_wall', float('nan')):.2f}s  max compute "
                   f"{summary.get('median_max_compute', float('nan')):.2f}s  overhead "
@@ -155,6 +161,11 @@ def main(argv=None) -> Dict[str, Any]:
             "mb_up_per_site_round": med("bytes_up") / len(args.sites) / 1e6,
             "final_dice_mean": statistics.mean(r["final_dice_mean"] for r in mine),
         })
+    # where each task's time goes (report field task_breakdown): medians over used rounds of all repeats
+    breakdown = []
+    for v in variants:
+        rounds = [row for r in runs if r["variant"] == v["name"] for row in r["report_rounds"][1:]]
+        breakdown += [{"variant": v["name"], "task": t, **parts} for t, parts in median_task_breakdown(rounds, 0).items()]
     base = table[0]
     result = {
         "benchmark": "framework_overhead",
@@ -164,6 +175,7 @@ def main(argv=None) -> Dict[str, Any]:
         "settings": {"rounds": args.rounds, "repeats": args.repeats, "profile": args.profile, "family": args.family,
                      "image_size": args.image_size, "local_epochs": args.local_epochs, "sites": args.sites},
         "table": table,
+        "task_breakdown": breakdown,
         "runs": runs,
     }
     (out / "framework_overhead.json").write_text(json.dumps(result, indent=1))
@@ -181,6 +193,14 @@ def main(argv=None) -> Dict[str, Any]:
               f"{row['median_max_compute']:.2f} | {row['median_sum_compute']:.2f} | {row['median_overhead']:.2f} | "
               f"{row['tasks_per_round']:g} | {row['median_overhead'] / row['tasks_per_round']:.2f} | "
               f"{row['mb_up_per_site_round']:.3f} | {row['median_job_total_s']:.1f} | {row['final_dice_mean']:.3f} |")
+    print("\nPer task (report field task_breakdown; medians over sites, then over rounds): deliver = server send -> "
+          "site start, site = the site's own work, return = site answer -> server receipt, framework = deliver + return\n")
+    print("| variant | task | deliver (s) | site (s) | return (s) | framework (s) | send -> last answer (s) |")
+    print("|---|---|---|---|---|---|---|")
+    nan = float("nan")
+    for row in breakdown:
+        print(f"| {row['variant']} | {row['task']} | {row.get('deliver', nan):.2f} | {row.get('site', nan):.2f} | "
+              f"{row.get('return', nan):.2f} | {row.get('framework', nan):.2f} | {row['total']:.2f} |")
     print(f"\nwrote {out / 'framework_overhead.json'}")
     return result
 

@@ -59,7 +59,7 @@ def test_only_weights_and_scalars_left_the_sites(classification_run):
     records = read_audit(report)
     assert sorted(r["task"] for r in records) == sorted(["train"] * 4 + ["evaluate"] * 2)
     for r in records:
-        assert set(r["meta"]) <= {"initial_metrics", "n_samples", "round"}, r["meta"]
+        assert set(r["meta"]) <= {"initial_metrics", "n_samples", "round", "task_clock"}, r["meta"]
         metrics = r["meta"]["initial_metrics"]["items"]
         assert all(v["type"] in ("float", "int") for v in metrics.values()), metrics
         if r["task"] == "train":

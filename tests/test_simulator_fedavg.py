@@ -40,6 +40,13 @@ def test_report_structure(fedavg_run):
             assert math.isfinite(m["train_loss"]) and 0.0 <= m["val_dice"] <= 1.0
         assert sum(r["aggregation_weight"].values()) == pytest.approx(1.0)
         assert set(r["task_times"]) == {"train"} and 0 < r["task_times"]["train"] <= r["wall_time"]
+        # one clock (one machine): each part of a site's round trip is non-negative and they fit in the task
+        parts = r["task_breakdown"]["train"]
+        assert parts["answers"] == 3 and parts["total"] == r["task_times"]["train"]
+        assert all(parts[k] >= -0.01 for k in ("deliver", "site", "return"))
+        assert parts["deliver"] + parts["site"] + parts["return"] <= parts["total"] + 0.01
+        # the site's own work includes its training
+        assert parts["site"] >= min(r["metrics"][s]["compute_time"] for s in SITES) - 0.01
     for site in SITES:
         final = report["final"]["global"][site]
         assert set(final) == {"dice", "hd95", "assd"} and all(math.isfinite(v) for v in final.values())
@@ -72,7 +79,7 @@ def test_only_parameters_and_declared_statistics_left_the_sites(fedavg_run):
     assert {r["site"] for r in records} == set(SITES)
     assert sorted(r["task"] for r in records) == sorted(["train"] * 6 + ["evaluate"] * 3)
     for r in records:
-        assert set(r["meta"]) <= {"initial_metrics", "n_samples", "round"}, r["meta"]
+        assert set(r["meta"]) <= {"initial_metrics", "n_samples", "round", "task_clock"}, r["meta"]
         metrics = r["meta"]["initial_metrics"]["items"]
         assert all(v["type"] in ("float", "int") for v in metrics.values()), metrics
         if r["task"] == "train":

@@ -15,7 +15,7 @@ from sim_utils import read_audit, run_simulator
 pytestmark = pytest.mark.slow
 SITES = ["site-1", "site-2", "site-3"]
 RING_HOST = {"site-1": "site-2", "site-2": "site-3", "site-3": "site-1"}  # directed ring: i -> i+1
-DECLARED = {"n_samples", "round", "teacher_emd", "teacher_weights", "initial_metrics"}
+DECLARED = {"n_samples", "round", "teacher_emd", "teacher_weights", "initial_metrics", "task_clock"}
 
 
 def _model_names(params):
@@ -56,7 +56,7 @@ def test_fedefm_cfl_report_and_privacy_audit(tmp_path):
     for rec in by_task["overseas_train"]:  # the host returns only the guest it trained, as weights
         guest = next(s for s, host in RING_HOST.items() if host == rec["site"])
         assert _model_names(rec["params"]) == {f"guest@{guest}"}
-        assert set(rec["meta"]) <= {"n_samples", "round", "initial_metrics"}
+        assert set(rec["meta"]) <= {"n_samples", "round", "initial_metrics", "task_clock"}
         _check_weights_only(rec, shapes)
     for rec in by_task["evaluate"]:
         assert rec["params"] == {}

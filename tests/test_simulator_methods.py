@@ -43,7 +43,7 @@ def test_fedevi_two_phase_round(tmp_path):
     assert len(surrogate) == 3 * len(report["rounds"])
     for rec in surrogate:
         assert rec["params"] == {}
-        assert set(rec["meta"]) == {"G", "A", "R_paper", "initial_metrics"}
+        assert set(rec["meta"]) == {"G", "A", "R_paper", "initial_metrics", "task_clock"}
         assert rec["meta"]["initial_metrics"]["items"] == {}  # no metrics either
         assert all(rec["meta"][k]["type"] == "float" for k in ("G", "A", "R_paper"))
 
@@ -99,7 +99,7 @@ def test_graphfedseg_graph_and_personalised_models(tmp_path):
     assert (run_dir / "plots" / "effective_weight.png").is_file()
     # the uncertainty statistic is the only extra thing a site sent
     for rec in read_audit(report):
-        assert set(rec["meta"]) <= {"initial_metrics", "n_samples", "round", "uncertainty"}
+        assert set(rec["meta"]) <= {"initial_metrics", "n_samples", "round", "uncertainty", "task_clock"}
 
 
 def test_graphfedseg_with_differential_privacy_reports_epsilon(tmp_path):

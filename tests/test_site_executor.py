@@ -2,8 +2,9 @@
 
 * called directly: it answers a task name no method has with a clear error result (not a hang, not an
   exception into NVFlare), and trains like ``SiteRunner`` does;
-* in NVFlare's simulator: a FedAvg round through the native executor gives the same global model as the
-  Client API path (``site_executor="client_api"``) for a fixed seed.
+* in NVFlare's simulator: every task type of every method (train, evaluate, FedEvi's evaluate_surrogate,
+  FedEFM's overseas_train and gossip) through the native executor gives the same run as the Client API path
+  (``site_executor="client_api"``) for a fixed seed.
 """
 
 from __future__ import annotations
@@ -71,22 +72,67 @@ def test_evaluate_through_the_executor(started, tiny_train_config):
 
 
 @pytest.mark.slow
-def test_native_and_client_api_paths_give_the_same_round(tmp_path):
-    """One FedAvg round, 2 sites, no augmentation: global models equal to float tolerance."""
+#: every task type some method sends: train + evaluate (FedAvg), evaluate_surrogate (FedEvi), overseas_train +
+#: gossip (FedEFM DFL); (method, recipe options, sites, rounds)
+TASK_TYPE_CASES = [
+    ("fedavg", {}, 2, 1),
+    ("fedevi", {}, 2, 1),
+    ("fedefm", {"mode": "dfl"}, 3, 2),
+]
+
+#: site timings differ between runs; everything else a site reports must not
+_TIMING = {"compute_time", "peak_memory_mb"}
+
+
+def _numbers(tree):
+    """Flatten a report sub-tree to {path: float} for the numbers in it (timings left out)."""
+    out = {}
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k not in _TIMING:
+                    walk(v, f"{path}/{k}")
+        elif isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]")
+        elif isinstance(node, (int, float)) and not isinstance(node, bool):
+            out[path] = float(node)
+
+    walk(tree, "")
+    return out
+
+
+@pytest.mark.parametrize("method,options,n_sites,rounds", TASK_TYPE_CASES, ids=[c[0] for c in TASK_TYPE_CASES])
+def test_native_and_client_api_paths_give_the_same_run(tmp_path, method, options, n_sites, rounds):
+    """Every task type, both executors, fixed seed, no augmentation: the same site metrics, the same
+    method fields in the report and the same saved model, to float tolerance."""
     from fedseg.cli import export_job
     from sim_utils import run_simulator
 
-    models = {}
+    reports, models = {}, {}
     for executor in ("native", "client_api"):
-        job = export_job("fedavg", tmp_path / executor / "jobs", profile="tiny", num_rounds=1,
-                         augment=False, site_executor=executor)
-        report = run_simulator(job, tmp_path / executor / "ws", n_clients=2)
-        assert report["rounds"][0]["missing"] == [] and report["rounds"][0]["rejected"] == {}
+        job = export_job(method, tmp_path / executor / "jobs", profile="tiny", num_rounds=rounds,
+                         augment=False, site_executor=executor, **options)
+        report = run_simulator(job, tmp_path / executor / "ws", n_clients=n_sites)
+        for r in report["rounds"]:
+            assert r["missing"] == [] and r["rejected"] == {}, (executor, r)
+        reports[executor] = report
         saved = next((tmp_path / executor / "ws").rglob("FL_global_model.pt"))
         models[executor] = torch.load(saved, map_location="cpu", weights_only=False)["model"]
-    native, client_api = models["native"], models["client_api"]
-    assert native.keys() == client_api.keys()
-    initial = build_initial_network(report["config"]["train_config"]).state_dict()
-    assert any(not torch.allclose(torch.as_tensor(native[k]), initial[k]) for k in initial), "nothing trained"
-    for k in native:
-        assert torch.allclose(torch.as_tensor(native[k]), torch.as_tensor(client_api[k]), atol=1e-5), k
+    native, client_api = reports["native"], reports["client_api"]
+    # every task type the method sends was answered on both paths
+    assert [sorted(r["task_times"]) for r in native["rounds"]] == [sorted(r["task_times"]) for r in client_api["rounds"]]
+    skip = {"wall_time", "task_times", "task_breakdown", "server_peak_memory_mb", "screening"}
+    for a, b in zip(native["rounds"], client_api["rounds"]):
+        na, nb = (_numbers({k: v for k, v in r.items() if k not in skip}) for r in (a, b))
+        assert na.keys() == nb.keys()
+        for key in na:
+            assert na[key] == pytest.approx(nb[key], rel=1e-4, abs=1e-5), (method, a["round"], key)
+    fa, fb = _numbers(native["final"]), _numbers(client_api["final"])
+    assert fa.keys() == fb.keys() and all(fa[k] == pytest.approx(fb[k], rel=1e-4, abs=1e-5) for k in fa), method
+    initial = build_initial_network(native["config"]["train_config"]).state_dict()
+    assert models["native"].keys() == models["client_api"].keys()
+    assert any(not torch.allclose(torch.as_tensor(models["native"][k]), initial[k]) for k in initial), "nothing trained"
+    for k in models["native"]:
+        assert torch.allclose(torch.as_tensor(models["native"][k]), torch.as_tensor(models["client_api"][k]), atol=1e-5), k

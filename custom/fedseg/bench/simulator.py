@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -98,6 +99,22 @@ def round_timings(report: Dict[str, Any]) -> List[Dict[str, float]]:
             row.update(max_compute=max(computes), sum_compute=sum(computes), overhead=wall - max(computes))
         rows.append(row)
     return rows
+
+
+def median_task_breakdown(rounds: List[Dict[str, Any]], skip_first: int = 1) -> Dict[str, Dict[str, float]]:
+    """``{task: {deliver, site, return, total, framework}}``: medians over rounds of report.json's per-round
+    ``task_breakdown`` (first ``skip_first`` warm-up rounds left out when there are more); framework =
+    deliver + return, the framework's fixed cost per task (``fedseg.fl.task_clock``)."""
+    use = rounds[skip_first:] if len(rounds) > skip_first else rounds
+    out: Dict[str, Dict[str, float]] = {}
+    for task in sorted({t for r in use for t in (r.get("task_breakdown") or {})}):
+        parts = [r["task_breakdown"][task] for r in use if task in (r.get("task_breakdown") or {})]
+        row = {k: statistics.median(p[k] for p in parts if k in p) for k in ("deliver", "site", "return", "total")
+               if any(k in p for p in parts)}
+        if "deliver" in row and "return" in row:
+            row["framework"] = row["deliver"] + row["return"]
+        out[task] = row
+    return out
 
 
 def machine_info() -> Dict[str, Any]:

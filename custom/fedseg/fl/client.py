@@ -37,6 +37,7 @@ from fedseg.fl.faults import FAULT_ENV, apply_faults, faults_for
 from fedseg.fl.payload import from_wire, payload_dtype, to_wire
 from fedseg.fl.protocol import BASE_STATISTICS, EVALUATE_TASK, META_KEY, TRAIN_TASK, pack_models, unpack_models
 from fedseg.fl.site_data import resolve_site_datalist
+from fedseg.fl.task_clock import TASK_CLOCK_KEY
 from fedseg.objectives.base import RoundContext, UnknownTaskError
 from fedseg.objectives.registry import build_objective
 
@@ -215,6 +216,7 @@ class SiteService:
         # fault injection measures its distortions from what the site received; keep a copy, since the
         # received tensors may be reused by the time the result is built
         sent = {k: torch.as_tensor(v).clone() for k, v in (params or {}).items()} if self.faults else {}
+        started_at = time.time()
         try:
             out = self.runner.handle(task, params or {}, meta or {})
         except Exception as e:  # keep serving: the server leaves this site out of the round
@@ -223,6 +225,9 @@ class SiteService:
             out = {"params": {}, "metrics": {}, "meta": {"error": type(e).__name__}}
         if self.faults:
             out = apply_faults(self.faults, task, int(current_round or 0), out, sent)
+        # when the task reached this site and when its answer was ready: the server splits its round trip
+        # into delivery, site work and return with it (fedseg.fl.task_clock)
+        out["meta"] = {**out.get("meta", {}), TASK_CLOCK_KEY: [started_at, time.time()]}
         return out
 
 

@@ -24,6 +24,7 @@ from fedseg.fl.checkpoint import load_checkpoint, save_checkpoint
 from fedseg.fl.payload import payload_dtype, to_wire
 from fedseg.fl.protocol import BASE_STATISTICS, META_KEY, EVALUATE_TASK, TRAIN_TASK, unpack_models
 from fedseg.fl.report import RunReport
+from fedseg.fl.task_clock import TaskClock
 from fedseg.fl.screening import (
     BASE_STATISTIC_RANGES,
     MAIN_MODEL,
@@ -113,6 +114,7 @@ class FedSegController(ModelController):
         self._reference: Dict[str, torch.Tensor] = {}
         self._rejected: Dict[str, str] = {}
         self._task_times: Dict[str, float] = {}
+        self._clock = TaskClock()
         #: per task: the update norm / cosine of every screened model (report field ``screening``)
         self._geometry: Dict[str, Dict[str, Dict[str, float]]] = {}
         self._bytes: Dict[str, int] = {"sent": 0, "received": 0}
@@ -148,6 +150,7 @@ class FedSegController(ModelController):
                 return
             started = time.perf_counter()
             self._rejected, self._task_times, self._bytes = {}, {}, {"sent": 0, "received": 0}
+            self._clock = TaskClock()
             self._geometry = {}
             payloads = {site: self._strategy.payload(site, round_) for site in clients}
             updates = self._exchange(TRAIN_TASK, payloads, round_)
@@ -166,6 +169,8 @@ class FedSegController(ModelController):
                 # seconds from sending each task to the last answer: lets a benchmark see what a
                 # method's extra task (e.g. FedEvi's evaluate_surrogate) costs within the round
                 task_times=dict(self._task_times),
+                # each task's median deliver / site / return seconds over sites (fedseg.fl.task_clock)
+                task_breakdown=self._clock.breakdown(self._task_times),
                 # payload bytes (tensors by size, scalars at 8 bytes; no serialisation overhead) of every
                 # task of the round, server -> sites and sites -> server
                 bytes_sent=self._bytes["sent"],
@@ -291,12 +296,13 @@ class FedSegController(ModelController):
         Sites that receive the same parameter object share one task, so a broadcast costs one
         serialisation; personalised payloads go out as one task per site.
         """
-        started = time.perf_counter()
+        started, started_wall = time.perf_counter(), time.time()
         groups: Dict[int, List[str]] = {}
         for site, payload in payloads.items():
             groups.setdefault(id(payload.params), []).append(site)
         results: Dict[str, ClientUpdate] = {}
         answered: List[str] = []
+        sent_at: Dict[str, float] = {}
 
         def reject(site: str, reason: str) -> None:
             self.warning(f"rejected {task_name} result: {reason}")
@@ -309,6 +315,7 @@ class FedSegController(ModelController):
             if site not in payloads:
                 reject(site, f"{site}: answered a {task_name} task it was not sent")
                 return False
+            self._clock.record(task_name, sent_at.get(site, started_wall), time.time(), result.meta or {})
             try:
                 results[site] = self._to_update(site, result, require_params, round_)
                 return True
@@ -333,6 +340,7 @@ class FedSegController(ModelController):
                     meta=self._task_meta(round_, payloads[targets[0]].meta),
                 )
                 self._bytes["sent"] += len(targets) * (payload_bytes(data.params) + payload_bytes(data.meta))
+                sent_at.update(dict.fromkeys(targets, time.time()))  # before the task is serialised and queued
                 self.send_model(task_name, data, targets=targets, timeout=self.task_timeout, callback=on_result)
         while self.get_num_standing_tasks() > 0:
             if self.abort_signal.triggered:

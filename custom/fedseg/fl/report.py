@@ -3,7 +3,8 @@
 Schema (fields every method writes; methods add their own per-round fields):
     method, config, clients, resumed_at: [round a restarted server continued from] (empty: never restarted),
     rounds: [{round, metrics: {site: {train_loss, val_dice, ...}}, missing: [site], wall_time,
-              task_times: {task: seconds from sending it to the last answer}, ...}],
+              task_times: {task: seconds from sending it to the last answer},
+              task_breakdown: {task: {deliver, site, return, total, answers}} (fedseg.fl.task_clock), ...}],
     final: {global: {site: {dice, hd95, assd}}, personalized: {...} (personalised methods only)}
 Only numbers the sites chose to send are here — no images, labels or predictions.
 """
