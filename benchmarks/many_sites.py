@@ -8,6 +8,8 @@ Read from each run's ``report.json``:
                   that process also hosts the simulator's bookkeeping, the same for every method)
     round s       median ``wall_time`` over rounds
     missing       sites absent from any round (must be 0)
+Verdicts (PASS/FAIL lines, exit status 1 on any FAIL): every site in every round; server memory linear in K
+(r >= 0.95); each strategy's held state within its budget (FedAvg 1 model, GraphFedSeg 2K + 2).
 Per method, a least-squares line of server MB against K (``scipy.stats.linregress``) gives MB per site.
 In process (``--state-methods``), the tensors a strategy holds after one round with K sites, in copies of the
 model: what a method adds per site on top of FedAvg's one global model.
@@ -121,9 +123,31 @@ def main(argv=None) -> Dict[str, Any]:
               f"{r['upload_mb_per_round']:.2f} | {len(r['missing'])} |")
     for method, fit in fits.items():
         print(f"{method}: {fit['mb_per_site']:.2f} MB per site (intercept {fit['intercept_mb']:.0f} MB, r = {fit['r']:.3f})")
-    print(f"\nwrote {out / 'many_sites.json'}")
+    verdicts = verdicts_of(rows, fits, states)
+    for ok, text in verdicts:
+        print(f"{'PASS' if ok else 'FAIL'}: {text}")
+    result["passed"] = all(ok for ok, _ in verdicts)
+    (out / "many_sites.json").write_text(json.dumps(result, indent=1))
+    print(f"\nwrote {out / 'many_sites.json'}\nmany_sites: {'PASS' if result['passed'] else 'FAIL'}")
     return result
 
 
+#: model copies a strategy may hold after a round with K sites (docs/reliability.md, "Many sites")
+STATE_BUDGET = {"fedavg": lambda k: 1, "graphfedseg": lambda k: 2 * k + 2}
+
+
+def verdicts_of(rows, fits, states) -> List[tuple]:
+    """(passed, what) for: every site in every round; server memory linear in K (r >= 0.95); each strategy's
+    held state within its budget of model copies (1 % slack for the graph and norms)."""
+    out = [(not r["missing"], f"{r['method']} K={r['sites']}: every site in every round (missing {r['missing']})")
+           for r in rows]
+    out += [(fit["r"] >= 0.95, f"{m}: server memory linear in K ({fit['mb_per_site']:.2f} MB per site, r = {fit['r']:.3f})")
+            for m, fit in fits.items()]
+    out += [(st["models"] <= STATE_BUDGET[st["method"]](st["sites"]) * 1.01,
+             f"{st['method']} K={st['sites']}: state {st['models']:.1f} model copies <= {STATE_BUDGET[st['method']](st['sites'])}")
+            for st in states if st["method"] in STATE_BUDGET]
+    return out
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(0 if main()["passed"] else 1)
