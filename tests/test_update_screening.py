@@ -222,6 +222,19 @@ def test_exchange_rejects_each_hostile_result_with_its_reason():
     assert all(r.startswith("train: ") for r in reasons.values())
 
 
+def test_exchange_counts_the_bytes_the_sites_sent_not_the_task_meta_nvflare_echoes():
+    """NVFlare's ModelController puts the task's meta into every result on the server ("props"); a method that
+    sends a model-sized vector in the task meta (GraphFedSeg's neighbour direction) must not count it as upload."""
+    params = {k: v.numpy() for k, v in _model(1).items()}
+    echoed = {"props": {"graphfedseg": {"direction": np.zeros(10_000, dtype=np.float32)}}}
+    controller = ScriptedController([(s, params, {"n_samples": 10, "uncertainty": 0.5, **echoed}, 0) for s in ("a", "b")])
+    controller._reference = dict(GLOBAL)
+    controller._exchange("train", {s: SitePayload(params=GLOBAL) for s in "ab"}, 0)
+    weights = sum(v.nbytes for v in params.values())
+    # per site: the weights and two numbers at 8 bytes each (the echoed 40 kB and the name are left out)
+    assert controller._bytes["received"] == 2 * (weights + 2 * 8)
+
+
 def test_exchange_screens_packed_models():
     sites = ["a", "b", "c", "d"]
     answers = [(s, pack_models({"guest@x": {k: v.numpy() for k, v in _model(i).items()}}), {"n_samples": 5}, 0) for i, s in enumerate(sites)]

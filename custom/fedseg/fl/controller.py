@@ -41,6 +41,11 @@ from fedseg.strategies.base import ClientUpdate, SitePayload
 from fedseg.strategies.registry import build_strategy
 
 
+#: keys NVFlare's ModelController writes into a result's meta on the server (base_model_controller: the task's
+#: meta as "props", and "client_name"); they are not part of what the site sent
+NVFLARE_RESULT_META = ("props", "client_name")
+
+
 class FedSegController(ModelController):
     """Run ``num_rounds`` rounds of a federated segmentation method.
 
@@ -311,7 +316,10 @@ class FedSegController(ModelController):
         def on_result(result: FLModel) -> bool:
             site = result.meta.get("client_name", "?")
             answered.append(site)
-            self._bytes["received"] += payload_bytes(result.params) + payload_bytes(result.meta)
+            # NVFlare adds the task's own meta to the result on the server ("props", with e.g. GraphFedSeg's
+            # neighbour direction) and the sender's name: neither travelled from the site
+            sent_meta = {k: v for k, v in (result.meta or {}).items() if k not in NVFLARE_RESULT_META}
+            self._bytes["received"] += payload_bytes(result.params) + payload_bytes(sent_meta)
             if site not in payloads:
                 reject(site, f"{site}: answered a {task_name} task it was not sent")
                 return False
