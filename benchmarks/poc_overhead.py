@@ -2,7 +2,8 @@
 
 The simulator's numbers (``framework_overhead.py``) could be an artefact of the simulator; POC runs the
 same exported job as separate processes talking gRPC, as a deployment does. Each variant (``name:key=value,...``
-with keys ``method`` and ``exe`` = native | client_api) is exported at the default profile (built-in polyp,
+with keys ``method``, ``exe`` = native | client_api, and ``tri`` = the server's task_request_interval in seconds,
+default the exported job's 0.2) is exported at the default profile (built-in polyp,
 3 sites, 64 px, 1 local epoch, ``--rounds`` rounds) and run with ``poc_workspace/run_poc.py``; variants run
 interleaved, the order reversed in every other repeat. From each ``report.json`` (rounds 1.. ; round 0 carries
 the site set-up):
@@ -32,17 +33,17 @@ RUN_POC = REPO / "poc_workspace" / "run_poc.py"
 
 def parse_variant(spec: str) -> Dict[str, str]:
     name, _, body = spec.partition(":")
-    settings = {"name": name, "method": "fedavg", "exe": "native"}
+    settings = {"name": name, "method": "fedavg", "exe": "native", "tri": None}
     for item in filter(None, body.split(",")):
         key, _, value = item.partition("=")
-        if key not in ("method", "exe"):
-            raise SystemExit(f"unknown variant key {key!r} in {spec!r} (method, exe)")
-        settings[key] = value
+        if key not in ("method", "exe", "tri"):
+            raise SystemExit(f"unknown variant key {key!r} in {spec!r} (method, exe, tri)")
+        settings[key] = float(value) if key == "tri" else value
     return settings
 
 
 def main(argv=None) -> Dict[str, Any]:
-    from fedseg.bench.simulator import machine_info, median_task_breakdown, round_timings
+    from fedseg.bench.simulator import machine_info, median_task_breakdown, patch_job, round_timings
     from fedseg.cli import export_job
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -60,6 +61,7 @@ def main(argv=None) -> Dict[str, Any]:
         for v in variants if rep % 2 == 0 else list(reversed(variants)):
             tag = f"{v['name']}_r{rep}"
             job = export_job(v["method"], out / "jobs" / tag, "default", num_rounds=args.rounds, site_executor=v["exe"])
+            patch_job(job, v["tri"], None)
             report_path = out / "reports" / f"{tag}.json"
             print(f"[{_dt.datetime.now():%H:%M:%S}] {tag} ...", flush=True)
             with open(out / f"{tag}.log", "w") as log:
@@ -76,7 +78,7 @@ def main(argv=None) -> Dict[str, Any]:
     table = []
     for v in variants:
         mine = [r for r in runs if r["variant"] == v["name"]]
-        table.append({"variant": v["name"], "method": v["method"], "exe": v["exe"],
+        table.append({"variant": v["name"], "method": v["method"], "exe": v["exe"], "tri": v["tri"],
                       "median_round": statistics.median(w for r in mine for w in r["wall"]),
                       "dice": statistics.mean(r["dice"] for r in mine),
                       "tasks": median_task_breakdown([rr for r in mine for rr in r["rounds"][1:]], 0)})
