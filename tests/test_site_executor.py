@@ -71,7 +71,6 @@ def test_evaluate_through_the_executor(started, tiny_train_config):
     assert set(answer.metrics) == {"dice", "hd95", "assd"} and not answer.params
 
 
-@pytest.mark.slow
 #: every task type some method sends: train + evaluate (FedAvg), evaluate_surrogate (FedEvi), overseas_train +
 #: gossip (FedEFM DFL); (method, recipe options, sites, rounds)
 TASK_TYPE_CASES = [
@@ -103,6 +102,7 @@ def _numbers(tree):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,options,n_sites,rounds", TASK_TYPE_CASES, ids=[c[0] for c in TASK_TYPE_CASES])
 def test_native_and_client_api_paths_give_the_same_run(tmp_path, method, options, n_sites, rounds):
     """Every task type, both executors, fixed seed, no augmentation: the same site metrics, the same
