@@ -41,3 +41,19 @@ def test_export_all_writes_every_job(tmp_path):
         assert (tmp_path / method / "meta.json").is_file()
         # configuration only: the site entry is the installed fedseg package (no BYOC, deploy/README.md)
         assert not (tmp_path / method / "app" / "custom").exists()
+
+
+def _server_interval(job_dir):
+    return json.loads((job_dir / "app" / "config" / "config_fed_server.json").read_text())["server"]["task_request_interval"]
+
+
+def test_export_sets_the_task_request_interval(tmp_path):
+    import pytest
+
+    main(["export", "--method", "fedevi", "--out", str(tmp_path / "default")])
+    assert _server_interval(tmp_path / "default" / "fedevi") == 0.2
+    main(["export", "--method", "fedevi", "--out", str(tmp_path / "fast"), "--task-request-interval", "0.05"])
+    assert _server_interval(tmp_path / "fast" / "fedevi") == 0.05
+    for bad in ("0", "-1", "120"):
+        with pytest.raises(SystemExit, match="task_request_interval"):
+            main(["export", "--method", "fedevi", "--out", str(tmp_path / "bad"), "--task-request-interval", bad])

@@ -6,6 +6,7 @@
     fedseg data dca1    --src ../shared/data/xray_angio --out DIR [--sites DCA1]
     fedseg data foundation --out DIR [--retina DIR --nuclei DIR --arcade DIR] --unseen 1.0 --sites 3
     fedseg export       [--method fedavg | --all] [--profile default] [--out jobs] [--checkpoint-dir ABS] [--task-timeout S]
+                        [--task-request-interval S]
     fedseg run METHOD   [-n 3] [-w WORKSPACE] [--profile default] [--rounds R] [--site-datalists FILE]
                         [--seed S] [--set key=value ...]
     fedseg bench        --out DIR (--site-datalists FILE | --family polyp --sites ...) --methods fedavg fedevi ...
@@ -152,8 +153,13 @@ def _cmd_export(args: argparse.Namespace) -> None:
         if args.task_timeout < 0:
             raise SystemExit(f"fedseg export: --task-timeout must be >= 0 seconds, got {args.task_timeout}")
         job_options["task_timeout"] = args.task_timeout
+    if args.task_request_interval is not None:
+        job_options["task_request_interval"] = args.task_request_interval
     for method in methods:
-        print(f"exported {method} -> {export_job(method, args.out, args.profile, **job_options)}")
+        try:
+            print(f"exported {method} -> {export_job(method, args.out, args.profile, **job_options)}")
+        except ValueError as e:
+            raise SystemExit(f"fedseg export: {e}") from e
 
 
 def _train_sets(items: Optional[List[str]]) -> dict:
@@ -366,6 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument(
         "--task-timeout", type=int, default=None,
         help="seconds a site may take per task (default: fedseg.config.default_task_timeout of the profile; 0 = wait for ever)",
+    )
+    export.add_argument(
+        "--task-request-interval", type=float, default=None,
+        help="seconds an idle site waits before asking for a task again (default 0.2; see docs/benchmarks.md (j))",
     )
     export.set_defaults(func=_cmd_export)
 
