@@ -1,5 +1,6 @@
 """The MONAI bundle ``bundles/unetr_seg`` (FedEFM phase 2): offline metadata and network checks, the
-encoder loaded from a foundation checkpoint tensor for tensor, one epoch of ``train.json`` from a
+encoder loaded from a foundation checkpoint tensor for tensor (the patch convolution with the
+classifier's input standardisation folded in), one epoch of ``train.json`` from a
 foundation, and ``fedseg infer --bundle`` / inference.json writing masks at the input size. A 32 px
 tiny foundation (4 blocks, ``partial_depth``) keeps it to seconds; the bundle folder stays unchanged."""
 
@@ -15,7 +16,7 @@ from PIL import Image
 
 from fedseg.bundle import load_bundle
 from fedseg.data.synthetic import generate_site_data
-from fedseg.foundation.networks import build_vit, unetr_key_map
+from fedseg.foundation.networks import INPUT_MEAN, INPUT_STD, PATCH_CONV, build_vit, fold_input_standardisation, unetr_key_map
 from test_bundle import _fire_cli, _files, _monai_bundle_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,8 +73,10 @@ def test_encoder_equals_foundation(foundation):
     mapping, dropped = unetr_key_map(state)
     assert sorted(dropped) == ["vit.classification_head.bias", "vit.classification_head.weight", "vit.cls_token"]
     assert any(k.startswith("vit.blocks.3.") for k in mapping.values())
-    for src, dst in mapping.items():
-        assert torch.equal(target[dst], state[src]), dst
+    conv = fold_input_standardisation(state[PATCH_CONV + ".weight"], state[PATCH_CONV + ".bias"], INPUT_MEAN, INPUT_STD)
+    expected = {**{dst: state[src] for src, dst in mapping.items()}, PATCH_CONV + ".weight": conv[0], PATCH_CONV + ".bias": conv[1]}
+    for dst, tensor in expected.items():  # copied exactly; the patch convolution with the input standardisation folded in
+        assert torch.equal(target[dst], tensor), dst
     # blocks beyond the foundation's depth and the decoder keep their fresh weights, deterministically
     fresh = _network()
     for k, v in target.items():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedseg.cli import export_job
-from fedseg.foundation.networks import build_vit, unetr_key_map
+from fedseg.foundation.networks import INPUT_MEAN, INPUT_STD, PATCH_CONV, build_vit, fold_input_standardisation, unetr_key_map
 from fedseg.foundation.unetr import FoundationUNETR
 from sim_utils import run_simulator
 
@@ -43,8 +43,12 @@ def test_server_builds_the_initial_model_from_the_foundation(foundation, tmp_pat
     mapping, dropped = unetr_key_map(vit_state)
     target = unetr.state_dict()
     assert mapping and set(dropped) == {"vit.cls_token", "vit.classification_head.weight", "vit.classification_head.bias"}
-    for src, dst in mapping.items():
-        assert torch.equal(target[dst], vit_state[src]), dst
+    folded = fold_input_standardisation(
+        vit_state[PATCH_CONV + ".weight"], vit_state[PATCH_CONV + ".bias"], INPUT_MEAN, INPUT_STD
+    )
+    expected = {**{dst: vit_state[src] for src, dst in mapping.items()}, PATCH_CONV + ".weight": folded[0], PATCH_CONV + ".bias": folded[1]}
+    for dst, tensor in expected.items():
+        assert torch.equal(target[dst], tensor), dst
     # the site's train_config never needs the file (it gets the weights with its first task)
     cfg = json.loads((job / "app" / "config" / "config_fed_server.json").read_text())
     assert "unetr_seg" in json.dumps(cfg)

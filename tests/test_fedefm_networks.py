@@ -5,7 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedseg.foundation.networks import PROFILES, ViTClassifier, build_vit, unetr_from_foundation, unetr_key_map
+import torch.nn.functional as F
+
+from fedseg.foundation.networks import (
+    INPUT_MEAN,
+    INPUT_STD,
+    PATCH_CONV,
+    PROFILES,
+    ViTClassifier,
+    build_vit,
+    fold_input_standardisation,
+    unetr_from_foundation,
+    unetr_key_map,
+)
 
 # small enough for a shared 2-core machine: 64 px -> 4 x 4 = 16 tokens
 SMALL = dict(img_size=64, hidden_size=48, mlp_dim=96, num_heads=3)
@@ -16,7 +28,13 @@ def test_tokens_and_logits_shapes_and_the_logits_are_the_vits_own():
     x = torch.randn(3, 1, 64, 64)
     logits, tokens = net.forward_features(x)
     assert logits.shape == (3, 5) and tokens.shape == (3, 16, 48) and net.num_tokens == 16
-    torch.testing.assert_close(net(x), net.vit(x)[0])  # the unrolled forward is MONAI's
+    # the unrolled forward is MONAI's, on the standardised input
+    torch.testing.assert_close(net(x), net.vit((x - INPUT_MEAN) / INPUT_STD)[0])
+    assert (INPUT_MEAN, INPUT_STD) == (0.5, 0.25)
+    other = ViTClassifier(in_channels=1, num_classes=5, num_layers=2, init_seed=0, input_mean=0.0, input_std=1.0, **SMALL)
+    torch.testing.assert_close(other.eval()(x), net.vit(x)[0])
+    with pytest.raises(ValueError, match="input_std must be positive"):
+        ViTClassifier(input_std=0.0, **SMALL)
     # the tokens are LayerNorm outputs: zero mean and unit variance (before the affine, which starts at identity)
     torch.testing.assert_close(tokens.mean(-1), torch.zeros(3, 16), atol=1e-5, rtol=0)
     # a non-square input keeps row-major patch order: 64 x 32 -> 4 x 2 tokens
@@ -77,8 +95,13 @@ def test_unetr_encoder_equals_the_foundation_after_loading():
     encoder = {k for k in unetr.state_dict() if k.startswith("vit.")}
     assert set(loaded) == encoder  # every encoder tensor came from the foundation, nothing else did
     target = unetr.state_dict()
-    for key in loaded:
+    folded = {PATCH_CONV + ".weight", PATCH_CONV + ".bias"}
+    for key in set(loaded) - folded:
         assert torch.equal(target[key], state[key]), key
+    # the patch embedding takes the classifier's input standardisation in: W / std, b - mean / std * sum(W)
+    w, b = state[PATCH_CONV + ".weight"], state[PATCH_CONV + ".bias"]
+    torch.testing.assert_close(target[PATCH_CONV + ".weight"], w * 4.0)
+    torch.testing.assert_close(target[PATCH_CONV + ".bias"], b - 2.0 * w.sum(dim=(1, 2, 3)))
     # the copy is a copy: training the UNETR leaves the foundation alone
     with torch.no_grad():
         unetr.vit.norm.weight.add_(1.0)
@@ -86,8 +109,8 @@ def test_unetr_encoder_equals_the_foundation_after_loading():
     # the UNETR's encoder is the foundation's transformer run on the patch tokens alone (no class token)
     with torch.no_grad():
         unetr.vit.norm.weight.sub_(1.0)
-        x = torch.randn(2, 1, 64, 64)
-        h = net.vit.patch_embedding(x)
+        x = torch.rand(2, 1, 64, 64)  # a [0, 1] image, as the segmentation pipeline gives it
+        h = net.vit.patch_embedding((x - INPUT_MEAN) / INPUT_STD)
         for block in net.vit.blocks:
             h = block(h)
         torch.testing.assert_close(unetr.eval().vit(x)[0], net.vit.norm(h))
@@ -121,6 +144,18 @@ def test_partial_depth_loads_the_first_blocks_only():
     blocks = {int(k.split(".")[2]) for k in loaded if k.startswith("vit.blocks.")}
     assert blocks == {0, 1, 2, 3}
     assert "vit.norm.weight" in loaded and "vit.patch_embedding.position_embeddings" in loaded
-    for key in loaded:
+    for key in set(loaded) - {PATCH_CONV + ".weight", PATCH_CONV + ".bias"}:
         assert torch.equal(unetr.state_dict()[key], state[key])
     assert not any(k.startswith("vit.blocks.4.") for k in loaded)
+
+
+@pytest.mark.parametrize("mean, std", [(0.5, 0.25), (0.0, 1.0), (-1.3, 3.7)])
+def test_folded_convolution_equals_the_convolution_of_the_standardised_input(mean, std):
+    torch.manual_seed(0)
+    weight, bias = torch.randn(5, 3, 4, 4), torch.randn(5)
+    x = torch.rand(2, 3, 16, 12)
+    folded_w, folded_b = fold_input_standardisation(weight, bias, mean, std)
+    expected = F.conv2d((x - mean) / std, weight, bias, stride=4)
+    torch.testing.assert_close(F.conv2d(x, folded_w, folded_b, stride=4), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="std must be positive"):
+        fold_input_standardisation(weight, bias, 0.0, -1.0)

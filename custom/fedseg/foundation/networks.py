@@ -7,6 +7,13 @@ prepended inside the ViT and read by the head; ``forward_features`` returns the 
 after the final LayerNorm (the same normalised features the head sees and the UNETR's deepest skip
 uses), because the EMD compares spatial nodes and the class token is not one.
 
+Input standardisation: the classifier maps its ``[0, 1]`` input to ``(x - input_mean) / input_std``
+(fixed, the same for every image and silo, so a scanner's brightness stays a cue) before the patch
+embedding. Without it the tiny ViT trained from scratch stays at chance on the built-in X-ray silos (the
+constant offset of the raw input swamps the patch embedding); with it the same run learns
+(docs/benchmarks.md (h)). The UNETR hand-over folds the standardisation into the patch-embedding
+convolution, so the UNETR takes the ``[0, 1]`` images of the segmentation pipeline unchanged.
+
 UNETR constraints (MONAI 1.6.1, checked in its source): its ViT always has 12 blocks, patch 16,
 learnable position embeddings and no class token or head; its skips tap blocks 3, 6 and 9. A
 foundation ViT therefore transfers whole only with patch 16, 12 layers and the same image size.
@@ -24,6 +31,10 @@ from torch import nn
 #: the UNETR's ViT depth and patch size, fixed by MONAI
 UNETR_DEPTH = 12
 UNETR_PATCH = 16
+
+#: the classifier's fixed input standardisation ``(x - mean) / std`` of ``[0, 1]`` images
+INPUT_MEAN = 0.5
+INPUT_STD = 0.25
 
 #: ``tiny``: CPU tests and quick runs (4 blocks: only blocks 0-3 of a UNETR can be initialised from it);
 #: ``small``: the smallest CPU profile whose every block transfers to a UNETR (12 thin blocks);
@@ -55,6 +66,8 @@ class ViTClassifier(nn.Module):
         qkv_bias: bias on the attention's qkv projection (MONAI's default: none).
         init_seed: if given, the initial weights depend only on this seed (the global RNG is left
             untouched), so the server and every silo build the same round-0 model.
+        input_mean, input_std: the fixed standardisation ``(x - input_mean) / input_std`` applied to the
+            input before the patch embedding (see the module docstring).
 
     The head is a plain ``Linear``: MONAI's default ends it with ``tanh``, which would bound the logits
     to ``[-1, 1]`` and flatten the softened distributions the distillation compares.
@@ -74,8 +87,12 @@ class ViTClassifier(nn.Module):
         dropout_rate: float = 0.0,
         qkv_bias: bool = False,
         init_seed: Optional[int] = None,
+        input_mean: float = INPUT_MEAN,
+        input_std: float = INPUT_STD,
     ):
         super().__init__()
+        if not input_std > 0:
+            raise ValueError(f"input_std must be positive, got {input_std}")
         # constructor arguments stored under their own names: NVFlare's job export reads them back
         self.in_channels = in_channels
         self.num_classes = num_classes
@@ -88,6 +105,8 @@ class ViTClassifier(nn.Module):
         self.dropout_rate = dropout_rate
         self.qkv_bias = qkv_bias
         self.init_seed = init_seed
+        self.input_mean = float(input_mean)
+        self.input_std = float(input_std)
         if any(s % patch_size for s in self.img_size):
             raise ValueError(f"image size {self.img_size} is not a multiple of the patch size {patch_size}")
         self.grid = (self.img_size[0] // patch_size, self.img_size[1] // patch_size)
@@ -121,11 +140,11 @@ class ViTClassifier(nn.Module):
     def forward_features(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(B, C, H, W) -> (logits (B, num_classes), tokens (B, N, hidden_size))``.
 
-        The ViT's own forward, unrolled so the normalised patch tokens can be returned; the logits are
-        exactly ``self.vit(x)[0]``.
+        The ViT's own forward on the standardised input, unrolled so the normalised patch tokens can be
+        returned; the logits are exactly ``self.vit((x - input_mean) / input_std)[0]``.
         """
         vit = self.vit
-        h = vit.patch_embedding(x)
+        h = vit.patch_embedding((x - self.input_mean) / self.input_std)
         h = torch.cat([vit.cls_token.expand(h.shape[0], -1, -1), h], dim=1)
         for block in vit.blocks:
             h = block(h)
@@ -220,8 +239,14 @@ def unetr_from_foundation(
     dropout_rate: float = 0.0,
     partial_depth: bool = False,
     init_seed: Optional[int] = None,
+    input_mean: float = INPUT_MEAN,
+    input_std: float = INPUT_STD,
 ) -> Tuple[UNETR, List[str]]:
     """A 2D MONAI ``UNETR`` whose ViT encoder starts from the foundation's weights.
+
+    Every encoder tensor is copied as it is except the patch-embedding convolution, which takes the
+    classifier's input standardisation in (:func:`fold_input_standardisation`): the UNETR reads ``[0, 1]``
+    images and its patch tokens equal the classifier's on the same images.
 
     Channels, width, MLP width and qkv bias are read off the tensors; ``num_heads`` cannot be (the
     attention's shapes do not depend on it) and must match the foundation's. The decoder is freshly
@@ -237,6 +262,7 @@ def unetr_from_foundation(
             first ones and the rest stay random (the ``tiny`` profile). Off by default, because the
             UNETR's skips at blocks 6 and 9 and its final output would then start untrained.
         init_seed: seed for the UNETR's fresh weights (global RNG untouched).
+        input_mean, input_std: the foundation classifier's input standardisation (:class:`ViTClassifier`).
     Returns:
         ``(unetr, loaded)``: the model and the UNETR keys that were copied from the foundation.
     Raises:
@@ -295,5 +321,25 @@ def unetr_from_foundation(
                 )
     if problems:
         raise ValueError("foundation weights do not fit the UNETR:\n  " + "\n  ".join(problems))
-    unetr.load_state_dict({dst: vit_state_dict[src] for src, dst in mapping.items()}, strict=False)
-    return unetr, sorted(mapping.values())
+    loaded = {dst: vit_state_dict[src] for src, dst in mapping.items()}
+    weight, bias = PATCH_CONV + ".weight", PATCH_CONV + ".bias"
+    loaded[weight], loaded[bias] = fold_input_standardisation(loaded[weight], loaded[bias], input_mean, input_std)
+    unetr.load_state_dict(loaded, strict=False)
+    return unetr, sorted(loaded)
+
+
+#: the UNETR's patch-embedding convolution (kernel = stride = patch, no padding)
+PATCH_CONV = "vit.patch_embedding.patch_embeddings"
+
+
+def fold_input_standardisation(
+    weight: torch.Tensor, bias: torch.Tensor, mean: float, std: float
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Conv weights ``(W', b')`` with ``conv(x; W', b') == conv((x - mean) / std; W, b)``.
+
+    Exact for a convolution without padding (every output sees only input pixels):
+    ``W' = W / std``, ``b'_o = b_o - (mean / std) * sum(W_o)``. ``weight``: ``(out, in, kh, kw)``; ``bias``: ``(out,)``.
+    """
+    if not std > 0:
+        raise ValueError(f"std must be positive, got {std}")
+    return weight / std, bias - (mean / std) * weight.sum(dim=tuple(range(1, weight.dim())))
