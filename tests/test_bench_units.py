@@ -293,6 +293,19 @@ def test_segmentation_results_keep_dice_tables_and_wilcoxon():
     assert res["methods"]["fedavg"]["val_dice_per_round"] == [0.3]
     text = markdown(res)
     assert "## Dice" in text and "Wilcoxon" in text and "McNemar" not in text and "Accuracy" not in text
+    assert "Jaccard" not in text and "mIoU" not in text  # only where a run reports them
+
+    # a job that asks for Jaccard and mIoU (FedEFM's downstream job) gets their tables, in that order after Dice
+    def with_iou(record, iou):
+        final = {"s1": {**record["final"]["global"]["s1"], "iou": iou, "miou": (1 + iou) / 2}}
+        return {**record, "final": {"global": final}}
+
+    res = build_results([with_iou(rec("fedavg", 0, _rows(ids, [0.5, 0.6, 0.7])), 0.45),
+                         with_iou(rec("fedevi", 0, _rows(ids, [0.6, 0.5, 0.9])), 0.5)], ["s1"], {})
+    assert res["approaches"]["fedevi"]["summary"]["s1"]["iou"]["mean"] == pytest.approx(0.5)
+    text = markdown(res)
+    assert text.index("## Dice") < text.index("## Jaccard (IoU)") < text.index("## mIoU") < text.index("## HD95")
+    assert "| fedevi | 0.500 ± 0.000 |" in text and "| fedevi | 0.750 ± 0.000 |" in text
 
 
 @pytest.fixture(scope="module")

@@ -230,7 +230,7 @@ def markdown(results: Dict[str, Any]) -> str:
         (entry["summary"].get(site) or {}).get(m, {}).get("mean") is not None
         for entry in results["approaches"].values() for site in sites)]
     for metric in shown:
-        digits = 3 if metric.startswith("dice") or "accuracy" in metric else 2
+        digits = 3 if metric.startswith("dice") or "iou" in metric or "accuracy" in metric else 2
         lines += [f"## {METRIC_HEADERS[metric]}", "",
                   "| approach | " + " | ".join(sites) + " | mean |", "|---" * (len(sites) + 2) + "|"]
         for name, entry in results["approaches"].items():

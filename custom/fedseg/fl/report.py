@@ -86,11 +86,15 @@ class RunReport:
         return out / REPORT_NAME
 
 
-#: final metrics in table order: whole image, inside the field of view, distances in mm
-METRIC_ORDER = ("dice", "hd95", "assd", "dice_fov", "hd95_fov", "assd_fov", "hd95_mm", "assd_mm", "accuracy", "balanced_accuracy")
+#: final metrics in table order: whole image (Jaccard and mIoU only where a job asks for them in
+#: ``eval_metrics``, e.g. FedEFM's downstream job), inside the field of view, distances in mm
+METRIC_ORDER = (
+    "dice", "iou", "miou", "hd95", "assd", "dice_fov", "hd95_fov", "assd_fov", "hd95_mm", "assd_mm",
+    "accuracy", "balanced_accuracy",
+)
 METRIC_HEADERS = {
     "accuracy": "Accuracy", "balanced_accuracy": "Balanced accuracy",
-    "dice": "Dice", "hd95": "HD95 (px)", "assd": "ASSD (px)", "dice_fov": "Dice FOV", "hd95_fov": "HD95 FOV (px)",
+    "dice": "Dice", "iou": "Jaccard (IoU)", "miou": "mIoU (with background)", "hd95": "HD95 (px)", "assd": "ASSD (px)", "dice_fov": "Dice FOV", "hd95_fov": "HD95 FOV (px)",
     "assd_fov": "ASSD FOV (px)", "hd95_mm": "HD95 (mm)", "assd_mm": "ASSD (mm)",
 }
 #: what the final metrics mean (written into report.json)
