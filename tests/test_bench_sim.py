@@ -100,6 +100,34 @@ def test_rerun_skips_finished_runs(bench, capsys):
     assert {p: p.stat().st_mtime_ns for p in (bench / "workspaces").iterdir()} == workspaces
 
 
+def test_refresh_rereads_method_runs_from_their_workspaces(bench, capsys):
+    """A stored run made when the tables had fewer metrics (hd95 dropped here by hand) gets them back from
+    its workspace with ``--refresh``; nothing is re-trained and the reference runs are kept as stored."""
+    stale_path = bench / "runs" / "method-fedavg-seed0.json"
+    original = json.loads(stale_path.read_text())
+    stale = json.loads(stale_path.read_text())
+    for site in SITES:
+        del stale["final"]["global"][site]["hd95"]
+    stale["per_image"]["global"] = {}
+    stale_path.write_text(json.dumps(stale))
+    local_runs = {p: p.stat().st_mtime_ns for p in (bench / "runs").glob("reference-local-*.json")}
+    workspaces = {p: p.stat().st_mtime_ns for p in (bench / "workspaces").iterdir()}
+    capsys.readouterr()
+    main(_bench_argv(bench) + ["--refresh"])
+    out = capsys.readouterr().out
+    assert out.count("re-read from its workspace") == 4 and out.count("finished earlier") == 2
+    assert "done" not in out.split("# fedseg bench")[0]
+    refreshed = json.loads(stale_path.read_text())
+    report = json.loads(Path(original["report_path"]).read_text())
+    for site in SITES:
+        assert refreshed["final"]["global"][site]["hd95"] == pytest.approx(report["final"]["global"][site]["hd95"])
+        assert refreshed["per_image"]["global"][site] == _site_rows(bench, "fedavg", 0, site)
+    # the same code re-reads the same record, timing and command included (NaN-safe comparison)
+    assert json.dumps(refreshed, sort_keys=True) == json.dumps(original, sort_keys=True)
+    assert {p: p.stat().st_mtime_ns for p in (bench / "runs").glob("reference-local-*.json")} == local_runs
+    assert {p: p.stat().st_mtime_ns for p in (bench / "workspaces").iterdir()} == workspaces
+
+
 def test_run_seed_reproduces_and_changes_the_model(bench, tmp_path):
     """``fedseg run --seed 1 --set ...`` with the bench's data and budget gives bit-identical global weights to
     the bench's FedAvg seed-1 run (a separate simulator job); seed 0 gives different ones."""

@@ -15,7 +15,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from fedseg.bench.report import build_results, markdown, plot_results
 from fedseg.bench.runs import (
-    REFERENCES, Budget, RunSpec, federation_task, load_finished, parse_variant, record_task, run_method, run_reference, save_run, task_metrics,
+    REFERENCES, Budget, RunSpec, federation_task, load_finished, parse_variant, record_task, refresh_method, run_method, run_reference,
+    save_run, task_metrics,
 )
 from fedseg.bench.simulator import machine_info
 from fedseg.fl.site_data import FOUNDATION_FAMILY  # FedEFM's phase-1 classification silos (fedseg.data.xray_builtin)
@@ -105,6 +106,7 @@ def run_bench(
     budget: Optional[Budget] = None,
     command: Optional[str] = None,
     baseline: Optional[str] = None,
+    refresh: bool = False,
 ) -> Dict[str, Any]:
     """Run (or resume) a bench and write ``results.json``, ``results.md`` and ``plots/`` under ``out``.
 
@@ -120,6 +122,9 @@ def run_bench(
         command: the command line, recorded in ``results.json``.
         baseline: label every approach is tested against (default ``fedavg``, else the only label
             starting with ``fedavg``; :func:`fedseg.bench.report.resolve_baseline`).
+        refresh: re-read every finished method run from its workspace with this code instead of taking
+            its stored record as it is (nothing is re-trained); references keep their stored records,
+            since their models are not kept.
 
     Returns:
         The ``results.json`` dict.
@@ -142,7 +147,11 @@ def run_bench(
         config = spec.run_config(budget, mapping)
         record = load_finished(path, config)
         if record is not None:
-            print(f"[{i + 1}/{len(specs)}] skipped {spec.label} seed {spec.seed}: finished earlier ({path})", flush=True)
+            if refresh and spec.kind == "method":
+                record = refresh_method(record, spec, mapping)
+                save_run(path, record)
+            how = "re-read from its workspace" if refresh and spec.kind == "method" else "finished earlier"
+            print(f"[{i + 1}/{len(specs)}] skipped {spec.label} seed {spec.seed}: {how} ({path})", flush=True)
             records.append(record)
             continue
         print(f"[{_dt.datetime.now():%H:%M:%S}] [{i + 1}/{len(specs)}] {spec.label} seed {spec.seed} ...", flush=True)

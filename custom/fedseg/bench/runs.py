@@ -181,6 +181,23 @@ def load_finished(path: Path, run_config: Dict[str, Any]) -> Optional[Dict[str, 
     return stored if stored.get("run_config") == json.loads(json.dumps(run_config)) else None
 
 
+def refresh_method(stored: Dict[str, Any], spec: RunSpec, mapping: Mapping[str, str]) -> Dict[str, Any]:
+    """A finished method run re-read from its workspace by this code (e.g. a metric added to the tables
+    since it ran): finals, per-image rows, timings and bytes anew; command, wall time and run_config kept.
+
+    Raises:
+        FileNotFoundError: the run's ``report.json`` or a site's per-image file is gone.
+    """
+    report_path = Path(stored["report_path"])
+    if not report_path.is_file():
+        raise FileNotFoundError(f"{spec.id}: cannot refresh, its report {report_path} is gone")
+    report = json.loads(report_path.read_text())
+    record = method_record(spec, mapping, Path(stored["workspace"]), report, stored.get("command"), str(report_path),
+                           stored.get("wall_s"))
+    record.update(id=stored["id"], run_config=stored["run_config"])
+    return record
+
+
 def save_run(path: Path, record: Dict[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -248,7 +265,13 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
     workspace = out / "workspaces" / spec.id
     res = run_simulator(job, workspace, sites, threads=len(sites), omp_threads=budget.omp_threads,
                         fedseg_threads=budget.omp_threads, log_path=out / "logs" / f"{spec.id}.log")
-    report = res["report"]
+    return method_record(spec, mapping, workspace, res["report"], res["command"], res["report_path"], res["total_wall_s"])
+
+
+def method_record(spec: RunSpec, mapping: Mapping[str, str], workspace: Path, report: Dict[str, Any],
+                  command: Any, report_path: str, wall_s: float) -> Dict[str, Any]:
+    """A method run's bench record from its server ``report.json`` and its sites' per-image files."""
+    sites = list(mapping)
     task = federation_task(mapping)
     metrics, val_key = task_metrics(task), VAL_METRIC[task]
     walls = [r["wall"] for r in round_timings(report)]
@@ -257,8 +280,8 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
         "variant_args": spec.variant_args, "task": task,
         "train_config": report.get("config", {}).get("train_config"),
         "num_rounds": report.get("config", {}).get("num_rounds"),
-        "command": res["command"], "report_path": res["report_path"], "workspace": str(workspace),
-        "wall_s": res["total_wall_s"],
+        "command": command, "report_path": str(report_path), "workspace": str(workspace),
+        "wall_s": wall_s,
         "round_walls": walls,
         "median_round_wall": statistics.median(walls[1:] if len(walls) > 1 else walls) if walls else None,
         "median_task_times": _median_task_times(report["rounds"][1:] or report["rounds"]),

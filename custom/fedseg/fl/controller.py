@@ -118,7 +118,6 @@ class FedSegController(ModelController):
         self._statistic_ranges = {**BASE_STATISTIC_RANGES, **dict(objective_.statistic_ranges)}
         self._reference: Dict[str, torch.Tensor] = {}
         self._rejected: Dict[str, str] = {}
-        self._task_times: Dict[str, float] = {}
         self._clock = TaskClock()
         #: per task: the update norm / cosine of every screened model (report field ``screening``)
         self._geometry: Dict[str, Dict[str, Dict[str, float]]] = {}
@@ -154,7 +153,7 @@ class FedSegController(ModelController):
             if self.abort_signal.triggered:
                 return
             started = time.perf_counter()
-            self._rejected, self._task_times, self._bytes = {}, {}, {"sent": 0, "received": 0}
+            self._rejected, self._bytes = {}, {"sent": 0, "received": 0}
             self._clock = TaskClock()
             self._geometry = {}
             payloads = {site: self._strategy.payload(site, round_) for site in clients}
@@ -173,9 +172,9 @@ class FedSegController(ModelController):
                 wall_time=time.perf_counter() - started,
                 # seconds from sending each task to the last answer: lets a benchmark see what a
                 # method's extra task (e.g. FedEvi's evaluate_surrogate) costs within the round
-                task_times=dict(self._task_times),
+                task_times=self._clock.totals(),
                 # each task's median deliver / site / return seconds over sites (fedseg.fl.task_clock)
-                task_breakdown=self._clock.breakdown(self._task_times),
+                task_breakdown=self._clock.breakdown(),
                 # payload bytes (tensors by size, scalars at 8 bytes; no serialisation overhead) of every
                 # task of the round, server -> sites and sites -> server
                 bytes_sent=self._bytes["sent"],
@@ -354,7 +353,7 @@ class FedSegController(ModelController):
             if self.abort_signal.triggered:
                 raise RuntimeError("job aborted")
             time.sleep(min(0.05, self.task_check_period))
-        self._task_times[task_name] = self._task_times.get(task_name, 0.0) + time.perf_counter() - started
+        self._clock.add_total(task_name, time.perf_counter() - started)
         # two answers under one name: neither can be trusted to be the site's own
         for site, count in duplicated_sites(answered).items():
             results.pop(site, None)

@@ -42,10 +42,19 @@ def site_clock(meta: Mapping[str, Any]) -> Optional[List[float]]:
 
 
 class TaskClock:
-    """Per task name: each answering site's deliver / site / return seconds, collected over a round."""
+    """Per task name, over one round: the send -> last-result seconds and each answering site's split."""
 
     def __init__(self) -> None:
         self._parts: Dict[str, Dict[str, List[float]]] = {}
+        self._totals: Dict[str, float] = {}
+
+    def add_total(self, task: str, seconds: float) -> None:
+        """``task`` took ``seconds`` from sending to its last result (summed when a task runs twice in a round)."""
+        self._totals[task] = self._totals.get(task, 0.0) + float(seconds)
+
+    def totals(self) -> Dict[str, float]:
+        """``{task: seconds}``: each task's send -> last-result time this round (report field ``task_times``)."""
+        return dict(self._totals)
 
     def record(self, task: str, sent_at: float, received_at: float, meta: Mapping[str, Any]) -> None:
         """One result of ``task``: sent to its site at ``sent_at``, received at ``received_at`` (server clock)."""
@@ -57,13 +66,10 @@ class TaskClock:
         parts["site"].append(clock[1] - clock[0])
         parts["return"].append(received_at - clock[1])
 
-    def breakdown(self, totals: Mapping[str, float]) -> Dict[str, Dict[str, float]]:
-        """``{task: {deliver, site, return (medians over answers), total, answers}}`` for the round's tasks.
-
-        ``totals``: each task's send -> last-result seconds (the controller's ``task_times``).
-        """
+    def breakdown(self) -> Dict[str, Dict[str, float]]:
+        """``{task: {deliver, site, return (medians over answers), total, answers}}`` for every task with a total."""
         out: Dict[str, Dict[str, float]] = {}
-        for task, total in totals.items():
+        for task, total in self._totals.items():
             parts = self._parts.get(task, {})
             row = {name: statistics.median(values) for name, values in parts.items() if values}
             row["total"] = float(total)

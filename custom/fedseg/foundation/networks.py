@@ -31,6 +31,8 @@ from torch import nn
 #: the UNETR's ViT depth and patch size, fixed by MONAI
 UNETR_DEPTH = 12
 UNETR_PATCH = 16
+#: the UNETR's patch-embedding convolution (kernel = stride = patch, no padding)
+PATCH_CONV = "vit.patch_embedding.patch_embeddings"
 
 #: the classifier's fixed input standardisation ``(x - mean) / std`` of ``[0, 1]`` images
 INPUT_MEAN = 0.5
@@ -326,10 +328,6 @@ def unetr_from_foundation(
     loaded[weight], loaded[bias] = fold_input_standardisation(loaded[weight], loaded[bias], input_mean, input_std)
     unetr.load_state_dict(loaded, strict=False)
     return unetr, sorted(loaded)
-
-
-#: the UNETR's patch-embedding convolution (kernel = stride = patch, no padding)
-PATCH_CONV = "vit.patch_embedding.patch_embeddings"
 
 
 def fold_input_standardisation(
