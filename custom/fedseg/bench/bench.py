@@ -147,10 +147,11 @@ def run_bench(
         config = spec.run_config(budget, mapping)
         record = load_finished(path, config)
         if record is not None:
-            if refresh and spec.kind == "method":
+            refreshed = refresh and spec.kind == "method"  # references keep theirs: their models are not kept
+            if refreshed:
                 record = refresh_method(record, spec, mapping)
                 save_run(path, record)
-            how = "re-read from its workspace" if refresh and spec.kind == "method" else "finished earlier"
+            how = "re-read from its workspace" if refreshed else "finished earlier"
             print(f"[{i + 1}/{len(specs)}] skipped {spec.label} seed {spec.seed}: {how} ({path})", flush=True)
             records.append(record)
             continue
