@@ -19,8 +19,8 @@ An image is a square crop centred near the optic disc, as the public OD/OC sets 
 
 Each site draws from its own RNG what differs between the public data sets: retina and disc colour, illumination
 strength and direction, disc size within the crop, the site's cup-to-disc ratio (mean and spread: a
-glaucoma-enriched site has larger cups), how much brighter the cup is than the rim (low-contrast sites are the
-hard ones), vessel count and width, plus the generic scanner style (gain, contrast, gamma, blur, noise).
+glaucoma-enriched site has larger cups), how much brighter the cup is than the rim and how gradual its border is
+(low-contrast, soft-bordered sites are the hard ones), vessel count and width, plus the generic scanner style (gain, contrast, gamma, blur, noise).
 
 Masks are stored the way the public fundus OD/OC files store them: one grey channel with **0 = cup, 128 = rim,
 255 = background**; the datalist declares this encoding (``label_values``), the classes and the regions
@@ -57,7 +57,10 @@ def draw_fundus_anatomy(rng: np.random.Generator) -> Dict[str, Any]:
     return {
         "retina_rgb": [_r(rng.uniform(0.55, 0.8)), _r(rng.uniform(0.22, 0.38)), _r(rng.uniform(0.06, 0.16))],
         "disc_rgb": [_r(rng.uniform(0.85, 1.0)), _r(rng.uniform(0.55, 0.75)), _r(rng.uniform(0.3, 0.5))],
-        "cup_contrast": _r(rng.uniform(0.06, 0.3)),
+        # how much paler the cup is than the rim, and how gradual its border is (fraction of the crop side): the
+        # cup border is the ambiguous one in real OD/OC annotation (cup Dice trails disc Dice in every paper)
+        "cup_contrast": _r(rng.uniform(0.03, 0.18)),
+        "cup_edge": _r(rng.uniform(0.02, 0.06)),
         "illumination": _r(rng.uniform(0.15, 0.5)),
         # disc diameter as a fraction of the crop side (REFUGE-like crops show a smaller disc than Drishti-GS)
         "disc_fraction": _r(rng.uniform(0.35, 0.6)),
@@ -117,7 +120,8 @@ def fundus_image(rng: np.random.Generator, size: int, anatomy: Dict[str, Any], s
     # disc and cup blended in with soft edges (sigmoids of the radial coordinates)
     edge = max(0.5, 0.015 * s)
     disc_soft = 1.0 / (1.0 + np.exp((disc_rho - 1.0) * rd / edge))
-    cup_soft = 1.0 / (1.0 + np.exp((cup_rho - 1.0) * cup_ry / edge)) * inner_disc
+    cup_edge = max(0.5, anatomy["cup_edge"] * s)
+    cup_soft = 1.0 / (1.0 + np.exp((cup_rho - 1.0) * cup_ry / cup_edge)) * inner_disc
     disc_rgb = np.asarray(anatomy["disc_rgb"], np.float32)
     img = img * (1.0 - disc_soft[..., None]) + (disc_rgb * illum[..., None]) * disc_soft[..., None]
     cup_rgb = np.clip(disc_rgb + anatomy["cup_contrast"], 0.0, 1.0)
