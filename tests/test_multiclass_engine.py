@@ -104,3 +104,45 @@ def test_run_checks_every_sites_files_before_the_simulator(tmp_path, fundus_site
     with pytest.raises(SystemExit, match=r"(?s)site bad: .*image file not found: .*missing\.png"):
         cli_main(["run", "fedavg", "--site-datalists", str(mapping), "-w", str(tmp_path / "ws")])
     assert not (tmp_path / "ws").exists()
+
+
+def test_patch_mode_samples_every_class_and_slides_a_window(fundus_sites, cfg):
+    """Native-resolution patches with RandCropByLabelClassesd: over a few batches every class is a patch centre's
+    class; evaluation slides the window over whole images and scores each class."""
+    patch_cfg = {**cfg, "spatial_mode": "patch", "patch_size": 16, "patch_samples": 3}
+    engine = SegEngine("a", fundus_sites["a"], patch_cfg)
+    assert engine.spatial_mode == "patch" and engine.train_config["patch_sampler"] == "classes"
+    centres = set()
+    for _ in range(3):
+        for batch in engine.loader("training", shuffle=True, train=True):
+            assert batch["label"].shape[-2:] == (16, 16)
+            centres |= set(batch["label"][:, 0, 8, 8].long().tolist())
+    assert centres == {0, 1, 2}
+    means = engine.evaluate(engine.build_network(), "test")
+    assert {"dice:rim", "dice:cup", "dice:disc"} <= set(means)
+
+
+def test_fedseg_infer_writes_three_class_masks_in_the_stored_encoding(tmp_path, fundus_sites, cfg):
+    small = {**cfg, "channels": [8, 16, 32, 64], "image_size": 32}
+    engine = SegEngine("a", fundus_sites["a"], small)
+    model = engine.build_network()
+    ckpt = tmp_path / "FL_global_model.pt"
+    torch.save({"model": model.state_dict(), "train_config": small}, ckpt)
+    cli_main(["infer", "--checkpoint", str(ckpt), "--datalist", str(fundus_sites["b"]), "--output", str(tmp_path / "b")])
+    cli_main(["infer", "--checkpoint", str(ckpt), "--datalist", str(fundus_sites["a"]), "--output", str(tmp_path / "a")])
+    cli_main(["infer", "--checkpoint", str(ckpt), "--datalist", str(fundus_sites["a"]), "--output", str(tmp_path / "i"),
+              "--class-indices"])
+    test_a = json.loads(Path(fundus_sites["a"]).read_text())["test"]
+    for folder, allowed in (("b", {0, 1, 2}), ("a", {0, 128, 255}), ("i", {0, 1, 2})):
+        masks = sorted((tmp_path / folder).glob("*_seg.png"))
+        assert masks and (folder == "b" or len(masks) == len(test_a))
+        for m in masks:
+            values = set(np.unique(np.asarray(Image.open(m))).tolist())
+            assert values <= allowed, (folder, values)
+    # site a's masks (255 = background) and the class-index masks say the same thing, at the input's size
+    for entry in test_a:
+        stem = Path(entry["image"]).stem
+        stored = np.asarray(Image.open(tmp_path / "a" / f"{stem}_seg.png"))
+        indices = np.asarray(Image.open(tmp_path / "i" / f"{stem}_seg.png"))
+        assert stored.shape == np.asarray(Image.open(Path(fundus_sites["a"]).parent / entry["image"])).shape[:2]
+        np.testing.assert_array_equal(np.array([255, 128, 0])[indices], stored)

@@ -7,7 +7,7 @@
     fedseg data dca1    --src ../shared/data/xray_angio --out DIR [--sites DCA1]
     fedseg data foundation --out DIR [--retina DIR --nuclei DIR --arcade DIR] --unseen 1.0 --sites 3
     fedseg export       [--method fedavg | --all] [--profile default] [--out jobs] [--checkpoint-dir ABS] [--task-timeout S]
-                        [--task-request-interval S]
+                        [--task-request-interval S] [--family F] [--labels-from DATALIST] [--set key=value ...]
     fedseg run METHOD   [-n 3] [-w WORKSPACE] [--profile default] [--rounds R] [--site-datalists FILE]
                         [--seed S] [--set key=value ...]
     fedseg bench        --out DIR (--site-datalists FILE | --family polyp --sites ...) --methods fedavg fedevi ...
@@ -161,6 +161,23 @@ def _cmd_export(args: argparse.Namespace) -> None:
         job_options["task_timeout"] = args.task_timeout
     if args.task_request_interval is not None:
         job_options["task_request_interval"] = args.task_request_interval
+    overrides = _train_sets(args.set)
+    if args.family:
+        overrides["data_family"] = args.family
+    if args.labels_from:
+        # the job's label space as a datalist declares it (only its top-level fields are read: the operator exporting
+        # a job for real sites may hold a template rather than the sites' data); every site checks its own against it
+        from fedseg.data.datalist import DatalistError
+        from fedseg.data.labels import federation_label_config
+
+        try:
+            fields = federation_label_config({"--labels-from": str(Path(args.labels_from).resolve())}, explicit=overrides)
+        except DatalistError as e:
+            raise SystemExit(f"fedseg export: {e}") from None
+        overrides.update({k: v for k, v in fields.items() if overrides.get(k) is None})
+    elif args.family:
+        overrides.update(_preflight(None, args.family, overrides, "export"))
+    job_options.update(overrides)
     for method in methods:
         try:
             print(f"exported {method} -> {export_job(method, args.out, args.profile, **job_options)}")
@@ -432,6 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--task-request-interval", type=float, default=None,
         help="seconds an idle site waits before asking for a task again (default 0.2; see docs/benchmarks.md (j))",
     )
+    export.add_argument("--family", default=None, choices=FAMILY_CHOICES, help="built-in data family of the job (its label space too)")
+    export.add_argument("--labels-from", default=None, metavar="DATALIST",
+                        help="put the label space this datalist declares (num_classes, labels, regions, label_values) into the job")
+    export.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="any train_config key")
     export.set_defaults(func=_cmd_export)
 
     run = sub.add_parser("run", help="run a method in the NVFlare simulator and summarise it")
