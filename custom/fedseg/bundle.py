@@ -17,6 +17,8 @@ from monai.bundle import ConfigParser
 DEFAULT_BUNDLE = "unet2d_seg"
 #: the bundle of each task when none is named
 TASK_BUNDLES = {"segmentation": DEFAULT_BUNDLE, "classification": "vit_foundation"}
+#: the segmentation bundle of volume jobs (spatial_dims 3: 3-D patches or slices)
+VOLUME_BUNDLE = "volume_seg"
 BUNDLE_ENV = "FEDSEG_BUNDLE_DIR"
 
 
@@ -69,6 +71,14 @@ BUNDLE_KEYS = (
     "sw_batch_size",
     "sw_overlap",
     "sw_blend_mode",
+    # volumes (bundles/volume_seg)
+    "spatial_dims",
+    "slice_axis",
+    "target_spacing",
+    "orientation",
+    "modality",
+    "intensity_window",
+    "image_channels",
     # classification ViT (bundles/vit_foundation)
     "vit_profile",
     "vit_image_size",
@@ -80,12 +90,14 @@ BUNDLE_KEYS = (
 
 def bundle_for_task(train_config: Optional[Dict[str, Any]] = None) -> Path:
     """``train_config["bundle"]`` if named, else the default bundle folder of ``train_config["task"]``
-    (segmentation when unset)."""
+    (segmentation when unset): ``unet2d_seg`` for images, ``volume_seg`` for volumes (``spatial_dims`` 3)."""
     if (train_config or {}).get("bundle"):
         return default_bundle_dir(train_config["bundle"])
     task = (train_config or {}).get("task") or "segmentation"
     if task not in TASK_BUNDLES:
         raise ValueError(f"unknown task {task!r}; expected one of {sorted(TASK_BUNDLES)}")
+    if task == "segmentation" and int((train_config or {}).get("spatial_dims") or 2) == 3:
+        return default_bundle_dir(VOLUME_BUNDLE)
     return default_bundle_dir(TASK_BUNDLES[task])
 
 

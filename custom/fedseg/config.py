@@ -80,6 +80,20 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     "patch_ratios": None,
     # one fixed rescale factor applied in patch mode before patching; None = the datalist's "rescale", else 1
     "rescale": None,
+    # volumes (fedseg.data.volumes): spatial_dims 3 = the data are CT / MR volumes (None = the datalist's, else 2); then
+    # spatial_mode "patch" = a 3-D network on 3-D patches (patch_size one number or three), "slices" = a 2-D network on
+    # the slices along slice_axis (2 = axial after reorientation; slice_foreground_only: train on slices with
+    # foreground only). Every volume is reoriented to orientation (None = RAS) and resampled to target_spacing (mm;
+    # required for volumes); intensity by modality ("MR": z-score of non-zero voxels; "CT": intensity_window [HU low,
+    # high] to [0, 1]); image_channels names the volumes of a 4-D image. None = the datalist's value
+    "spatial_dims": None,
+    "slice_axis": 2,
+    "slice_foreground_only": False,
+    "target_spacing": None,
+    "orientation": None,
+    "modality": None,
+    "intensity_window": None,
+    "image_channels": None,
     "sw_batch_size": 4,
     "sw_overlap": 0.25,
     "sw_blend_mode": "gaussian",

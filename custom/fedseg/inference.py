@@ -240,7 +240,12 @@ def _workflow(
     """
     from monai.bundle import ConfigWorkflow
 
-    root = Path(bundle_dir) if bundle_dir else default_bundle_dir()
+    if bundle_dir:
+        root = Path(bundle_dir)
+    else:  # the bundle of the job that made the checkpoint: volume_seg for volumes, else unet2d_seg
+        from .bundle import bundle_for_task
+
+        root = bundle_for_task({k: v for k, v in (overrides or {}).items() if k in ("spatial_dims", "task")})
     configs = [str(root / "configs" / "train.json"), str(root / "configs" / config)]
     workflow = ConfigWorkflow(
         config_file=configs,
@@ -276,8 +281,15 @@ def _check_ckpt_against(workflow, checkpoint: Path) -> None:
     check_checkpoint(checkpoint, network)
     if not hasattr(network, "channels"):
         return  # not a U-Net (e.g. a 1x1-conv test network): no pooling levels to divide by
-    # the grid the network sees: the resized image (resize mode) or the sliding window (patch mode)
+    # the grid the network sees: the resized image (resize mode) or the sliding window (patch mode; 3-D patches or
+    # one-slice windows for volumes)
     mode = parser.get_parsed_content("spatial_mode")
+    if "target_spacing" in parser:  # a volume bundle
+        if mode not in ("patch", "slices"):
+            raise ValueError(f"spatial_mode {mode!r}: volumes take 'patch' (3-D) or 'slices'")
+        check_patch_size({"spatial_mode": mode, "spatial_dims": 3, "patch_size": parser.get_parsed_content("patch_size"),
+                          "slice_axis": parser.get_parsed_content("slice_axis")}, len(network.channels))
+        return
     if mode not in ("resize", "patch"):
         raise ValueError(f"spatial_mode {mode!r}: expected 'resize' or 'patch'")
     sizes = {k: parser.get_parsed_content(k) for k in ("image_size", "patch_size")}
@@ -304,7 +316,8 @@ def run_inference(
         input_dir: folder of images (png/jpg/jpeg/tif/tiff/nii.gz); takes precedence over ``datalist``.
         datalist: decathlon-style datalist whose ``split`` entries' ``image`` files are segmented.
         split: datalist split to use.
-        bundle_dir: bundle folder; default :func:`fedseg.bundle.default_bundle_dir`.
+        bundle_dir: bundle folder; default: the bundle of the job that made the checkpoint (``volume_seg`` when its
+            ``train_config`` has ``spatial_dims`` 3, else ``unet2d_seg``; :func:`fedseg.bundle.bundle_for_task`).
         overrides: bundle variables the model was trained with (``channels``, ``image_size``, ...;
             for a native-resolution model ``spatial_mode="patch"``, ``patch_size``, ``rescale`` and
             optionally ``sw_overlap`` / ``sw_blend_mode`` / ``sw_batch_size`` of the sliding window)
@@ -396,7 +409,8 @@ def evaluate_checkpoint(
         split: ``"test"``, ``"validation"`` or ``"training"``.
         output_dir: where ``MetricsSaver`` writes its CSV reports (per-image and summary); a temporary
             folder that is removed afterwards when not given.
-        bundle_dir: bundle folder; default :func:`fedseg.bundle.default_bundle_dir`.
+        bundle_dir: bundle folder; default: the bundle of the job that made the checkpoint (``volume_seg`` when its
+            ``train_config`` has ``spatial_dims`` 3, else ``unet2d_seg``; :func:`fedseg.bundle.bundle_for_task`).
         overrides: bundle variables the model was trained with, or other config ids; defaults
             from the checkpoint's stored ``train_config`` (explicit overrides win).
 

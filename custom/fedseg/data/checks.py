@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import os
 import warnings
+
+import numpy as np
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -51,6 +53,8 @@ MIN_SIDE = 16
 MAX_PIXELS = 150_000_000
 #: stop listing problems after this many (the rest are counted)
 MAX_LISTED = 20
+#: refuse volumes with more voxels than this from the header (8 GB as float32); larger than the cache budget is fine
+MAX_VOXELS = 2_000_000_000
 
 __all__ = ["check_datalist", "check_federation", "check_image_header", "MIN_SIDE", "MAX_PIXELS"]
 
@@ -62,6 +66,7 @@ def check_datalist(
     max_pixels: int = MAX_PIXELS,
     splits: Tuple[str, ...] = SPLITS,
     decode: bool = True,
+    volumes: Optional[bool] = None,
 ) -> Dict[str, Any]:
     """Check a datalist and every file it names; raise one error listing every problem.
 
@@ -72,6 +77,10 @@ def check_datalist(
         min_side / max_pixels: size limits checked on the header.
         splits: splits that must be present and non-empty.
         decode: also decode the pixels (step 3); ``False`` checks paths and headers only.
+        volumes: the job's data are 3-D volumes (``None`` = what the datalist declares: ``spatial_dims`` 3 or
+            ``spatial_mode`` "slices"); then every image / label must be a volume of one geometry
+            (:func:`fedseg.data.volumes.check_volume_pair`: shapes and affines, declared ``image_channels``) and a 2-D
+            file is refused; otherwise a 3-D volume is refused.
     Returns:
         ``{"datalist": path, "counts": {split: n}, "files": n files checked, "label_space": LabelSpace}``.
     Raises:
@@ -98,6 +107,9 @@ def check_datalist(
             raise DatalistError(f"'allow_external_paths' in {path} must be true or false, got {allow_external_paths!r}")
     root = path.parent.resolve()
     n_files = 0
+    from .volumes import check_volume_pair, is_volume_job
+
+    volumes = is_volume_job(None, data) if volumes is None else bool(volumes)
     for split in splits:
         for i, entry in enumerate(data[split]):
             where = f"{split}[{i}] of {path}"
@@ -107,9 +119,21 @@ def check_datalist(
                 n_files += 1
                 try:
                     resolved[key] = _check_location(key, value, path.parent, root, allow_external_paths)
-                    check_image_header(resolved[key], key, min_side, max_pixels)
+                    if not volumes:
+                        check_image_header(resolved[key], key, min_side, max_pixels)
                 except DatalistError as e:
                     problems.append(f"{e} ({where})")
+            if volumes and "image" in resolved and "label" in resolved:
+                try:
+                    geo, _ = check_volume_pair(resolved["image"], resolved["label"], data.get("image_channels"))
+                    if int(np.prod(geo.spatial_shape)) * geo.channels > MAX_VOXELS:
+                        raise DatalistError(f"image {resolved['image']} has {int(np.prod(geo.spatial_shape)):,} voxels x "
+                                            f"{geo.channels} channel(s), above the limit of {MAX_VOXELS:,}: refused before decoding")
+                    if decode:
+                        decode_volume_label(resolved["label"], entry_label_space(space, entry, where))
+                except DatalistError as e:
+                    problems.append(f"{e} ({where})")
+                continue
             if decode and len(resolved) == len(files):
                 try:
                     info = validate_pair(resolved["image"], resolved["label"], entry_label_space(space, entry, where))
@@ -148,20 +172,35 @@ def check_federation(
     """
     from .labels import federation_label_config
     from .synthetic import FAMILIES
+    from .volumes import federation_volume_config, is_volume_job
 
     if datalists:
+        fields = federation_volume_config(datalists, explicit=explicit)
         problems = []
         for site, path in datalists.items():
             try:
-                check_datalist(path, decode=False)
+                check_datalist(path, decode=False, volumes=is_volume_job({**fields, **(explicit or {})}, {}))
             except DatalistError as e:
                 problems.append(f"site {site}: {e}")
         if problems:
             raise DatalistError("\n".join(problems))
-        return federation_label_config(datalists, explicit=explicit)
+        return {**federation_label_config(datalists, explicit=explicit), **fields}
     if family in FAMILIES:
         return federation_label_config(family=family, explicit=explicit)
+    from .synthetic_volumes import VOLUME_FAMILIES, volume_family_fields
+
+    if family in VOLUME_FAMILIES:
+        info = volume_family_fields(family)
+        return {**federation_label_config(family=family, explicit=explicit),
+                **federation_volume_config(family_fields=info, explicit=explicit)}
     return {}
+
+
+def decode_volume_label(path: Path, space) -> None:
+    """Every voxel value of a label volume is one the label space declares (DatalistError naming the file)."""
+    from .datalist import read_array
+
+    space.decode(read_array(path, "label"), str(path))
 
 
 def _check_location(key: str, value: Any, base: Path, root: Path, allow_external: bool) -> Path:

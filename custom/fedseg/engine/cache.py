@@ -4,7 +4,8 @@
 rescaled images) in memory so that only patches and augmentation are redone each epoch. At native
 resolution a large site would not fit, so each dataset caches only as many images as the budget
 ``cache_max_mb`` (per site process, shared by its splits) still allows; the rest are decoded on each
-access. Sizes are estimated from the image headers before anything is decoded.
+access. Sizes are estimated from the image headers before anything is decoded (for volumes: after resampling to the
+job's target spacing), so a volume far larger than the budget is simply decoded on access, never cached.
 """
 
 from __future__ import annotations
@@ -33,9 +34,27 @@ def image_shape(path: str) -> Tuple[int, int]:
     return int(height), int(width)
 
 
+def volume_item_bytes(item: Mapping[str, Any], train_config: Mapping[str, Any], train: bool, channels: int) -> int:
+    """Bytes one cached volume takes: the image resampled to ``target_spacing`` (voxels scale with the spacing ratio
+    per axis), plus its label on that grid for training, or at the scan's own size for evaluation; from the header."""
+    from fedseg.data.volumes import read_geometry
+
+    geo = read_geometry(item["image"])
+    target = train_config.get("target_spacing") or geo.spacing
+    grid = 1
+    for n, own, new in zip(geo.spatial_shape, geo.spacing, target):
+        # rounded first: a header's float32 spacing (0.800000012) must not add a voxel
+        grid *= math.ceil(round(n * own / new, 4)) if float(new) > 0 else n
+    if train:
+        return (channels + 1) * grid * _BYTES
+    return channels * grid * _BYTES + int(math.prod(geo.spatial_shape)) * _BYTES
+
+
 def cached_item_bytes(item: Mapping[str, Any], train_config: Mapping[str, Any], train: bool, channels: int) -> int:
     """Bytes one cached item takes: the image on the network's grid plus, for training, its label on the
-    same grid, for evaluation the label (and FOV) at the image's own size."""
+    same grid, for evaluation the label (and FOV) at the image's own size. Volumes: :func:`volume_item_bytes`."""
+    if int(train_config.get("spatial_dims") or 2) == 3:
+        return volume_item_bytes(item, train_config, train, channels)
     height, width = image_shape(item["image"])
     if train_config.get("spatial_mode") == "patch":
         r = float(item.get("rescale", train_config.get("rescale") or 1.0))

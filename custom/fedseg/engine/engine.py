@@ -53,6 +53,7 @@ from fedseg.data.transforms import resize_scores
 from fedseg.engine.base import SPLITS, LocalEngine, default_device
 from fedseg.engine.cache import CacheBudget
 from fedseg.engine.spatial import WholeImagePredictor, check_patch_size, pixel_spacing, resolve_spatial_settings, tensor_spacing
+from fedseg.engine.volume import invert_to_scan, plain, scan_spacing
 from fedseg.metrics import SegmentationMetrics
 from fedseg.objectives.base import BatchOutput, ClientObjective, RoundContext
 
@@ -105,22 +106,34 @@ class SegEngine(LocalEngine):
         self.label_space = site_label_space(self.train_config, self.datalist_info, f"site {site}'s datalist {self.datalist_path}")
         self.train_config["num_classes"] = self.label_space.num_classes
         self.train_config["patch_sampler"] = resolve_patch_sampler(self.train_config, self.label_space)
+        #: the data are CT / MR volumes (3-D patches or slices; fedseg.data.volumes)
+        self.volumes = int(self.train_config["spatial_dims"]) == 3
+        if self.volumes:
+            self._prepare_volumes(site)
         if self.dp_enabled and self.train_config["spatial_mode"] == "patch" and int(self.train_config.get("patch_samples", 1)) != 1:
             # DP-SGD clips per sample: with k patches per image one image would be k "samples" and the
             # accounted epsilon would be wrong. One patch per Poisson-drawn image keeps the unit the image.
             logger.info("%s: DP-SGD in patch mode draws one patch per image (patch_samples=1)", site)
             self.train_config["patch_samples"] = 1
         self.parser = load_bundle(bundle_dir or bundle_for_task(self.train_config), self.train_config)
+        if self.volumes and "target_spacing" not in self.parser:
+            raise ValueError(f"{site}: the bundle {self.parser['bundle_root']} is 2-D; volumes need a volume bundle "
+                             "(bundles/volume_seg). FedEFM's downstream UNETR is 2-D only.")
         for key in ("patch_size", "image_size", "patch_samples", "sw_overlap", "sw_batch_size", "sw_blend_mode"):
             self.train_config.setdefault(key, self.parser[key])
         check_patch_size(self.train_config, len(self.parser["channels"]))
         self.spatial_mode: str = self.train_config["spatial_mode"]
-        logger.info(
-            "%s: spatial mode %s (%s), rescale %s", site, self.spatial_mode,
-            f"patches {self.train_config['patch_size']} px x {self.train_config['patch_samples']} per image"
-            if self.spatial_mode == "patch" else f"images resized to {self.train_config['image_size']} px",
-            self.train_config["rescale"],
-        )
+        if self.volumes:
+            logger.info("%s: volumes, spatial mode %s, patches %s voxels x %s per volume, target spacing %s mm, %s",
+                        site, self.spatial_mode, self.parser.get_parsed_content("crop_size"), self.train_config["patch_samples"],
+                        self.train_config["target_spacing"], self.train_config["modality"])
+        else:
+            logger.info(
+                "%s: spatial mode %s (%s), rescale %s", site, self.spatial_mode,
+                f"patches {self.train_config['patch_size']} px x {self.train_config['patch_samples']} per image"
+                if self.spatial_mode == "patch" else f"images resized to {self.train_config['image_size']} px",
+                self.train_config["rescale"],
+            )
         self.num_classes = int(self.parser["num_classes"])
         self.n_train = len(self.data["training"])
         self._train_transform = self.parser.get_parsed_content("train_preprocessing")
@@ -129,6 +142,31 @@ class SegEngine(LocalEngine):
         self.cache = CacheBudget(self.train_config.get("cache_max_mb"), int(self.parser["in_channels"]))
         self._datasets: Dict[Tuple[str, bool], CacheDataset] = {}
         self._private: Dict[int, "PrivateTraining"] = {}
+
+    def _prepare_volumes(self, site: str) -> None:
+        """Volume jobs: every entry's image and label share one geometry and the declared channels (headers only), the
+        network's input channels are the volumes' (``image_channels``, else 1), and slice mode may centre patches on
+        foreground slices only (FedEvi's prostate setting)."""
+        from fedseg.data.volumes import check_volume_pair
+
+        names = self.train_config.get("image_channels")
+        expected = len(names) if names else 1
+        if int(self.train_config.get("in_channels") or expected) != expected:
+            raise ValueError(f"{site}: the job's in_channels={self.train_config['in_channels']} but its volumes have {expected} "
+                             f"channel(s) ({names or 'one volume per file'}); set in_channels={expected}")
+        self.train_config["in_channels"] = expected
+        for split, entries in self.data.items():
+            for i, e in enumerate(entries):
+                try:
+                    check_volume_pair(e["image"], e["label"], names)
+                except ValueError as exc:
+                    raise type(exc)(f"{exc} ({split}[{i}] of {self.datalist_path})") from exc
+        if self.train_config.get("slice_foreground_only"):
+            if self.train_config["spatial_mode"] != "slices":
+                raise ValueError(f"{site}: slice_foreground_only needs spatial_mode 'slices'")
+            # patch centres on foreground voxels only: every training slice shows the structure
+            self.train_config["patch_neg"] = 0.0
+            self.train_config["patch_ratios"] = [0.0] + [1.0] * (self.label_space.num_classes - 1)
 
     # ----------------------------------------------------------------------------------- components
     def build_network(self) -> nn.Module:
@@ -314,8 +352,11 @@ class SegEngine(LocalEngine):
         gradients, at the image's own size: ``inputs (1, C, H, W)``, ``labels (1, 1, H, W)``, ``logits
         (1, num_classes, H, W)``; ``features`` on the network's grid."""
         for batch, logits, features in self._iterate(model, split, with_features):
-            labels = batch["label"].to(self.device)
-            inputs = resize_scores(batch["image"].to(self.device), labels.shape[2:])
+            labels = plain(batch["label"]).to(self.device)
+            if self.volumes:
+                inputs = invert_to_scan(batch, batch["image"], self._eval_transform).to(self.device)
+            else:
+                inputs = resize_scores(batch["image"].to(self.device), labels.shape[2:])
             yield inputs, labels, logits, features
 
     def _iterate(self, model: nn.Module, split: str, with_features: bool):
@@ -326,8 +367,12 @@ class SegEngine(LocalEngine):
                 inputs = batch["image"].to(self.device)
                 out = self.predict(model, inputs, with_features)
                 logits, features = out if with_features else (out, {})
-                # scores back to the image's own size before the argmax (thin structures survive)
-                yield batch, resize_scores(logits, batch["label"].shape[2:]), features
+                if self.volumes:
+                    # scores inverted to the scan's own orientation, spacing and shape (Invertd) before the argmax
+                    yield batch, invert_to_scan(batch, logits, self._eval_transform), features
+                else:
+                    # scores back to the image's own size before the argmax (thin structures survive)
+                    yield batch, resize_scores(logits, batch["label"].shape[2:]), features
         finally:
             model.train(was_training)
 
@@ -348,11 +393,15 @@ class SegEngine(LocalEngine):
         entries = self.data[split]
         for i, (batch, logits, _) in enumerate(self._iterate(model, split, False)):
             fov = batch.get("fov")
+            if self.volumes:  # distances in mm from the scan's own header (the label is in its own geometry)
+                spacing = scan_spacing(batch["label"])
+            else:
+                spacing = tensor_spacing(pixel_spacing(entries[i], self.datalist_info), entries[i]["image"])
             meter.update(
                 logits.argmax(dim=1, keepdim=True).cpu(),
-                batch["label"].cpu(),
+                plain(batch["label"]).cpu(),
                 fov=None if fov is None else fov.cpu(),
-                spacing=tensor_spacing(pixel_spacing(entries[i], self.datalist_info), entries[i]["image"]),
+                spacing=spacing,
             )
         means = meter.aggregate()
         if not per_image:

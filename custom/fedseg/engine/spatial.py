@@ -1,7 +1,7 @@
 """Spatial mode of a site: how images reach the network and how predictions come back to the image's size.
 
-Two modes (``train_config["spatial_mode"]``, or the datalist's top-level ``"spatial_mode"`` when the
-config leaves it ``None``):
+Modes (``train_config["spatial_mode"]``, or the datalist's top-level ``"spatial_mode"`` when the
+config leaves it ``None``); for 2-D images:
 
 * ``resize`` — every image is resized to ``image_size`` x ``image_size`` for training; fine for large
   blob-like structures (polyps) and quick tests.
@@ -15,6 +15,19 @@ In both modes validation, test and inference run on the whole image (MONAI ``Sli
 in patch mode, one forward pass of the resized image in resize mode); the class scores are then
 interpolated back to the image's own size and every metric is computed there, against the mask as
 stored on disk (see :mod:`fedseg.metrics.segmentation`).
+
+For volumes (``spatial_dims`` 3; :mod:`fedseg.data.volumes`), after reorientation and resampling to the job's
+``target_spacing``:
+
+* ``patch`` — a 3-D network on 3-D patches (``patch_size`` three numbers, or one for a cube), a 3-D sliding window
+  over the whole volume;
+* ``slices`` — a 2-D network on the volume's slices along ``slice_axis`` (2 = axial after RAS reorientation):
+  training patches of ``patch_size`` x ``patch_size`` x 1 (only slices with foreground when
+  ``slice_foreground_only``, FedEvi's prostate setting), evaluation slides a ``patch_size`` x ``patch_size`` x 1
+  window over every slice and so predicts the volume slice by slice (:class:`SliceNetwork`).
+
+In both, the class scores are inverted (MONAI ``Invertd``) back to each scan's own orientation, spacing and shape
+before any metric; distances in mm come from its header.
 """
 
 from __future__ import annotations
@@ -28,7 +41,7 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-SPATIAL_MODES = ("resize", "patch")
+SPATIAL_MODES = ("resize", "patch", "slices")
 
 
 def resolve_spatial_settings(train_config: Mapping[str, Any], datalist: Mapping[str, Any], where: str = "") -> Dict[str, Any]:
@@ -38,9 +51,16 @@ def resolve_spatial_settings(train_config: Mapping[str, Any], datalist: Mapping[
     Raises:
         ValueError: unknown mode, or a rescale factor that is not a positive number.
     """
-    mode = train_config.get("spatial_mode") or datalist.get("spatial_mode") or "resize"
+    from fedseg.data.volumes import is_volume_job
+
+    volume = is_volume_job(train_config, datalist)
+    mode = train_config.get("spatial_mode") or datalist.get("spatial_mode") or ("patch" if volume else "resize")
     if mode not in SPATIAL_MODES:
         raise ValueError(f"spatial_mode {mode!r} {where}: expected one of {SPATIAL_MODES}")
+    if volume and mode == "resize":
+        raise ValueError(f"spatial_mode 'resize' {where}: volumes train on 3-D patches ('patch') or on slices ('slices')")
+    if mode == "slices" and not volume:
+        raise ValueError(f"spatial_mode 'slices' {where} needs volumes (spatial_dims 3)")
     rescale = train_config.get("rescale")
     if rescale is None:
         rescale = datalist.get("rescale", 1.0)
@@ -52,17 +72,36 @@ def resolve_spatial_settings(train_config: Mapping[str, Any], datalist: Mapping[
         raise ValueError(f"rescale {rescale!r} {where}: expected a positive number")
     if mode == "resize" and rescale != 1.0:
         logger.warning("rescale %s %s is ignored in resize mode (images are resized to image_size)", rescale, where)
-    return {"spatial_mode": mode, "rescale": rescale}
+    out = {"spatial_mode": mode, "rescale": rescale, "spatial_dims": 3 if volume else 2}
+    if volume:
+        from fedseg.data.volumes import resolve_volume_settings
+
+        out.update(resolve_volume_settings(train_config, datalist, where))
+        if rescale != 1.0:
+            raise ValueError(f"rescale {rescale} {where}: volumes are resampled to target_spacing instead")
+    return out
 
 
 def check_patch_size(train_config: Mapping[str, Any], levels: int) -> None:
     """The patch (or resized image) must pass through every pooling level of the U-Net, and keep more
-    than one pixel at the bottleneck (instance norm needs two)."""
+    than one pixel at the bottleneck (instance norm needs two). Volumes: every side of the 3-D patch, or the in-plane
+    sides in slice mode."""
     factor = 2 ** (levels - 1)
-    key = "patch_size" if train_config.get("spatial_mode") == "patch" else "image_size"
-    size = int(train_config[key])
-    if size % factor or size < 2 * factor:
-        raise ValueError(f"{key} {size} must be a multiple of {factor} and at least {2 * factor} for a {levels}-level U-Net")
+    mode = train_config.get("spatial_mode")
+    key = "patch_size" if mode in ("patch", "slices") else "image_size"
+    if int(train_config.get("spatial_dims") or 2) == 3:
+        from fedseg.data.volumes import crop_shape
+
+        axis = int(train_config.get("slice_axis", 2))
+        sides = [s for i, s in enumerate(crop_shape(train_config[key], mode, axis)) if not (mode == "slices" and i == axis)]
+    else:
+        if not isinstance(train_config[key], (int, float)):
+            raise ValueError(f"{key} {train_config[key]!r}: a 2-D job takes one number")
+        sides = [int(train_config[key])]
+    for size in sides:
+        if size % factor or size < 2 * factor:
+            raise ValueError(f"{key} {train_config[key]!r} must be a multiple of {factor} and at least {2 * factor} "
+                             f"(on every side) for a {levels}-level U-Net")
 
 
 class WholeImagePredictor:
@@ -76,10 +115,17 @@ class WholeImagePredictor:
     def __init__(self, train_config: Mapping[str, Any]):
         self.mode = train_config.get("spatial_mode", "resize")
         self.inferer: Optional[SlidingWindowInferer] = None
-        if self.mode == "patch":
-            size = int(train_config["patch_size"])
+        self.slice_axis: Optional[int] = None
+        if int(train_config.get("spatial_dims") or 2) == 3:
+            from fedseg.data.volumes import crop_shape
+
+            roi = tuple(crop_shape(train_config["patch_size"], self.mode, int(train_config.get("slice_axis", 2))))
+            self.slice_axis = int(train_config.get("slice_axis", 2)) if self.mode == "slices" else None
+        elif self.mode == "patch":
+            roi = (int(train_config["patch_size"]),) * 2
+        if self.mode in ("patch", "slices"):
             self.inferer = SlidingWindowInferer(
-                roi_size=(size, size),
+                roi_size=roi,
                 sw_batch_size=int(train_config.get("sw_batch_size", 4)),
                 overlap=float(train_config.get("sw_overlap", 0.25)),
                 mode=str(train_config.get("sw_blend_mode", "gaussian")),
@@ -94,7 +140,25 @@ class WholeImagePredictor:
             return model.forward_features(inputs) if with_features else model(inputs)
         if with_features:
             raise ValueError("whole-image features are not available in patch mode; use features of training patches")
-        return self.inferer(inputs, model)
+        network = SliceNetwork(model, self.slice_axis) if self.slice_axis is not None else model
+        return self.inferer(inputs, network)
+
+
+class SliceNetwork(nn.Module):
+    """A 2-D network applied to one-slice windows of a volume: ``(B, C, X, Y, Z)`` with size 1 on ``slice_axis``
+    (0, 1 or 2 of the spatial axes) -> the 2-D network's ``(B, K, ...)`` on the slice -> ``(B, K, X, Y, Z)`` with
+    the slice axis restored. Sliding a window that is one slice thick predicts a volume slice by slice."""
+
+    def __init__(self, network: nn.Module, slice_axis: int = 2):
+        super().__init__()
+        self.network = network
+        self.slice_axis = int(slice_axis)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dim = 2 + self.slice_axis
+        if x.shape[dim] != 1:
+            raise ValueError(f"SliceNetwork takes windows one slice thick on axis {self.slice_axis}, got {tuple(x.shape)}")
+        return self.network(x.squeeze(dim)).unsqueeze(dim)
 
 
 def pixel_spacing(entry: Mapping[str, Any], datalist: Mapping[str, Any]) -> Optional[Sequence[float]]:

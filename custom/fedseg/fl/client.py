@@ -71,10 +71,14 @@ class SiteRunner:
         )
         logger.info("%s: training on %s", self.site, datalist)
         if resolve_task(datalist, cfg) == "segmentation":
-            # bad files (outside the datalist's folder, 3-D, tiny, huge, unknown modes) fail here, before training,
+            # bad files (outside the datalist's folder, 3-D in a 2-D job or 2-D in a volume job, image / label geometries
+            # that differ, tiny, huge, unknown modes) fail here, before training,
             # with the file named in this site's log; the server only learns the error type (DatalistError).
             # Paths and headers only: SegEngine's load_datalist decodes every pair next
-            check_datalist(datalist, decode=False)
+            from fedseg.data.datalist import read_datalist_json
+            from fedseg.data.volumes import is_volume_job
+
+            check_datalist(datalist, decode=False, volumes=is_volume_job(cfg, read_datalist_json(datalist)[1]))
         # the task (train_config / datalist) picks the engine; one site logic for every task
         # a foundation checkpoint is read by the server into the initial global model: a site receives those
         # weights with its first task and needs no copy of the file

@@ -100,6 +100,9 @@ class PathFLObjective(ClientObjective):
 
     # ------------------------------------------------------------------------------------- round
     def begin_round(self, ctx: RoundContext, model: nn.Module) -> None:
+        if getattr(model, "spatial_dims", 2) != 2:
+            # a volume job reached a site with PathFL (the recipe refuses it; a hand-written job may not)
+            raise ValueError("PathFL is 2-D only: run volumes with spatial_mode='slices'")
         if self._generator is None:
             seed = int(ctx.train_config.get("seed", 0)) * 1_000_003 + zlib.crc32(ctx.site.encode())
             self._generator = torch.Generator().manual_seed(seed)

@@ -19,14 +19,20 @@ def _to_display(image: torch.Tensor) -> np.ndarray:
     """(C, W, H) channel-first tensor from MONAI's PIL reader -> (H, W, C) for imshow."""
     arr = image.detach().cpu().float().numpy()
     arr = np.moveaxis(arr, 0, -1).swapaxes(0, 1)
+    if arr.min() < 0 or arr.max() > 1:  # z-scored MR / windowed CT slices: stretched for display
+        arr = (arr - arr.min()) / max(float(arr.max() - arr.min()), 1e-6)
     return np.clip(arr if arr.shape[-1] == 3 else arr[..., 0], 0, 1)
 
 
 def save_overlay_strip(engine, model: torch.nn.Module, path: Path, split: str = "test", n: int = 4) -> Path:
-    """Rows: image, truth (green over image), prediction (red over image), for up to ``n`` images."""
+    """Rows: image, truth (green over image), prediction (red over image), for up to ``n`` images (of a volume, the
+    slice along its last axis with the most labelled voxels)."""
     shown = []
     for inputs, labels, logits, _ in engine.iterate_logits(model, split):
         pred = logits.argmax(dim=1, keepdim=True)
+        if inputs.ndim == 5:  # a volume: its slice (last axis) with the most labelled voxels
+            k = int(labels[0, 0].flatten(0, 1).gt(0).sum(0).argmax())
+            inputs, labels, pred = inputs[..., k], labels[..., k], pred[..., k]
         for i in range(inputs.shape[0]):
             shown.append((inputs[i], labels[i, 0], pred[i, 0]))
             if len(shown) >= n:

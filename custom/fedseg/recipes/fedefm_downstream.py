@@ -75,6 +75,9 @@ class FedEFMDownstreamRecipe(FedSegRecipe):
             train_overrides["foundation_ckpt"] = str(path)
         train_overrides["partial_depth"] = bool(partial_depth)
         resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
+        if int(resolved["train_config"].get("spatial_dims") or 2) == 3:
+            # the foundation is a 2-D ViT over 2-D patches; a 3-D UNETR (or slices through this 2-D one) is not offered
+            raise ValueError("FedEFM's downstream UNETR is 2-D only: it fine-tunes a 2-D foundation ViT; volumes are refused")
         super().__init__(
             name=name,
             method="fedefm_downstream",

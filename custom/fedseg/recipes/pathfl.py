@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from fedseg.config import resolve_profile
 from fedseg.recipes.base import FedSegRecipe, split_options
@@ -26,6 +26,18 @@ PAPER_PROFILES = {
         },
     }
 }
+
+
+def check_two_dimensional(train_config: Dict[str, Any]) -> None:
+    """PathFL is 2-D: its style statistics restyle 2-D images, its SSA noise batches are 2-D images the server runs
+    through every site's model. Volumes train in slice mode (a 2-D network on the slices) or not at all.
+
+    Raises:
+        ValueError: a 3-D network (``spatial_dims`` 3 without ``spatial_mode`` "slices").
+    """
+    if int(train_config.get("spatial_dims") or 2) == 3 and train_config.get("spatial_mode") != "slices":
+        raise ValueError("PathFL is 2-D only (style mixing, feature alignment and SSA's noise batches are defined on 2-D "
+                         "images): run volumes with spatial_mode='slices'")
 
 
 class PathFLRecipe(FedSegRecipe):
@@ -61,6 +73,7 @@ class PathFLRecipe(FedSegRecipe):
         # the alignment layer exists only when AFA is on, so AFA-off runs train FedAvg's exact network
         train_overrides["feature_alignment"] = bool(use_afa)
         resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
+        check_two_dimensional(resolved["train_config"])
         super().__init__(
             name=name,
             method="pathfl",
