@@ -7,9 +7,12 @@ median over rounds and sites of the site's train-task compute time, the sites' p
 each site reports with its weights: the largest over rounds and sites), and the bytes a site uploads per round (only
 the network's last layer grows with C). Ratios are C = 3 over C = 2 in the same run.
 
+Then, in one process and interleaved (less exposed to other jobs than two separate benches): the median local
+epoch and test-split evaluation of one site's engine with C = 3 and with C = 2, and their ratios.
+
 Usage:
     python benchmarks/multiclass_cost.py --out /work/bench_out/multiclass_cost [--seeds 0] [--rounds R]
-        [--sites site-1 site-2 site-3] [--data-profile default]
+        [--sites site-1 site-2 site-3] [--data-profile default] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -71,6 +74,45 @@ def read_costs(results: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
+def interleaved_engine_cost(c3: Dict[str, str], c2: Dict[str, str], repeats: int, threads: int = 1) -> Dict[str, Any]:
+    """In one process, alternating C = 3 and C = 2 on the same site's images: median seconds of one local epoch
+    (``engine.train``) and of a test-split evaluation (Dice / HD95 / ASSD, per class and region for C = 3), and their
+    ratios. The engine-level cost without the simulator's per-task overhead, less exposed to other jobs on the machine
+    than two separate benches."""
+    import time
+
+    import torch
+
+    from fedseg.config import resolve_profile
+    from fedseg.data.labels import federation_label_config
+    from fedseg.engine import SegEngine
+    from fedseg.objectives.base import ClientObjective, RoundContext
+
+    torch.set_num_threads(threads)
+    site = sorted(c3)[0]
+    engines, models = {}, {}
+    for name, mapping in (("C=3", c3), ("C=2", c2)):
+        cfg = resolve_profile("default", **federation_label_config({site: mapping[site]}))["train_config"]
+        engines[name] = SegEngine(site, mapping[site], cfg)
+        models[name] = engines[name].build_network()
+    times: Dict[str, Dict[str, List[float]]] = {n: {"train": [], "evaluate": []} for n in engines}
+    for rep in range(repeats + 1):  # the first round fills the caches and is not counted
+        for name in (list(engines) if rep % 2 == 0 else list(engines)[::-1]):
+            engine, model = engines[name], models[name]
+            ctx = RoundContext(site=site, round=rep, total_rounds=repeats + 1, train_config=engine.train_config)
+            started = time.perf_counter()
+            engine.train(model, ClientObjective(), ctx)
+            middle = time.perf_counter()
+            engine.evaluate(model, "test")
+            if rep:
+                times[name]["train"].append(middle - started)
+                times[name]["evaluate"].append(time.perf_counter() - middle)
+    out = {n: {k: statistics.median(v) for k, v in t.items()} for n, t in times.items()}
+    out["ratio"] = {k: out["C=3"][k] / out["C=2"][k] for k in ("train", "evaluate")}
+    out["site"], out["repeats"], out["threads"] = site, repeats, threads
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -78,6 +120,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", default=None)
     parser.add_argument("--sites", nargs="+", default=["site-1", "site-2", "site-3"])
     parser.add_argument("--data-profile", default="default")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved in-process repeats (train epoch + evaluation)")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     common = ["--seeds", *args.seeds] + (["--rounds", args.rounds] if args.rounds else [])
@@ -86,10 +129,12 @@ def main(argv=None) -> int:
     (out / "binary" / "site_datalists.json").write_text(json.dumps(mapping, indent=1))
     two = run_bench(out / "c2", ["--site-datalists", str(out / "binary" / "site_datalists.json")] + common)
     costs = {"C=3": read_costs(three), "C=2": read_costs(two)}
+    engine_cost = interleaved_engine_cost(three["site_datalists"], mapping, args.repeats)
     ratio = {k: costs["C=3"][k] / costs["C=2"][k] for k in
              ("median_round_wall_s", "median_site_compute_s", "peak_site_memory_mb", "upload_mb_per_site_round")}
     record = {"date": _dt.datetime.now().isoformat(timespec="seconds"), "command": " ".join(sys.argv),
-              "machine": three.get("machine"), "budget": three.get("budget"), "costs": costs, "ratio_c3_over_c2": ratio}
+              "machine": three.get("machine"), "budget": three.get("budget"), "costs": costs, "ratio_c3_over_c2": ratio,
+              "interleaved_engine": engine_cost}
     (out / "multiclass_cost.json").write_text(json.dumps(record, indent=1))
     lines = ["| label space | median round wall (s) | median site compute (s) | peak site memory (MB) | upload per site per round (MB) |",
              "|---|---|---|---|---|"]
@@ -98,6 +143,10 @@ def main(argv=None) -> int:
                      f"{c['upload_mb_per_site_round']:.4f} |")
     lines.append(f"| ratio C=3 / C=2 | {ratio['median_round_wall_s']:.3f} | {ratio['median_site_compute_s']:.3f} | "
                  f"{ratio['peak_site_memory_mb']:.3f} | {ratio['upload_mb_per_site_round']:.4f} |")
+    lines += ["", f"In one process, interleaved ({args.repeats} repeats, site {engine_cost['site']}, one torch thread): "
+              f"median local epoch {engine_cost['C=3']['train']:.2f} s (C=3) vs {engine_cost['C=2']['train']:.2f} s (C=2), "
+              f"ratio {engine_cost['ratio']['train']:.3f}; test-split evaluation {engine_cost['C=3']['evaluate']:.2f} s vs "
+              f"{engine_cost['C=2']['evaluate']:.2f} s, ratio {engine_cost['ratio']['evaluate']:.3f}."]
     text = "\n".join(lines)
     (out / "multiclass_cost.md").write_text(text + "\n")
     print(text)

@@ -31,6 +31,8 @@ from typing import List, Optional
 #: built-in synthetic families (== fedseg.data.synthetic.FAMILIES, checked by a test; kept literal so that
 #: building the parser does not import numpy/scipy)
 FAMILY_CHOICES = ("polyp", "vessel", "nuclei", "xray", "fundus")
+#: built-in volume families (== fedseg.data.synthetic_volumes.VOLUME_FAMILIES)
+VOLUME_FAMILY_CHOICES = ("prostate3d",)
 
 
 def find_reports(path: os.PathLike) -> List[Path]:
@@ -170,13 +172,16 @@ def _cmd_export(args: argparse.Namespace) -> None:
         from fedseg.data.datalist import DatalistError
         from fedseg.data.labels import federation_label_config
 
-        try:
-            fields = federation_label_config({"--labels-from": str(Path(args.labels_from).resolve())}, explicit=overrides)
-        except DatalistError as e:
+        from fedseg.data.volumes import federation_volume_config
+
+        source = {"--labels-from": str(Path(args.labels_from).resolve())}
+        try:  # and, for volumes, the volume settings (spacing, modality, channels) it declares
+            fields = {**federation_label_config(source, explicit=overrides), **federation_volume_config(source, explicit=overrides)}
+        except (DatalistError, ValueError) as e:
             raise SystemExit(f"fedseg export: {e}") from None
         overrides.update({k: v for k, v in fields.items() if overrides.get(k) is None})
     elif args.family:
-        overrides.update(_preflight(None, args.family, overrides, "export"))
+        overrides.update(_preflight(None, args.family, overrides, "export", _profile_data(args.profile)))
     job_options.update(overrides)
     for method in methods:
         try:
@@ -222,7 +227,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
             mode = common_spatial_mode(mapping.values())
             if mode:  # recorded in the job's train_config, so the checkpoint says how to run the model
                 overrides["spatial_mode"] = mode
-    overrides.update(_preflight(mapping, overrides.get("data_family"), overrides, "run"))
+    overrides.update(_preflight(mapping, overrides.get("data_family"), overrides, "run", _profile_data(args.profile)))
     with tempfile.TemporaryDirectory(prefix="fedseg_job_") as tmp:
         job = export_job(
             args.method, tmp, args.profile, num_rounds=args.rounds, script_args=script_args,
@@ -245,11 +250,16 @@ def _cmd_run(args: argparse.Namespace) -> None:
     _print_summary(reports[-1])
 
 
-def _preflight(mapping: Optional[dict], family: Optional[str], overrides: dict, command: str) -> dict:
-    """Check every site's datalist (or the built-in family) before a job starts; the label-space ``train_config``
-    fields the job needs (``fedseg.data.checks.check_federation``). Exits with every problem named."""
+def _preflight(mapping: Optional[dict], family: Optional[str], overrides: dict, command: str,
+               data_profile: Optional[str] = None) -> dict:
+    """Check every site's datalist (or the built-in family) before a job starts; the label-space (and, for volumes,
+    volume) ``train_config`` fields the job needs (``fedseg.data.checks.check_federation``). Exits with every problem
+    named. ``data_profile``: the built-in family's profile (a volume family's target spacing depends on it)."""
     from fedseg.data.checks import check_federation
     from fedseg.data.datalist import DatalistError
+
+    if data_profile and "data_profile" not in overrides:
+        overrides = {**overrides, "data_profile": data_profile}
 
     try:
         if mapping:
@@ -258,9 +268,16 @@ def _preflight(mapping: Optional[dict], family: Optional[str], overrides: dict, 
             if federation_task(mapping) != "segmentation":
                 return {}
         fields = check_federation(mapping, family=None if mapping else (family or "polyp"), explicit=overrides)
-    except DatalistError as e:
+    except (DatalistError, ValueError) as e:
         raise SystemExit(f"fedseg {command}: {e}") from None
     return {k: v for k, v in fields.items() if overrides.get(k) is None}
+
+
+def _profile_data(profile: str) -> Optional[str]:
+    """The built-in data profile a training profile generates (``tiny`` -> ``tiny``, else ``default``)."""
+    from fedseg.config import PROFILES
+
+    return (PROFILES.get(profile) or {}).get("train_config", {}).get("data_profile")
 
 
 def _print_summary(report_path: Path) -> None:
@@ -300,7 +317,7 @@ def _cmd_bench(args: argparse.Namespace) -> None:
         from fedseg.bench.bench import read_site_datalists
 
         mapping = read_site_datalists(args.site_datalists) if args.site_datalists else None
-        sets.update(_preflight(mapping, args.family, sets, "bench"))
+        sets.update(_preflight(mapping, args.family, sets, "bench", args.data_profile))
     budget = Budget(profile=args.profile, rounds=args.rounds, local_epochs=args.local_epochs, sets=sets,
                     task_check_period=args.task_check_period, task_request_interval=args.task_request_interval,
                     omp_threads=args.omp_threads)
@@ -345,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="generate built-in data or import real data")
     data_sub = data.add_subparsers(dest="data_cmd", required=True)
     synth = data_sub.add_parser("synth", help="built-in synthetic multi-site data")
-    synth.add_argument("--family", default="polyp", choices=FAMILY_CHOICES)
+    synth.add_argument("--family", default="polyp", choices=FAMILY_CHOICES + VOLUME_FAMILY_CHOICES)
     synth.add_argument("--sites", nargs="+", default=["site-1", "site-2", "site-3"])
     synth.add_argument("--out", required=True)
     synth.add_argument("--profile", default="default")
@@ -449,9 +466,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--task-request-interval", type=float, default=None,
         help="seconds an idle site waits before asking for a task again (default 0.2; see docs/benchmarks.md (j))",
     )
-    export.add_argument("--family", default=None, choices=FAMILY_CHOICES, help="built-in data family of the job (its label space too)")
+    export.add_argument("--family", default=None, choices=FAMILY_CHOICES + VOLUME_FAMILY_CHOICES,
+                        help="built-in data family of the job (its label space and, for volumes, its volume settings too)")
     export.add_argument("--labels-from", default=None, metavar="DATALIST",
-                        help="put the label space this datalist declares (num_classes, labels, regions, label_values) into the job")
+                        help="put the label space this datalist declares (num_classes, labels, regions, label_values) and, for "
+                             "volumes, its volume settings (target_spacing, modality, ...) into the job")
     export.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="any train_config key")
     export.set_defaults(func=_cmd_export)
 
@@ -461,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-w", "--workspace", default=None)
     run.add_argument("--profile", default="default")
     run.add_argument("--rounds", type=int, default=None)
-    run.add_argument("--family", default=None, choices=FAMILY_CHOICES, help="built-in data family")
+    run.add_argument("--family", default=None, choices=FAMILY_CHOICES + VOLUME_FAMILY_CHOICES, help="built-in data family")
     run.add_argument("--image-size", type=int, default=None, help="network input size (images are resized on load)")
     run.add_argument("--local-epochs", type=int, default=None)
     run.add_argument("--site-datalists", default=None, help="JSON map site -> datalist (real data)")
@@ -477,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "--out. Repeating the command with the same --out skips finished runs.")
     data_src = bench.add_mutually_exclusive_group()
     data_src.add_argument("--site-datalists", default=None, help="JSON map site -> datalist path")
-    data_src.add_argument("--family", default=None, choices=FAMILY_CHOICES + ("xray_foundation",),
+    data_src.add_argument("--family", default=None, choices=FAMILY_CHOICES + VOLUME_FAMILY_CHOICES + ("xray_foundation",),
                           help="built-in data family (default polyp; xray_foundation = FedEFM's classification "
                                "silos, unseen proportion from --set data_unseen=P)")
     bench.add_argument("--sites", nargs="+", default=["site-1", "site-2", "site-3"], help="built-in data: site names")

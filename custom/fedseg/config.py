@@ -118,6 +118,17 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     "dp_max_grad_norm": 1.0,
 }
 
+#: what a volume job (spatial_dims 3) uses where the profile and the caller leave a key at its 2-D default: a
+#: 4-level U-Net (a 16-slice patch keeps 2 slices at the bottleneck), anisotropic patches that fit MR stacks of a
+#: few dozen slices, grey volumes, smaller batches (a 3-D patch holds ~16 2-D patches' voxels)
+VOLUME_DEFAULTS: Dict[str, Any] = {
+    "channels": [16, 32, 64, 128],
+    "patch_size": [64, 64, 16],
+    "in_channels": 1,
+    "batch_size": 2,
+    "patch_samples": 2,
+}
+
 PROFILES: Dict[str, Dict[str, Any]] = {
     # unit/integration tests: a few seconds per round on one core
     "tiny": {
@@ -190,5 +201,11 @@ def resolve_profile(
     unknown = set(train_overrides) - set(BASE_TRAIN_CONFIG)
     if unknown:
         raise ValueError(f"unknown train_config keys {sorted(unknown)}; known: {sorted(BASE_TRAIN_CONFIG)}")
-    train_config.update({k: v for k, v in train_overrides.items() if v is not None})
+    given = {k: v for k, v in train_overrides.items() if v is not None}
+    if int(given.get("spatial_dims") or 2) == 3:
+        # a volume job: the 3-D defaults where neither the profile nor the caller chose
+        for key, value in VOLUME_DEFAULTS.items():
+            if key not in chosen.get("train_config", {}) and key not in given:
+                train_config[key] = copy.deepcopy(value)
+    train_config.update(given)
     return {"num_rounds": int(num_rounds or chosen["num_rounds"]), "train_config": train_config}

@@ -190,7 +190,7 @@ def check_federation(
     from .synthetic_volumes import VOLUME_FAMILIES, volume_family_fields
 
     if family in VOLUME_FAMILIES:
-        info = volume_family_fields(family)
+        info = volume_family_fields(family, (explicit or {}).get("data_profile") or "default")
         return {**federation_label_config(family=family, explicit=explicit),
                 **federation_volume_config(family_fields=info, explicit=explicit)}
     return {}

@@ -496,7 +496,8 @@ def generate_site_data(
     """Generate (or reuse) one site's synthetic images, masks and datalist.
 
     Args:
-        family: one of :data:`FAMILIES` (``"vessel"``, ``"polyp"``, ``"nuclei"``).
+        family: one of :data:`FAMILIES` (``"vessel"``, ``"polyp"``, ``"nuclei"``, ``"xray"``, ``"fundus"``), or a volume
+            family of :mod:`fedseg.data.synthetic_volumes` (``"prostate3d"``: NIfTI volumes, ``num_images`` = volumes).
         site: any name without path separators (``"site-1"``, ``"hospital_a"``).
         out_dir: root folder; files go to ``out_dir/<family>/<site>/``.
         seed: federation seed; with ``family`` and ``site`` it determines everything.
@@ -511,8 +512,14 @@ def generate_site_data(
     The call is idempotent: if a datalist with the same fingerprint exists and all its files are
     present, nothing is regenerated.
     """
+    from .synthetic_volumes import VOLUME_FAMILIES, generate_volume_site
+
+    if family in VOLUME_FAMILIES:  # NIfTI volumes (fedseg.data.synthetic_volumes)
+        if image_size is not None:
+            raise ValueError(f"image_size does not apply to the volume family {family!r} (its profile sets the sizes)")
+        return generate_volume_site(family, site, out_dir, seed=seed, profile=profile, num_volumes=num_images)
     if family not in _RENDERERS:
-        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES + VOLUME_FAMILIES}")
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; expected one of {tuple(PROFILES)}")
     _check_site_name(site)
@@ -588,7 +595,10 @@ def generate_site_data(
 def family_label_space(family: str):
     """The :class:`fedseg.data.labels.LabelSpace` every site of a built-in family declares."""
     from .labels import LabelSpace
+    from .synthetic_volumes import VOLUME_FAMILIES, volume_family_label_space
 
+    if family in VOLUME_FAMILIES:
+        return LabelSpace.from_datalist(volume_family_label_space(family), f"built-in family {family!r}")
     if family not in _RENDERERS:
         raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
     spec = _RENDERERS[family]
