@@ -54,7 +54,8 @@ def test_checkpoint_records_the_volume_settings(run):
     method, mode, report, _ = run
     from pathlib import Path
 
-    ckpt = torch.load(Path(report["_path"]).parent / "FL_global_model.pt", map_location="cpu", weights_only=True)
+    (path,) = Path(report["_path"]).parent.rglob("FL_global_model.pt")
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
     cfg = ckpt["train_config"]
     assert cfg["spatial_dims"] == 3 and cfg["spatial_mode"] == mode and cfg["target_spacing"] and cfg["modality"] == "MR"
     if method == "graphfedseg":

@@ -166,9 +166,11 @@ class FVACObjective(ClientObjective):
         if self._weight_maps.maxlen == 0:
             return
         # one image per batch keeps the copy to the host small; these tensors never leave the site
-        self._weight_maps.append(
-            (inputs[0].detach().float().cpu(), labels[0].detach().float().cpu(), alpha[0].detach().float().cpu())
-        )
+        image, label, weights = inputs[0], labels[0], alpha[0]
+        if image.ndim == 4:  # a 3-D patch: its slice (last axis) with the most labelled voxels, for the 2-D figure
+            k = int(label[0].flatten(0, 1).gt(0).sum(0).argmax())
+            image, label, weights = image[..., k], label[..., k], weights[..., k]
+        self._weight_maps.append((image.detach().float().cpu(), label.detach().float().cpu(), weights.detach().float().cpu()))
 
     def last_weight_maps(self, n: int = 4) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The ``n`` most recent kept triples, oldest first, as CPU tensors.
