@@ -140,6 +140,7 @@ def _timing(records: Sequence[Dict[str, Any]], baseline: Optional[str] = BASELIN
                       "wall_s_total": sum(r["wall_s"] for r in recs),
                       "median_round_wall": statistics.median(walls) if walls else None,
                       "upload_mb_per_site_round": recs[0].get("upload_mb_per_site_round"),
+                      "peak_site_memory_mb": max((r["peak_site_memory_mb"] for r in recs if r.get("peak_site_memory_mb")), default=None),
                       "download_mb_per_site_round": recs[0].get("download_mb_per_site_round")}
     ref = out.get(baseline) or {} if baseline else {}
     base = ref.get("median_round_wall")
@@ -290,8 +291,8 @@ def markdown(results: Dict[str, Any]) -> str:
             lines.append("")
     lines += ["## Cost", "",
               f"| approach | runs | wall time per run (s) | total (s) | median round wall (s) | vs {base_name} | "
-              f"upload / download per site per round (MB) | upload vs {base_name} |",
-              "|---|---|---|---|---|---|---|---|"]
+              f"upload / download per site per round (MB) | upload vs {base_name} | peak site memory (MB) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for label, t in results["timing"].items():
         kind = "simulator job" if t["kind"] == "method" else "in-process training"
         med = "-" if t["median_round_wall"] is None else f"{t['median_round_wall']:.2f}"
@@ -299,7 +300,8 @@ def markdown(results: Dict[str, Any]) -> str:
         up = "-" if t.get("upload_mb_per_site_round") is None else (
             f"{t['upload_mb_per_site_round']:.3f} / {t.get('download_mb_per_site_round') or 0:.3f}")
         up_ratio = "-" if t.get("upload_ratio_to_fedavg") is None else f"{t['upload_ratio_to_fedavg']:.3f}x"
-        lines.append(f"| {label} | {t['runs']} | {_pm(t['wall_s_per_run'], 1)} ({kind}) | {t['wall_s_total']:.1f} | {med} | {ratio} | {up} | {up_ratio} |")
+        mem = "-" if t.get("peak_site_memory_mb") is None else f"{t['peak_site_memory_mb']:.0f}"
+        lines.append(f"| {label} | {t['runs']} | {_pm(t['wall_s_per_run'], 1)} ({kind}) | {t['wall_s_total']:.1f} | {med} | {ratio} | {up} | {up_ratio} | {mem} |")
     if results.get("plots"):
         lines += ["", "Plots: " + ", ".join(f"`{Path(p).name}`" for p in results["plots"])]
     return "\n".join(lines) + "\n"

@@ -302,6 +302,9 @@ def method_record(spec: RunSpec, mapping: Mapping[str, str], workspace: Path, re
         "val_metric": val_key,
         f"{val_key}_per_round": [_mean([clean(m.get(val_key)) for m in r["metrics"].values()]) for r in report["rounds"]],
         "upload_mb_per_site_round": _payload_mb(report["rounds"], "bytes_received", len(sites)),
+        # each site's peak resident memory over the run (its own report, metrics peak_memory_mb), then the largest site
+        "peak_site_memory_mb": max((m["peak_memory_mb"] for r in report["rounds"] for m in r["metrics"].values()
+                                    if m.get("peak_memory_mb") is not None), default=None),
         "download_mb_per_site_round": _payload_mb(report["rounds"], "bytes_sent", len(sites)),
         "final": {}, "per_image": {},
     }
