@@ -22,9 +22,14 @@ images/s over ``--repeats`` timed calls per path (after one warm-up call each), 
 engine/plain of the medians, and the median process CPU seconds per call (CPU time is less
 sensitive than wall time to other jobs on a shared machine).
 
+Volumes (``--family prostate3d``): the same comparison on 3-D patches (or ``--spatial-mode slices``), the built-in
+MR site resampled to its family's target spacing; throughput also as voxels/s (every patch's voxels per second).
+
 Usage:
     python benchmarks/engine_throughput.py --out /tmp/engine_throughput.json [--data both]
         [--image-size 64] [--batch-size 4] [--epochs 2] [--repeats 7] [--threads 0]
+    python benchmarks/engine_throughput.py --family prostate3d [--spatial-mode slices] [--patch-size "[64,64,16]"]
+        --batch-size 2 --out /tmp/engine_throughput_3d.json
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List
 
 import torch
+
+from fedseg.data.synthetic_volumes import VOLUME_FAMILIES
 
 
 def _time(fn: Callable[[], Any]) -> Dict[str, float]:
@@ -73,8 +80,16 @@ def bench_mode(mode: str, datalist: Path, args: argparse.Namespace) -> Dict[str,
     from fedseg.engine.engine import SegEngine
     from fedseg.objectives.base import ClientObjective, RoundContext
 
-    cfg = resolve_profile("default", image_size=args.image_size, batch_size=args.batch_size,
-                          local_epochs=args.epochs)["train_config"]
+    if args.family in VOLUME_FAMILIES:
+        from fedseg.data.labels import federation_label_config
+        from fedseg.data.volumes import federation_volume_config
+
+        fields = {**federation_label_config({"site-1": str(datalist)}), **federation_volume_config({"site-1": str(datalist)})}
+        cfg = resolve_profile("default", batch_size=args.batch_size, local_epochs=args.epochs, spatial_mode=args.spatial_mode,
+                              **({"patch_size": args.patch_size} if args.patch_size else {}), **fields)["train_config"]
+    else:
+        cfg = resolve_profile("default", image_size=args.image_size, batch_size=args.batch_size,
+                              local_epochs=args.epochs)["train_config"]
     engine = SegEngine("site-1", datalist, cfg)
     device = engine.device
     real_loader = engine.loader("training", shuffle=True, train=True)
@@ -111,7 +126,10 @@ def bench_mode(mode: str, datalist: Path, args: argparse.Namespace) -> Dict[str,
         for name in order:
             times[name].append(_time(runs[name]))
 
-    out: Dict[str, Any] = {"mode": mode, "n_train": engine.n_train, "images_per_call": n_images, "paths": {}}
+    # voxels (pixels) the network trains on per call: every patch of every batch
+    voxels = sum(int(b["label"][0].numel()) * int(b["label"].shape[0]) for b in batches_fn()) * args.epochs
+    out: Dict[str, Any] = {"mode": mode, "n_train": engine.n_train, "images_per_call": n_images, "voxels_per_call": voxels,
+                           "patch": list(engine.parser.get_parsed_content("crop_size")) if engine.volumes else None, "paths": {}}
     for name, ts in times.items():
         ips = [n_images / t["wall"] for t in ts]
         out["paths"][name] = {
@@ -121,6 +139,7 @@ def bench_mode(mode: str, datalist: Path, args: argparse.Namespace) -> Dict[str,
             "best_images_per_s": max(ips),
             "median_wall_s": statistics.median(t["wall"] for t in ts),
             "median_cpu_s": statistics.median(t["cpu"] for t in ts),
+            "median_voxels_per_s": statistics.median(voxels / t["wall"] for t in ts),
         }
     e, p = out["paths"]["engine"], out["paths"]["plain"]
     out["ratio_images_per_s"] = e["median_images_per_s"] / p["median_images_per_s"]
@@ -140,7 +159,10 @@ def main(argv=None) -> Dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="JSON file to write")
     parser.add_argument("--data", choices=["memory", "loader", "both"], default="both")
-    parser.add_argument("--family", choices=["polyp", "vessel", "nuclei"], default="polyp")
+    parser.add_argument("--family", choices=["polyp", "vessel", "nuclei", "fundus"] + list(VOLUME_FAMILIES), default="polyp",
+                        help="built-in family; prostate3d = MR volumes (3-D patches, or --spatial-mode slices)")
+    parser.add_argument("--spatial-mode", default="patch", choices=["patch", "slices"], help="volume families only")
+    parser.add_argument("--patch-size", type=json.loads, default=None, help="volume families: e.g. [64,64,16] (JSON)")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=2, help="epochs per timed call")
@@ -171,15 +193,16 @@ def main(argv=None) -> Dict[str, Any]:
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
                     "torch_threads": torch.get_num_threads(), "device": "cuda" if torch.cuda.is_available() else "cpu"},
         "settings": {"family": args.family, "image_size": args.image_size, "batch_size": args.batch_size,
-                     "epochs_per_call": args.epochs, "repeats": args.repeats},
+                     "epochs_per_call": args.epochs, "repeats": args.repeats, "spatial_mode": args.spatial_mode,
+                     "patch_size": args.patch_size},
         "results": results,
     }
     print(f"\nEngine throughput — {args.family}, {args.image_size}px, batch {args.batch_size}, "
           f"{args.epochs} epochs/call, {args.repeats} interleaved repeats, torch threads {torch.get_num_threads()}\n")
     print("| data | train images/call | engine img/s median (best) | plain img/s median (best) | "
           "ratio engine/plain: medians | paired (median) | best | A/A control plain2/plain: medians (best) | "
-          "CPU s/call engine | CPU s/call plain |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "CPU s/call engine | CPU s/call plain | engine / plain voxels/s (median) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         e, p = r["paths"]["engine"], r["paths"]["plain"]
         control = (f"{r['control_ratio_images_per_s']:.3f} ({r['control_ratio_best_images_per_s']:.3f})"
@@ -187,7 +210,8 @@ def main(argv=None) -> Dict[str, Any]:
         print(f"| {r['mode']} | {r['images_per_call']} | {e['median_images_per_s']:.1f} ({e['best_images_per_s']:.1f}) | "
               f"{p['median_images_per_s']:.1f} ({p['best_images_per_s']:.1f}) | {r['ratio_images_per_s']:.3f} | "
               f"{r['median_paired_ratio']:.3f} | {r['ratio_best_images_per_s']:.3f} | {control} | "
-              f"{e['median_cpu_s']:.2f} | {p['median_cpu_s']:.2f} |")
+              f"{e['median_cpu_s']:.2f} | {p['median_cpu_s']:.2f} | "
+              f"{e['median_voxels_per_s'] / 1e6:.2f}M / {p['median_voxels_per_s'] / 1e6:.2f}M |")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1))

@@ -81,9 +81,9 @@ def sites(tmp_path_factory):
 
 
 def _config(mode: str, **extra):
-    fields = {"num_classes": 3, **LABELS, "spatial_dims": 3, "in_channels": 1, "spatial_mode": mode}
-    patch = [16, 16, 8] if mode == "patch" else 16
-    return resolve_profile("tiny", **fields, patch_size=patch, channels=[8, 16, 32], **extra)["train_config"]
+    fields = {"num_classes": 3, **LABELS, "spatial_dims": 3, "in_channels": 1, "spatial_mode": mode,
+              "patch_size": [16, 16, 8] if mode == "patch" else 16, "channels": [8, 16, 32]}
+    return resolve_profile("tiny", **{**fields, **extra})["train_config"]
 
 
 class _Oracle(torch.nn.Module):
@@ -232,3 +232,34 @@ def test_inference_writes_nifti_masks_aligned_with_their_input(tmp_path, sites, 
         for c in (1, 2):
             dice = 2 * ((pred == c) & (truth == c)).sum() / ((pred == c).sum() + (truth == c).sum())
             assert dice > 0.9, (w.name, c, dice)
+
+
+def test_a_four_d_site_trains_with_its_declared_channels(tmp_path):
+    """Two sequences stored as one 4-D NIfTI: with image_channels declared the network takes two input channels;
+    the same site without the declaration is refused before training."""
+    from fedseg.objectives.base import ClientObjective, RoundContext
+
+    spacing = (1.0, 1.0, 2.0)
+    entries = []
+    for i in range(3):
+        image, label = _phantom((24, 24, 8), spacing, seed=i)
+        stack = np.stack([image, image[::-1]], axis=-1)  # (X, Y, Z, 2): a second "sequence"
+        _write(tmp_path / f"img{i}.nii.gz", stack, _affine(spacing))
+        _write(tmp_path / f"lab{i}.nii.gz", label, _affine(spacing))
+        entries.append({"image": f"img{i}.nii.gz", "label": f"lab{i}.nii.gz"})
+    data = {**LABELS, "spatial_dims": 3, "modality": "MR", "target_spacing": [1.0, 1.0, 2.0], "image_channels": ["T2", "ADC"],
+            "training": entries[:1], "validation": entries[1:2], "test": entries[2:]}
+    path = tmp_path / "datalist.json"
+    path.write_text(json.dumps(data))
+    fields = federation_volume_config({"s": path})
+    assert fields["in_channels"] == 2 and fields["image_channels"] == ["T2", "ADC"]
+    cfg = _config("patch", **{k: v for k, v in fields.items() if k not in ("spatial_dims",)})
+    engine = SegEngine("s", path, cfg)
+    model = engine.build_network()
+    assert engine.train_config["in_channels"] == 2 and model.in_channels == 2
+    out = engine.train(model, ClientObjective(), RoundContext("s", 0, 1, train_config=cfg))
+    assert np.isfinite(out["train_loss"]) and "dice:prostate" in engine.evaluate(model, "test")
+    del data["image_channels"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(DatalistError, match="4-D with 2 volumes"):
+        SegEngine("s", path, _config("patch"))
