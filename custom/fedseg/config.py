@@ -8,6 +8,7 @@ meta and is written verbatim into ``report.json['config']``; bundle variables am
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, Dict, Optional
 
 BASE_TRAIN_CONFIG: Dict[str, Any] = {
@@ -169,7 +170,8 @@ def default_task_timeout(train_config: Dict[str, Any]) -> int:
     """Seconds a site may take for one task when the job does not say (``task_timeout=None``).
 
     ``TASK_SECONDS_PER_EPOCH_64PX * local_epochs * max(1, side / 64) ** 2`` with ``side`` the training
-    input size (``patch_size`` in patch mode, else ``image_size``), clipped to :data:`TASK_TIMEOUT_RANGE`:
+    input size (``patch_size`` in patch and slice mode, else ``image_size``; a 3-D patch counts as the square of as many
+    voxels), clipped to :data:`TASK_TIMEOUT_RANGE`:
     a task's work grows with the epochs and the pixels per image. Examples: tiny profile (32 px, 3 epochs)
     900 s; default (64 px, 1 epoch) 300 s; a 384 px paper profile with 2 epochs 6 h.
     A site that has not answered by then is left out of the round (``missing`` in report.json) and the
@@ -178,9 +180,13 @@ def default_task_timeout(train_config: Dict[str, Any]) -> int:
     value = {}
     for key in ("local_epochs", "image_size", "patch_size"):
         value[key] = train_config.get(key, BASE_TRAIN_CONFIG[key])
-        if not isinstance(value[key], int) or isinstance(value[key], bool) or value[key] < 1:
+        sizes = value[key] if key == "patch_size" and isinstance(value[key], (list, tuple)) else [value[key]]
+        if not sizes or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in sizes):
             raise ValueError(f"default_task_timeout: train_config[{key!r}] must be a positive integer, got {value[key]!r}")
-    side = value["patch_size"] if train_config.get("spatial_mode") == "patch" else value["image_size"]
+    patch = value["patch_size"]
+    if isinstance(patch, (list, tuple)):  # a 3-D patch: the side of the square with as many voxels
+        patch = math.sqrt(math.prod(patch))
+    side = patch if train_config.get("spatial_mode") in ("patch", "slices") else value["image_size"]
     seconds = TASK_SECONDS_PER_EPOCH_64PX * value["local_epochs"] * max(1.0, side / 64) ** 2
     low, high = TASK_TIMEOUT_RANGE
     return int(min(high, max(low, round(seconds))))
