@@ -110,7 +110,8 @@ STRUCTURE_NOTE = (
 METRIC_NOTE = (
     "test metrics per site are means over its test images, each scored at the image's own size against its mask on "
     "disk (distances in pixels of the original image); *_fov: prediction and truth restricted to the image's "
-    "field-of-view mask; *_mm: distances in millimetres from the datalist's pixel spacing"
+    "field-of-view mask; *_mm: distances in millimetres from the datalist's pixel spacing (volumes: each scored in "
+    "its own geometry, distances in voxels, and *_mm from its header)"
 )
 
 
