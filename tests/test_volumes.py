@@ -263,3 +263,42 @@ def test_a_four_d_site_trains_with_its_declared_channels(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(DatalistError, match="4-D with 2 volumes"):
         SegEngine("s", path, _config("patch"))
+
+
+def test_monai_bundle_tooling_on_the_volume_bundle(tmp_path, sites):
+    """``verify_net_in_out`` passes for the declared 3-D network (and 2-D in slice mode); MONAI's own ``run`` on
+    train.json + inference.json writes a NIfTI mask with its input's affine."""
+    import fire
+    import monai.bundle.__main__ as cli
+    from monai.bundle import run
+
+    configs = Path(__file__).resolve().parents[1] / "bundles" / "volume_seg" / "configs"
+    argv = ["network_def", "--meta_file", str(configs / "metadata.json"), "--config_file", str(configs / "train.json"),
+            "--device", "cpu", "--n", "2"]
+    fire.Fire(cli.verify_net_in_out, command=argv, name="verify_net_in_out")
+    plane = '["8*n", "8*n"]'
+    fire.Fire(cli.verify_net_in_out, command=argv + ["--spatial_mode", "slices", "--_meta_#network_data_format#inputs#image#spatial_shape",
+                                                     plane, "--_meta_#network_data_format#outputs#pred#spatial_shape", plane],
+              name="verify_net_in_out")
+    from fedseg.bundle import build_network
+
+    net = build_network({"spatial_dims": 3, "num_classes": 3, "in_channels": 1, "channels": [8, 16, 32]})
+    ckpt = tmp_path / "model.pt"
+    torch.save(net.state_dict(), ckpt)
+    folder = Path(sites["flipped"]).parent / "images"
+    run(config_file=[str(configs / "train.json"), str(configs / "inference.json")], meta_file=str(configs / "metadata.json"),
+        logging_file=False, bundle_root=str(configs.parent), ckpt_path=str(ckpt), input_dir=str(folder), output_dir=str(tmp_path / "out"),
+        num_classes=3, channels=[8, 16, 32], patch_size=[16, 16, 8], target_spacing=[1.0, 1.0, 2.0], modality="CT",
+        intensity_window=[0, 200])
+    src, out = nib.load(str(folder / "000.nii.gz")), nib.load(str(tmp_path / "out" / "000_seg.nii.gz"))
+    assert out.shape == src.shape and np.allclose(out.affine, src.affine, atol=1e-4)
+
+
+def test_pathfl_and_fedefm_downstream_refuse_3d_networks():
+    from fedseg.recipes import get_recipe_class
+
+    with pytest.raises(ValueError, match="PathFL is 2-D only"):
+        get_recipe_class("pathfl")(profile="tiny", spatial_dims=3, spatial_mode="patch")
+    get_recipe_class("pathfl")(profile="tiny", spatial_dims=3, spatial_mode="slices")  # a 2-D network on slices
+    with pytest.raises(ValueError, match="downstream UNETR is 2-D only"):
+        get_recipe_class("fedefm_downstream")(profile="tiny", spatial_dims=3)

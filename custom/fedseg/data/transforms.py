@@ -57,6 +57,42 @@ class SegImageReader(ImageReader):
         return reader.get_data(obj)
 
 
+class VolumeReader(ImageReader):
+    """One reader for volumes: NIfTI through nibabel (always), NRRD / MHA / MetaImage through MONAI's ``ITKReader`` when
+    the optional ``itk`` package is installed (else an error with that hint). Dispatching by suffix keeps every NIfTI on
+    one reader whatever else is installed: MONAI's default search would hand NIfTI to ITK when it is present."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__()
+        self._nifti = NibabelReader(**kwargs)
+        self._itk: Any = None
+
+    def verify_suffix(self, filename: Union[Sequence, str, os.PathLike]) -> bool:
+        from fedseg.data.volumes import ITK_SUFFIXES, VOLUME_SUFFIXES
+
+        names = [filename] if isinstance(filename, (str, os.PathLike)) else list(filename)
+        return all(str(n).lower().endswith(VOLUME_SUFFIXES + ITK_SUFFIXES) for n in names)
+
+    def read(self, data: Union[Sequence, str, os.PathLike], **kwargs: Any):
+        first = str(data[0] if isinstance(data, (list, tuple)) else data)
+        if first.lower().endswith(_NIFTI_SUFFIXES):
+            return self._nifti, self._nifti.read(data, **kwargs)
+        if self._itk is None:
+            try:
+                import itk  # noqa: F401  (optional)
+            except ImportError:
+                raise ValueError(f"{first}: NRRD / MHA volumes need the optional package itk (pip install itk), or "
+                                 "convert the volume to NIfTI") from None
+            from monai.data import ITKReader
+
+            self._itk = ITKReader()
+        return self._itk, self._itk.read(data, **kwargs)
+
+    def get_data(self, img: Any):
+        reader, obj = img
+        return reader.get_data(obj)
+
+
 class EnsureChannelsd(MapTransform):
     """Make a channel-first image have exactly ``channels`` channels.
 
