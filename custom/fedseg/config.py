@@ -130,6 +130,10 @@ VOLUME_DEFAULTS: Dict[str, Any] = {
     "patch_samples": 2,
 }
 
+#: and in slice mode: an epoch draws this many slices of each volume (about every slice of a 13-23-slice MR stack
+#: once), as a 2-D pipeline over the slices would; 3-D patches keep VOLUME_DEFAULTS' 2 per volume
+SLICE_DEFAULTS: Dict[str, Any] = {"patch_samples": 16}
+
 PROFILES: Dict[str, Dict[str, Any]] = {
     # unit/integration tests: a few seconds per round on one core
     "tiny": {
@@ -210,7 +214,8 @@ def resolve_profile(
     given = {k: v for k, v in train_overrides.items() if v is not None}
     if int(given.get("spatial_dims") or 2) == 3:
         # a volume job: the 3-D defaults where neither the profile nor the caller chose
-        for key, value in VOLUME_DEFAULTS.items():
+        defaults = {**VOLUME_DEFAULTS, **(SLICE_DEFAULTS if given.get("spatial_mode") == "slices" else {})}
+        for key, value in defaults.items():
             if key not in chosen.get("train_config", {}) and key not in given:
                 train_config[key] = copy.deepcopy(value)
     train_config.update(given)
