@@ -20,12 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import List, Optional
+
+# the job writer lives beside the recipes (fedseg.recipes.export); re-exported here for scripts that import it from the CLI
+from fedseg.recipes.export import export_job  # noqa: F401
 
 #: built-in synthetic families (== fedseg.data.synthetic.FAMILIES, checked by a test; kept literal so that
 #: building the parser does not import numpy/scipy)
@@ -38,34 +40,6 @@ def find_reports(path: os.PathLike) -> List[Path]:
     if path.is_file():
         return [path]
     return sorted(path.rglob("report.json"), key=lambda p: p.stat().st_mtime)
-
-
-def export_job(method: str, out_dir: os.PathLike, profile: str = "default", **recipe_args) -> Path:
-    """Export ``method``'s recipe into ``out_dir/<method>`` (replacing an older export)."""
-    from fedseg.recipes import get_recipe_class
-
-    recipe = get_recipe_class(method)(profile=profile, **recipe_args)
-    target = Path(out_dir) / recipe.name
-    if target.exists():
-        shutil.rmtree(target)
-    recipe.export(str(out_dir))
-    for config in target.rglob("*.json"):
-        _canonicalise(config)
-    return target
-
-
-def _canonicalise(path: Path) -> None:
-    """NVFlare writes filter task lists from a set (order varies per process): sort them so that
-    exports are byte-stable and the committed jobs can be checked for drift."""
-
-    def sort_tasks(node):
-        if isinstance(node, dict):
-            return {k: (sorted(v) if k == "tasks" and isinstance(v, list) else sort_tasks(v)) for k, v in node.items()}
-        if isinstance(node, list):
-            return [sort_tasks(v) for v in node]
-        return node
-
-    path.write_text(json.dumps(sort_tasks(json.loads(path.read_text())), indent=4))
 
 
 def _cmd_data(args: argparse.Namespace) -> None:
