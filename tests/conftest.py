@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny built-in data and the tiny training configuration."""
+"""Shared fixtures: tiny built-in data, the tiny training configuration, and the shared simulator runs."""
 
 from __future__ import annotations
 
@@ -31,3 +31,12 @@ def tiny_engine(tiny_datalist, tiny_train_config):
     from fedseg.engine import SegEngine
 
     return SegEngine("site-a", tiny_datalist, tiny_train_config)
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory):
+    """``shared_runs(name)`` -> the :class:`sim_utils.SimRun` of ``sim_utils.SHARED_RUNS[name]``, run once per
+    session however many tests read it (tests/README.md)."""
+    from sim_utils import SHARED_RUNS, SharedRuns
+
+    return SharedRuns(lambda name: tmp_path_factory.mktemp(f"sim_{name}"), SHARED_RUNS)

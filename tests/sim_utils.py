@@ -1,22 +1,42 @@
-"""Run an exported job in NVFlare's simulator from a test and read what it wrote."""
+"""Run exported jobs in NVFlare's simulator from the tests, and share one run between every test that reads it.
+
+A simulator run costs ~20 s on 2 cores whatever it trains (NVFlare starts a server and one process per site,
+each importing torch and MONAI, and shuts them down with fixed grace periods), so the tests read a small set
+of *shared runs*: :data:`SHARED_RUNS` names each configuration once, and the session fixture ``shared_runs``
+(``conftest.py``) runs it the first time a test asks for it and hands every later test the same
+:class:`SimRun`. ``tests/README.md`` says how to add a test without adding a run.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from fedseg.fl.component_policy import prepare_simulator_workspace
+from fedseg.fl.faults import FAULT_ENV
+
+#: the environment every simulator run gets: one torch/OpenMP thread per site process (several site processes
+#: share the machine's cores; more threads only oversubscribe them, docs/benchmarks.md (b))
+SIMULATOR_ENV = {"OMP_NUM_THREADS": "1", "FEDSEG_NUM_THREADS": "1"}
 
 
-def run_simulator(job: Path, workspace: Path, n_clients: int = 3, timeout: int = 900, clients: Optional[List[str]] = None) -> Dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def run_simulator(
+    job: Path, workspace: Path, n_clients: int = 3, timeout: int = 900, clients: Optional[List[str]] = None,
+    env: Optional[Mapping[str, str]] = None, gpu: Optional[str] = None,
+) -> Dict:
+    """``nvflare simulator JOB -w WORKSPACE -n N -t N`` (or ``-c CLIENTS``; ``-gpu GPU``); returns report.json
+    plus ``_path`` (its path) and ``_log`` (the simulator's output). Fails the test on a non-zero exit."""
+    full_env = {**os.environ, **SIMULATOR_ENV, **(env or {})}
     prepare_simulator_workspace(workspace)  # jobs carry no code: the simulated sites allow fedseg's components
     cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-t", str(len(clients) if clients else n_clients)]
     cmd += ["-c", ",".join(clients)] if clients else ["-n", str(n_clients)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if gpu is not None:
+        cmd += ["-gpu", str(gpu)]
+    proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
     reports = list(workspace.rglob("report.json"))
@@ -27,3 +47,173 @@ def run_simulator(job: Path, workspace: Path, n_clients: int = 3, timeout: int =
 def read_audit(report: Dict) -> List[Dict]:
     path = Path(report["_path"]).parent / "privacy_audit.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# ------------------------------------------------------------------------------------------ shared runs
+def sites(n: int) -> Tuple[str, ...]:
+    """The simulator's default client names for ``-n n``: site-1 .. site-n."""
+    return tuple(f"site-{i}" for i in range(1, n + 1))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One simulator run: ``export_job(method, profile="tiny", **options)`` run with ``sites``.
+
+    ``env`` is added to the simulator's environment (e.g. fault injection); ``datalists``, when given, is
+    called with a folder and returns ``{site: datalist path}`` (written there), which the job receives as
+    ``--site_datalists``; without it every site generates its built-in data. ``gpu`` is the simulator's
+    ``-gpu`` option.
+    """
+
+    method: str
+    sites: Tuple[str, ...] = sites(3)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    datalists: Optional[Callable[[Path], Dict[str, str]]] = None
+    gpu: Optional[str] = None
+    profile: str = "tiny"
+
+    def but(self, **options: Any) -> "RunSpec":
+        """The same run with some export options changed (a paired run: other executor, other wire dtype)."""
+        return RunSpec(self.method, self.sites, {**self.options, **options}, self.env, self.datalists, self.gpu, self.profile)
+
+
+@dataclass
+class SimRun:
+    """What one simulator run left behind: its report, workspace and job."""
+
+    name: str
+    spec: RunSpec
+    job: Path
+    workspace: Path
+    report: Dict
+
+    @property
+    def run_dir(self) -> Path:
+        """The server's run directory (report.json, privacy_audit.jsonl, summary.md, plots/, checkpoints)."""
+        return Path(self.report["_path"]).parent
+
+    @property
+    def sites(self) -> Tuple[str, ...]:
+        return self.spec.sites
+
+    def audit(self) -> List[Dict]:
+        return read_audit(self.report)
+
+    def site_outputs(self, site: str) -> Path:
+        """The site's own output folder (overlays, per-image metrics, method figures)."""
+        return self.workspace / site / "fedseg_outputs" / site
+
+    def site_log(self, site: str) -> str:
+        return (self.workspace / site / "log.txt").read_text()
+
+    def global_model(self) -> Dict:
+        """``FL_global_model.pt`` as saved by the server (``{"model": state dict, "train_config": ...}``)."""
+        import torch
+
+        return torch.load(next(self.workspace.rglob("FL_global_model.pt")), map_location="cpu", weights_only=False)
+
+
+def execute(name: str, spec: RunSpec, root: Path) -> SimRun:
+    """Export ``spec``'s job under ``root`` and run it in the simulator (workspace ``root/ws``)."""
+    from fedseg.cli import export_job
+
+    options = dict(spec.options)
+    if spec.datalists is not None:
+        mapping = root / "site_datalists.json"
+        mapping.write_text(json.dumps(spec.datalists(root / "data")))
+        options["script_args"] = f"--site_datalists {mapping}"
+    job = export_job(spec.method, root / "jobs", profile=spec.profile, **options)
+    report = run_simulator(job, root / "ws", clients=list(spec.sites), env=spec.env, gpu=spec.gpu)
+    return SimRun(name, spec, job, root / "ws", report)
+
+
+class SharedRuns:
+    """Session cache of simulator runs: ``shared_runs("fedevi")`` runs :data:`SHARED_RUNS` ``["fedevi"]`` once.
+
+    A run that failed fails every test that reads it with the same error, without being run again.
+    """
+
+    def __init__(self, make_root: Callable[[str], Path], specs: Mapping[str, RunSpec]):
+        self._make_root = make_root
+        self._specs = specs
+        self._done: Dict[str, Any] = {}
+
+    def __call__(self, name: str) -> SimRun:
+        if name not in self._specs:
+            raise KeyError(f"no shared simulator run {name!r}; add it to SHARED_RUNS in tests/sim_utils.py ({sorted(self._specs)})")
+        if name not in self._done:
+            try:
+                self._done[name] = execute(name, self._specs[name], self._make_root(name))
+            except BaseException as e:  # noqa: BLE001 - remembered and re-raised for every reader
+                self._done[name] = e
+        result = self._done[name]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+
+# ------------------------------------------------------------------------------------------ the runs
+def _bad_data_datalists(folder: Path) -> Dict[str, str]:
+    """Built-in tiny polyp data for site-1..site-5, with site-5's first training image corrupt."""
+    from fedseg.data.synthetic import generate_site_data
+
+    mapping = {s: str(generate_site_data("polyp", s, folder, profile="tiny")) for s in sites(5)}
+    broken = Path(mapping["site-5"])
+    first_image = json.loads(broken.read_text())["training"][0]["image"]
+    (broken.parent / first_image).write_bytes(b"not a png")
+    return mapping
+
+
+def broken_image_name(run: SimRun) -> str:
+    """The file name of the corrupt image in the ``robustness`` run (site-5's first training image)."""
+    datalist = json.loads((run.workspace.parent / "site_datalists.json").read_text())["site-5"]
+    return json.loads(Path(datalist).read_text())["training"][0]["image"].split("/")[-1]
+
+
+def _classification_datalists(folder: Path) -> Dict[str, str]:
+    from test_engine_classification import write_classification_datalist
+
+    return {s: str(write_classification_datalist(folder / s, n_per_class=(4, 2, 2), seed=i)) for i, s in enumerate(sites(2))}
+
+
+#: FedAvg, plain SGD, one epoch, no augmentation, 2 sites, 1 round: the float32 run of the payload-precision pair
+#: (SGD: the update is the gradient, so float16's rounding shows undistorted) and the native half of the executor pair
+FEDAVG_SGD = RunSpec("fedavg", sites(2), {"num_rounds": 1, "augment": False, "optimizer_name": "SGD",
+                                          "learning_rate": 0.1, "local_epochs": 1})
+#: FedEvi on built-in vessel data (patch mode), no augmentation (the executor pair compares exact numbers)
+FEDEVI = RunSpec("fedevi", options={"data_family": "vessel", "augment": False})
+#: FedEFM DFL (ring gossip, the server relays) with EMD teacher weights, no augmentation
+FEDEFM_DFL = RunSpec("fedefm", options={"mode": "dfl", "augment": False})
+#: hostile results (fault injection) and a site whose data is broken, FedAvg, 5 sites, 3 rounds, one local epoch
+ROBUSTNESS_FAULTS = "site-2:scale=100@0,site-3:zero@0,site-2:sign_flip@1,site-3:stale@1,site-4:bad_stat@2"
+
+#: every shared run: name -> configuration (tiny profile unless said). Tests read them through ``shared_runs``.
+SHARED_RUNS: Dict[str, RunSpec] = {
+    # one run per method; every test of the method's report, audit and site outputs reads it
+    "fedavg": RunSpec("fedavg"),  # built-in polyp, resize mode, 3 sites, 2 rounds x 3 local epochs
+    "fedavg_patch": RunSpec("fedavg", sites(2), {"data_family": "vessel"}),  # built-in vessel data: patch mode
+    "fedevi": FEDEVI,
+    "graphfedseg": RunSpec("graphfedseg", options={"data_family": "vessel", "dp_target_epsilon": 10.0}),
+    "fvac": RunSpec("fvac"),
+    "pathfl": RunSpec("pathfl"),
+    "fedefm_cfl": RunSpec("fedefm", options={"use_emd": False}),
+    "fedefm_dfl": FEDEFM_DFL,
+    "classification": RunSpec(
+        "fedavg", sites(2), {"num_rounds": 2, "task": "classification", "num_classes": 2, "in_channels": 1,
+                             "vit_image_size": 32, "batch_size": 4, "local_epochs": 1},
+        datalists=_classification_datalists,
+    ),
+    "fedavg_sgd": FEDAVG_SGD,
+    # pairs: the same configuration with one thing changed
+    "fedavg_sgd_client_api": FEDAVG_SGD.but(site_executor="client_api"),
+    "fedavg_sgd_float16": FEDAVG_SGD.but(payload_dtype="float16"),
+    "fedevi_client_api": FEDEVI.but(site_executor="client_api"),
+    "fedefm_dfl_client_api": FEDEFM_DFL.but(site_executor="client_api"),
+    # PathFL with each module switched off on its own (2 sites, 1 round)
+    **{f"pathfl_no_{m}": RunSpec("pathfl", sites(2), {f"use_{m}": False, "num_rounds": 1}) for m in ("cse", "afa", "ssa")},
+    # CUDA (tests/test_cuda.py, skipped without a GPU): both sites on GPU 0 through the simulator's -gpu option
+    "fedavg_gpu": RunSpec("fedavg", sites(2), {"num_rounds": 1, "local_epochs": 1}, gpu="0"),
+    "robustness": RunSpec("fedavg", sites(5), {"num_rounds": 3, "local_epochs": 1},
+                          env={FAULT_ENV: ROBUSTNESS_FAULTS}, datalists=_bad_data_datalists),
+}

@@ -1,30 +1,25 @@
-"""FedAvg end to end in NVFlare's real simulator on tiny built-in data (3 sites, 2 rounds, 32 px)."""
+"""FedAvg end to end in NVFlare's real simulator on tiny built-in data (3 sites, 2 rounds, 32 px): the shared
+``fedavg`` run (tests/README.md). A site with broken data is in ``test_simulator_faults.py``."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from fedseg.cli import export_job
 from fedseg.engine import SegEngine
 from fedseg.recipes.base import build_initial_network
-from sim_utils import read_audit, run_simulator
-
-pytestmark = pytest.mark.slow
+from sim_utils import read_audit
 
 SITES = ["site-1", "site-2", "site-3"]
 
 
 @pytest.fixture(scope="module")
-def fedavg_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fedavg_sim")
-    job = export_job("fedavg", root / "jobs", profile="tiny")
-    report = run_simulator(job, root / "ws", n_clients=3)
-    return root / "ws", report
+def fedavg_run(shared_runs):
+    run = shared_runs("fedavg")
+    return run.workspace, run.report
 
 
 def test_report_structure(fedavg_run):
@@ -100,25 +95,3 @@ def test_site_outputs_stay_at_the_site(fedavg_run):
         assert (ws / site / "fedseg_outputs" / site / "overlays_global.png").is_file()
     server_files = [p.name for p in (ws / "server").rglob("*.png")]
     assert not any(name.startswith("overlays") for name in server_files)
-
-
-def test_site_with_bad_data_drops_out_and_the_job_continues(tmp_path, tiny_train_config):
-    """site-3 points at a datalist with a corrupt image: it is left out, the others finish."""
-    from fedseg.data.synthetic import generate_site_data
-
-    datalists = {s: str(generate_site_data("polyp", s, tmp_path / "data", profile="tiny")) for s in SITES}
-    broken = Path(datalists["site-3"]).parent
-    first_image = json.loads(Path(datalists["site-3"]).read_text())["training"][0]["image"]
-    (broken / first_image).write_bytes(b"not a png")
-    mapping = tmp_path / "sites.json"
-    mapping.write_text(json.dumps(datalists))
-    job = export_job("fedavg", tmp_path / "jobs", profile="tiny", num_rounds=1, script_args=f"--site_datalists {mapping}")
-    report = run_simulator(job, tmp_path / "ws", clients=SITES)
-    assert report["rounds"][0]["missing"] == ["site-3"]
-    assert "DatalistError" in report["rounds"][0]["rejected"]["site-3"]
-    assert sorted(report["final"]["global"]) == ["site-1", "site-2"]
-    # the failing file's name stayed at the site: not in anything the server wrote
-    server_text = Path(report["_path"]).read_text() + (Path(report["_path"]).parent / "privacy_audit.jsonl").read_text()
-    assert first_image.split("/")[-1] not in server_text
-    site_log = (tmp_path / "ws" / "site-3" / "log.txt").read_text()
-    assert first_image.split("/")[-1] in site_log

@@ -18,7 +18,7 @@ import torch
 from fedseg.cli import export_job
 from fedseg.fl.checkpoint import CHECKPOINT_NAME
 from fedseg.fl.component_policy import prepare_simulator_workspace
-from sim_utils import run_simulator
+from sim_utils import SIMULATOR_ENV, run_simulator
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def _run_until_checkpoint(job, workspace, folder, stop_after: int, timeout: floa
     prepare_simulator_workspace(workspace)
     cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-n", str(len(SITES)), "-t", str(len(SITES))]
     proc = subprocess.Popen(
-        cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cmd, env={**os.environ, **SIMULATOR_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     deadline = time.monotonic() + timeout
