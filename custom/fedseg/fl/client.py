@@ -81,6 +81,7 @@ class SiteRunner:
         site_cfg = {**cfg, "foundation_ckpt": None}
         self.engine = build_engine(self.site, datalist, site_cfg, bundle_dir=self.args.bundle_dir)
         self.model = self.engine.build_network()
+        logger.info("%s: engine on device %s", self.site, self.engine.device)
         self.objective = build_objective(job["objective"], **job["objective_args"])
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.site_state = SiteState(self.state_dir, job_key(job["objective"], job["objective_args"], cfg))
