@@ -243,7 +243,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.quick:
         _step(steps, "engine_throughput", lambda: measure_engine([32], amp, "tiny", repeats=1, epochs=1, batch_size=2))
     else:
-        _step(steps, "engine_throughput", lambda: measure_engine([256, 512], amp, "default", repeats=3, epochs=1, batch_size=8))
+        _step(steps, "engine_throughput", lambda: measure_engine([256, 512], amp, "default", repeats=5, epochs=5, batch_size=8))
     _step(steps, "simulator_round", lambda: measure_simulator_round(out, args.quick, SIM_TIMEOUT_S))
 
     result["ok"] = all(s["ok"] for s in steps.values())
