@@ -194,12 +194,12 @@ def _cmd_run(args: argparse.Namespace) -> None:
 
 
 def _print_summary(report_path: Path) -> None:
-    from fedseg.fl.report import METRIC_HEADERS, final_table, metric_columns, summarise
+    from fedseg.fl.report import METRIC_HEADERS, final_table, metric_columns, summarise, validation_metric
     from fedseg.plots.report_plots import plot_report
 
     data = json.loads(Path(report_path).read_text())
     out = Path(report_path).parent
-    figures = plot_report(data, out / "plots")
+    figures = plot_report(data, out / "plots", validation_metric(data))
     (out / "summary.md").write_text(summarise(data, figures, base=out))
     for which in ("global", "personalized"):
         rows = final_table(data, which)
@@ -209,6 +209,33 @@ def _print_summary(report_path: Path) -> None:
             for row in rows:
                 print(f"{row[0].strip('*'):<14}" + "".join(f"{c:>19}" for c in row[1:]))
     print(f"\nreport:  {report_path}\nsummary: {out / 'summary.md'}\nplots:   {out / 'plots'}")
+    models = model_checkpoints(data, out)
+    if models["global"] is None:
+        print("global model: no FL_global_model.pt in this run directory (copied report?)")
+    else:
+        print(f"global model: {models['global']}")
+    for site, path in models["personalized"].items():
+        print(f"personalised model of {site}: {path}")
+    task = (data.get("config") or {}).get("train_config", {}).get("task")
+    if models["global"] is not None and task != "classification":
+        bundle = (data.get("config") or {}).get("train_config", {}).get("bundle")
+        extra = f" --bundle bundles/{bundle}" if bundle else ""
+        print(f"segment new scans with it:\n  fedseg infer --checkpoint {models['global']} --input NEW_SCANS/ --output MASKS/{extra}")
+
+
+def model_checkpoints(data: dict, run_dir: Path) -> dict:
+    """Where a run's models are: ``{"global": path or None, "personalized": {site: path}}``.
+
+    NVFlare's persistor writes the global model into the server app's folder (``<run dir>/app_server/
+    FL_global_model.pt``: ``WS/server/simulate_job/app_server/`` in the simulator); the controller writes the
+    personalised models next to the report (``report.json``'s ``final.personalized_checkpoints``, relative paths).
+    """
+    run_dir = Path(run_dir)
+    expected = run_dir / "app_server" / "FL_global_model.pt"
+    found = [expected] if expected.is_file() else sorted(run_dir.rglob("FL_global_model.pt"))
+    personalized = ((data.get("final") or {}).get("personalized_checkpoints") or {})
+    return {"global": found[0] if found else None,
+            "personalized": {site: run_dir / rel for site, rel in sorted(personalized.items())}}
 
 
 def _cmd_bench(args: argparse.Namespace) -> None:
