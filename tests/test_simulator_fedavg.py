@@ -55,7 +55,12 @@ def test_global_model_changed_and_beats_untrained(fedavg_run):
     cfg = report["config"]["train_config"]
     initial = build_initial_network(cfg)
     saved = next(ws.rglob("FL_global_model.pt"))
-    trained_state = torch.load(saved, map_location="cpu", weights_only=False)["model"]
+    saved_ckpt = torch.load(saved, map_location="cpu", weights_only=False)
+    trained_state = saved_ckpt["model"]
+    # the job left the spatial mode to the sites' datalists: the built-in polyp data declares resize, and the
+    # saved model records it (fedseg infer runs it that way without being told)
+    assert cfg["spatial_mode"] is None
+    assert saved_ckpt["train_config"]["spatial_mode"] == "resize" and saved_ckpt["train_config"]["rescale"] == 1.0
     changed = [k for k, v in initial.state_dict().items() if not torch.allclose(v, torch.as_tensor(trained_state[k]))]
     assert changed, "the global model did not change"
 
@@ -74,11 +79,13 @@ def test_only_parameters_and_declared_statistics_left_the_sites(fedavg_run):
     assert {r["site"] for r in records} == set(SITES)
     assert sorted(r["task"] for r in records) == sorted(["train"] * 6 + ["evaluate"] * 3)
     for r in records:
-        assert set(r["meta"]) <= {"initial_metrics", "n_samples", "round", "task_clock"}, r["meta"]
+        assert set(r["meta"]) <= {"initial_metrics", "n_samples", "round", "task_clock", "spatial"}, r["meta"]
         metrics = r["meta"]["initial_metrics"]["items"]
         assert all(v["type"] in ("float", "int") for v in metrics.values()), metrics
         if r["task"] == "train":
             assert set(r["params"]) == model_keys
+            # the site's spatial settings (patch?, rescale): two numbers, no data
+            assert r["meta"]["spatial"] == {"type": "list", "length": 2}
             assert set(metrics) == {"train_loss", "val_dice", "steps", "compute_time", "peak_memory_mb"}
             assert r["meta"]["n_samples"]["type"] == "int"
         else:

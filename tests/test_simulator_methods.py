@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from sim_utils import read_audit
 
@@ -97,7 +98,7 @@ def test_graphfedseg_graph_and_personalised_models(shared_runs):
     assert (run_dir / "plots" / "effective_weight.png").is_file()
     # the uncertainty statistic is the only extra thing a site sent
     for rec in read_audit(report):
-        assert set(rec["meta"]) <= {"initial_metrics", "n_samples", "round", "uncertainty", "task_clock"}
+        assert set(rec["meta"]) <= {"initial_metrics", "n_samples", "round", "uncertainty", "task_clock", "spatial"}
 
 
 def test_graphfedseg_with_differential_privacy_reports_epsilon(shared_runs):
@@ -123,9 +124,14 @@ def test_patch_mode_end_to_end(shared_runs, run_name):
         assert all(math.isfinite(v) for v in report["final"]["global"][s].values())
         assert 0.0 <= report["final"]["global"][s]["dice"] <= 1.0
     assert "own size" in report["final"]["note"]
+    # the sites' datalists chose patch mode: the saved models record it for fedseg infer
+    assert run.global_model()["train_config"]["spatial_mode"] == "patch"
     if method == "graphfedseg":
         assert all(0 < r["uncertainty"][s] <= 1 for r in report["rounds"] for s in sites)
         assert all(r["metrics"][s]["dp_epsilon"] > 0 for r in report["rounds"] for s in sites)
         assert set(report["final"]["personalized"]) == set(sites)
+        for rel in report["final"]["personalized_checkpoints"].values():
+            saved = torch.load(run.run_dir / rel, map_location="cpu", weights_only=True)
+            assert saved["train_config"]["spatial_mode"] == "patch"
     if method == "fedevi":
         assert all(r["A"][s] > 0 for r in report["rounds"] for s in sites)

@@ -60,7 +60,7 @@ def test_pathfl_job_report_and_privacy_audit(shared_runs):
     assert len(train) == 3 * len(report["rounds"])
     for rec in train:
         # (NVFlare carries the scalar train metrics in "initial_metrics")
-        assert set(rec["meta"]) - {"initial_metrics"} == {"n_samples", "round", "task_clock"} | CSE_KEYS | AFA_KEYS | {"ssa_noise"}
+        assert set(rec["meta"]) - {"initial_metrics"} == {"n_samples", "round", "task_clock", "spatial"} | CSE_KEYS | AFA_KEYS | {"ssa_noise"}
         assert all(v["type"] == "float" for v in rec["meta"]["initial_metrics"]["items"].values())
         assert rec["meta"]["ssa_noise"]["shape"] == [4, 3, 64, 64]
         assert all(rec["meta"][k] == {"type": "list", "length": 3} for k in CSE_KEYS)
