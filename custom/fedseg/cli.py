@@ -262,7 +262,10 @@ def _cmd_bench(args: argparse.Namespace) -> None:
 def _cmd_summarise(args: argparse.Namespace) -> None:
     reports = find_reports(args.path)
     if not reports:
-        sys.exit(f"no report.json found under {args.path}")
+        from fedseg.fl.component_policy import refused_components_hint
+
+        hint = refused_components_hint(args.path)
+        sys.exit(f"no report.json found under {args.path}" + (f"\n{hint}" if hint else ""))
     for report in reports if args.all else reports[-1:]:
         _print_summary(report)
 
