@@ -33,10 +33,41 @@ def tiny_engine(tiny_datalist, tiny_train_config):
     return SegEngine("site-a", tiny_datalist, tiny_train_config)
 
 
+def _skipped(item) -> bool:
+    """A test that will be skipped before it runs (``skip``, or ``skipif`` with a true condition)."""
+    for mark in item.iter_markers():
+        if mark.name == "skip" or (mark.name == "skipif" and mark.args and mark.args[0] is True):
+            return True
+    return False
+
+
+def declared_shared_runs(items) -> list:
+    """The shared simulator runs the selected tests declare (marker ``shared_runs``), in the order they first read them."""
+    names = []
+    for item in items:
+        if _skipped(item):
+            continue
+        for mark in item.iter_markers("shared_runs"):
+            names += [n for n in mark.args if n not in names]
+    return names
+
+
 @pytest.fixture(scope="session")
-def shared_runs(tmp_path_factory):
+def shared_runs(request, tmp_path_factory):
     """``shared_runs(name)`` -> the :class:`sim_utils.SimRun` of ``sim_utils.SHARED_RUNS[name]``, run once per
-    session however many tests read it (tests/README.md)."""
+    session however many tests read it (tests/README.md). Started, for every test selected, by
+    :func:`_start_shared_runs`."""
     from sim_utils import SHARED_RUNS, SharedRuns
 
-    return SharedRuns(lambda name: tmp_path_factory.mktemp(f"sim_{name}"), SHARED_RUNS)
+    runs = SharedRuns(lambda name: tmp_path_factory.mktemp(f"sim_{name}"), SHARED_RUNS)
+    runs.prefetch(declared_shared_runs(request.session.items))
+    yield runs
+    runs.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _start_shared_runs(request):
+    """Start the selected tests' shared simulator runs in the background before the first test, so that they
+    overlap the tests that need no simulator (one simulator at a time: ``sim_utils.SIMULATOR_LOCK``)."""
+    if declared_shared_runs(request.session.items):
+        request.getfixturevalue("shared_runs")

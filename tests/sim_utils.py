@@ -3,18 +3,24 @@
 A simulator run costs ~20 s on 2 cores whatever it trains (NVFlare starts a server and one process per site,
 each importing torch and MONAI, and shuts them down with fixed grace periods), so the tests read a small set
 of *shared runs*: :data:`SHARED_RUNS` names each configuration once, and the session fixture ``shared_runs``
-(``conftest.py``) runs it the first time a test asks for it and hands every later test the same
-:class:`SimRun`. ``tests/README.md`` says how to add a test without adding a run.
+(``conftest.py``) runs it once and hands every test that reads it the same :class:`SimRun`. The runs the
+selected tests declare (marker ``shared_runs``) are started in the background, one after the other, as the
+session begins, so that they overlap the tests that need no simulator. One simulator at a time: every process
+start goes through :data:`SIMULATOR_LOCK` (:func:`run_simulator` takes it; a test that starts NVFlare processes
+another way holds :func:`exclusive`). ``tests/README.md`` says how to add a test without adding a run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from fedseg.fl.component_policy import prepare_simulator_workspace
 from fedseg.fl.faults import FAULT_ENV
@@ -22,6 +28,16 @@ from fedseg.fl.faults import FAULT_ENV
 #: the environment every simulator run gets: one torch/OpenMP thread per site process (several site processes
 #: share the machine's cores; more threads only oversubscribe them, docs/benchmarks.md (b))
 SIMULATOR_ENV = {"OMP_NUM_THREADS": "1", "FEDSEG_NUM_THREADS": "1"}
+#: held while NVFlare processes run (simulator, POC, a deployment): the background runs and the tests take turns,
+#: never two simulators at once on the machine
+SIMULATOR_LOCK = threading.RLock()
+
+
+@contextmanager
+def exclusive() -> Iterator[None]:
+    """Hold the one simulator slot while a test starts NVFlare processes itself (``fedseg bench``, POC, ...)."""
+    with SIMULATOR_LOCK:
+        yield
 
 
 def run_simulator(
@@ -36,7 +52,8 @@ def run_simulator(
     cmd += ["-c", ",".join(clients)] if clients else ["-n", str(n_clients)]
     if gpu is not None:
         cmd += ["-gpu", str(gpu)]
-    proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    with SIMULATOR_LOCK:
+        proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
     reports = list(workspace.rglob("report.json"))
@@ -129,25 +146,64 @@ def execute(name: str, spec: RunSpec, root: Path) -> SimRun:
 
 
 class SharedRuns:
-    """Session cache of simulator runs: ``shared_runs("fedevi")`` runs :data:`SHARED_RUNS` ``["fedevi"]`` once.
+    """Session cache of simulator runs: ``shared_runs("fedevi")`` is :data:`SHARED_RUNS` ``["fedevi"]``, run once.
 
-    A run that failed fails every test that reads it with the same error, without being run again.
+    :meth:`prefetch` queues the runs the selected tests declare, in the order they read them; one background
+    thread runs them one after the other and a reader waits for its run. A run that failed fails every test
+    that reads it with the same error, without being run again.
     """
 
     def __init__(self, make_root: Callable[[str], Path], specs: Mapping[str, RunSpec]):
         self._make_root = make_root
         self._specs = specs
-        self._done: Dict[str, Any] = {}
+        self._roots: Dict[str, Path] = {}
+        self._results: Dict[str, Any] = {}
+        self._done: Dict[str, threading.Event] = {}
+        self._queue: "queue.Queue[Optional[str]]" = queue.Queue()
+        self._worker: Optional[threading.Thread] = None
+
+    def prefetch(self, names: Sequence[str]) -> None:
+        """Run ``names`` in the background, in this order (the order the tests will read them)."""
+        for name in names:
+            if name not in self._specs:
+                raise KeyError(f"no shared simulator run {name!r}; add it to SHARED_RUNS in tests/sim_utils.py ({sorted(self._specs)})")
+            if name in self._done:
+                continue
+            self._roots[name] = self._make_root(name)  # folders made here, not in the worker thread
+            self._done[name] = threading.Event()
+            self._queue.put(name)
+        if self._worker is None and self._done:
+            self._worker = threading.Thread(target=self._drain, name="shared-simulator-runs", daemon=True)
+            self._worker.start()
+
+    def _drain(self) -> None:
+        while (name := self._queue.get()) is not None:
+            try:
+                self._results[name] = execute(name, self._specs[name], self._roots[name])
+            except BaseException as e:  # noqa: BLE001 - remembered and re-raised for every reader
+                self._results[name] = e
+            finally:
+                self._done[name].set()
+
+    def close(self) -> None:
+        """Start no more runs (the one in progress finishes) and wait for the worker."""
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._queue.put(None)
+        if self._worker is not None:
+            self._worker.join()
 
     def __call__(self, name: str) -> SimRun:
         if name not in self._specs:
             raise KeyError(f"no shared simulator run {name!r}; add it to SHARED_RUNS in tests/sim_utils.py ({sorted(self._specs)})")
         if name not in self._done:
-            try:
-                self._done[name] = execute(name, self._specs[name], self._make_root(name))
-            except BaseException as e:  # noqa: BLE001 - remembered and re-raised for every reader
-                self._done[name] = e
-        result = self._done[name]
+            raise KeyError(f"shared run {name!r} is read but not declared: mark the test "
+                           f"@pytest.mark.shared_runs({name!r}) (tests/README.md)")
+        self._done[name].wait()
+        result = self._results[name]
         if isinstance(result, BaseException):
             raise result
         return result
@@ -182,22 +238,22 @@ def _classification_datalists(folder: Path) -> Dict[str, str]:
 FEDAVG_SGD = RunSpec("fedavg", sites(2), {"num_rounds": 1, "augment": False, "optimizer_name": "SGD",
                                           "learning_rate": 0.1, "local_epochs": 1})
 #: FedEvi on built-in vessel data (patch mode), no augmentation (the executor pair compares exact numbers)
-FEDEVI = RunSpec("fedevi", options={"data_family": "vessel", "augment": False})
+FEDEVI = RunSpec("fedevi", options={"data_family": "vessel", "augment": False, "local_epochs": 1})
 #: FedEFM DFL (ring gossip, the server relays) with EMD teacher weights, no augmentation
-FEDEFM_DFL = RunSpec("fedefm", options={"mode": "dfl", "augment": False})
+FEDEFM_DFL = RunSpec("fedefm", options={"mode": "dfl", "augment": False, "local_epochs": 1})
 #: hostile results (fault injection) and a site whose data is broken, FedAvg, 5 sites, 3 rounds, one local epoch
 ROBUSTNESS_FAULTS = "site-2:scale=100@0,site-3:zero@0,site-2:sign_flip@1,site-3:stale@1,site-4:bad_stat@2"
 
 #: every shared run: name -> configuration (tiny profile unless said). Tests read them through ``shared_runs``.
 SHARED_RUNS: Dict[str, RunSpec] = {
     # one run per method; every test of the method's report, audit and site outputs reads it
-    "fedavg": RunSpec("fedavg"),  # built-in polyp, resize mode, 3 sites, 2 rounds x 3 local epochs
-    "fedavg_patch": RunSpec("fedavg", sites(2), {"data_family": "vessel"}),  # built-in vessel data: patch mode
+    # built-in vessel data (patch mode), 3 sites, 2 rounds x 3 local epochs (its test compares with the untrained model)
+    "fedavg": RunSpec("fedavg", options={"data_family": "vessel"}),
     "fedevi": FEDEVI,
-    "graphfedseg": RunSpec("graphfedseg", options={"data_family": "vessel", "dp_target_epsilon": 10.0}),
-    "fvac": RunSpec("fvac"),
-    "pathfl": RunSpec("pathfl"),
-    "fedefm_cfl": RunSpec("fedefm", options={"use_emd": False}),
+    "graphfedseg": RunSpec("graphfedseg", options={"data_family": "vessel", "dp_target_epsilon": 10.0, "local_epochs": 1}),
+    "fvac": RunSpec("fvac", options={"local_epochs": 1}),
+    "pathfl": RunSpec("pathfl", options={"local_epochs": 1}),
+    "fedefm_cfl": RunSpec("fedefm", options={"use_emd": False, "local_epochs": 1}),
     "fedefm_dfl": FEDEFM_DFL,
     "classification": RunSpec(
         "fedavg", sites(2), {"num_rounds": 2, "task": "classification", "num_classes": 2, "in_channels": 1,
@@ -211,7 +267,8 @@ SHARED_RUNS: Dict[str, RunSpec] = {
     "fedevi_client_api": FEDEVI.but(site_executor="client_api"),
     "fedefm_dfl_client_api": FEDEFM_DFL.but(site_executor="client_api"),
     # PathFL with each module switched off on its own (2 sites, 1 round)
-    **{f"pathfl_no_{m}": RunSpec("pathfl", sites(2), {f"use_{m}": False, "num_rounds": 1}) for m in ("cse", "afa", "ssa")},
+    **{f"pathfl_no_{m}": RunSpec("pathfl", sites(2), {f"use_{m}": False, "num_rounds": 1, "local_epochs": 1})
+       for m in ("cse", "afa", "ssa")},
     # CUDA (tests/test_cuda.py, skipped without a GPU): both sites on GPU 0 through the simulator's -gpu option
     "fedavg_gpu": RunSpec("fedavg", sites(2), {"num_rounds": 1, "local_epochs": 1}, gpu="0"),
     "robustness": RunSpec("fedavg", sites(5), {"num_rounds": 3, "local_epochs": 1},

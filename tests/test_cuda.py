@@ -156,6 +156,7 @@ def test_checkpoint_saved_on_gpu_loads_on_cpu(tiny_datalist, tiny_train_config, 
     assert all(m.device.type == "cpu" and torch.equal(m, g) for m, g in zip(cpu_moments, gpu_moments))
 
 
+@pytest.mark.shared_runs("fedavg_gpu")
 def test_simulator_job_on_gpu_0(shared_runs):
     """FedAvg, 2 sites, 1 round, ``nvflare simulator -gpu 0``: both sites train on the GPU, the job finishes
     with finite metrics and a global model on the server."""

@@ -20,6 +20,7 @@ from deploy_utils import (
     DEPLOY_PROJECT, LEAD, POC_PROJECT, PROJECT_ADMIN, REPO, ROLES, SERVER, SITES, START_TIMEOUT, Deployment,
     Participant, https_get, provision, run_nvflare, stage_job, wait_status,
 )
+from sim_utils import exclusive
 
 
 def _load_pem(path: Path):
@@ -153,12 +154,13 @@ def test_poc_project_binds_server_to_loopback(tmp_path):
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    dep = Deployment(tmp_path_factory.mktemp("deploy"))
-    try:
-        dep.session(PROJECT_ADMIN)
-        yield dep
-    finally:
-        dep.close()
+    with exclusive():  # an FL server and sites run until the module's last test: no shared simulator run meanwhile
+        dep = Deployment(tmp_path_factory.mktemp("deploy"))
+        try:
+            dep.session(PROJECT_ADMIN)
+            yield dep
+        finally:
+            dep.close()
 
 
 @pytest.mark.slow

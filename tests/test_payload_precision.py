@@ -87,6 +87,7 @@ def test_site_answers_in_the_wire_dtype_and_trains_in_float32(tmp_path, monkeypa
 
 
 @pytest.mark.slow
+@pytest.mark.shared_runs("fedavg_sgd", "fedavg_sgd_float16")
 def test_float16_round_moves_half_the_bytes(shared_runs):
     """One FedAvg round, 2 sites, float32 vs float16 wire: bytes halve, the model stays float32 and close.
 

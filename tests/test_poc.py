@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from sim_utils import exclusive
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "poc_workspace" / "run_poc.py"
 SITES = ["site-1", "site-2", "site-3"]
@@ -63,25 +65,26 @@ def test_poc_runs_tiny_fedavg_across_processes(tmp_path):
         "--timeout", "240", "--start-timeout", "120",
         "--expect-method", "fedavg", "--expect-rounds", "2",
     ]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    output, leftovers = "", []
-    try:
+    with exclusive():  # the POC's server and sites: no shared simulator run at the same time
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        output, leftovers = "", []
         try:
-            output, _ = proc.communicate(timeout=RUN_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)  # run_poc.py stops and cleans the POC on SIGTERM
             try:
-                output, _ = proc.communicate(timeout=120)
+                output, _ = proc.communicate(timeout=RUN_TIMEOUT)
             except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGTERM)  # run_poc.py stops and cleans the POC on SIGTERM
+                try:
+                    output, _ = proc.communicate(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    output, _ = proc.communicate()
+                pytest.fail(f"run_poc.py did not finish in {RUN_TIMEOUT}s:\n{output[-8000:]}")
+        finally:
+            if proc.poll() is None:
                 proc.kill()
-                output, _ = proc.communicate()
-            pytest.fail(f"run_poc.py did not finish in {RUN_TIMEOUT}s:\n{output[-8000:]}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        # whatever run_poc.py left behind (it should be nothing): server, clients, job processes of this workspace
-        leftovers = _load_run_poc().kill_poc_processes(workspace)
+                proc.wait()
+            # whatever run_poc.py left behind (it should be nothing): server, clients, job processes of this workspace
+            leftovers = _load_run_poc().kill_poc_processes(workspace)
 
     assert proc.returncode == 0, f"run_poc.py failed (exit {proc.returncode}):\n{output[-8000:]}"
     assert not leftovers, f"processes left running after run_poc.py: {leftovers}\n{output[-4000:]}"

@@ -13,6 +13,8 @@ import pytest
 
 from sim_utils import read_audit
 
+pytestmark = pytest.mark.shared_runs("classification")
+
 SITES = ["site-1", "site-2"]
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from sim_utils import broken_image_name
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_runs("robustness")]
 
 DATA_OK = ["site-1", "site-2", "site-3", "site-4"]  # the sites whose data is fine (site-1 stays honest throughout)
 BROKEN = "site-5"
@@ -62,3 +62,5 @@ def test_site_with_bad_data_drops_out_and_the_job_continues(robustness_run):
     server_text = Path(report["_path"]).read_text() + (robustness_run.run_dir / "privacy_audit.jsonl").read_text()
     assert first_image not in server_text
     assert first_image in robustness_run.site_log(BROKEN)
+    # the sites that trained (built-in polyp data: resize mode) agree, and the saved model records it
+    assert robustness_run.global_model()["train_config"]["spatial_mode"] == "resize"

@@ -1,5 +1,6 @@
-"""FedAvg end to end in NVFlare's real simulator on tiny built-in data (3 sites, 2 rounds, 32 px): the shared
-``fedavg`` run (tests/README.md). A site with broken data is in ``test_simulator_faults.py``."""
+"""FedAvg end to end in NVFlare's real simulator on tiny built-in vessel data (3 sites, 2 rounds, 16 px patches of
+native-resolution images, whole-image evaluation): the shared ``fedavg`` run (tests/README.md). A site with broken
+data is in ``test_simulator_faults.py``, FedAvg in resize mode there and in ``test_payload_precision.py``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import torch
 from fedseg.engine import SegEngine
 from fedseg.recipes.base import build_initial_network
 from sim_utils import read_audit
+
+pytestmark = pytest.mark.shared_runs("fedavg")
 
 SITES = ["site-1", "site-2", "site-3"]
 
@@ -57,10 +60,10 @@ def test_global_model_changed_and_beats_untrained(fedavg_run):
     saved = next(ws.rglob("FL_global_model.pt"))
     saved_ckpt = torch.load(saved, map_location="cpu", weights_only=False)
     trained_state = saved_ckpt["model"]
-    # the job left the spatial mode to the sites' datalists: the built-in polyp data declares resize, and the
+    # the job left the spatial mode to the sites' datalists: the built-in vessel data declares patch, and the
     # saved model records it (fedseg infer runs it that way without being told)
     assert cfg["spatial_mode"] is None
-    assert saved_ckpt["train_config"]["spatial_mode"] == "resize" and saved_ckpt["train_config"]["rescale"] == 1.0
+    assert saved_ckpt["train_config"]["spatial_mode"] == "patch" and saved_ckpt["train_config"]["rescale"] == 1.0
     changed = [k for k, v in initial.state_dict().items() if not torch.allclose(v, torch.as_tensor(trained_state[k]))]
     assert changed, "the global model did not change"
 

@@ -24,6 +24,7 @@ def _check_weights_only(rec, shapes):
         assert summary["type"] == "Tensor" and summary["shape"] == list(shapes[name]), key
 
 
+@pytest.mark.shared_runs("fedefm_cfl")
 def test_fedefm_cfl_without_emd_report_and_privacy_audit(shared_runs):
     run = shared_runs("fedefm_cfl")
     report = run.report
@@ -57,6 +58,7 @@ def test_fedefm_cfl_without_emd_report_and_privacy_audit(shared_runs):
         assert rec["params"] == {}
 
 
+@pytest.mark.shared_runs("fedefm_dfl")
 def test_fedefm_dfl_ring_gossip_with_emd(shared_runs):
     run = shared_runs("fedefm_dfl")
     report = run.report

@@ -14,6 +14,7 @@ from sim_utils import read_audit
 SITES = ["site-1", "site-2", "site-3"]
 
 
+@pytest.mark.shared_runs("fedevi")
 def test_fedevi_two_phase_round(shared_runs):
     report = shared_runs("fedevi").report
     assert report["method"] == "fedevi"
@@ -47,6 +48,7 @@ def test_fedevi_two_phase_round(shared_runs):
         assert all(rec["meta"][k]["type"] == "float" for k in ("G", "A", "R_paper"))
 
 
+@pytest.mark.shared_runs("fvac")
 def test_fvac_uniform_average_and_site_figure(shared_runs):
     run = shared_runs("fvac")
     report = run.report
@@ -72,6 +74,7 @@ def _qp_row_scipy(p, cos_row, u, alpha, gamma):
     return res.x
 
 
+@pytest.mark.shared_runs("graphfedseg")
 def test_graphfedseg_graph_and_personalised_models(shared_runs):
     run = shared_runs("graphfedseg")
     report = run.report
@@ -101,6 +104,7 @@ def test_graphfedseg_graph_and_personalised_models(shared_runs):
         assert set(rec["meta"]) <= {"initial_metrics", "n_samples", "round", "uncertainty", "task_clock", "spatial"}
 
 
+@pytest.mark.shared_runs("graphfedseg")
 def test_graphfedseg_with_differential_privacy_reports_epsilon(shared_runs):
     report = shared_runs("graphfedseg").report
     assert report["config"]["train_config"]["dp_target_epsilon"] == 10.0
@@ -110,7 +114,7 @@ def test_graphfedseg_with_differential_privacy_reports_epsilon(shared_runs):
         assert report["rounds"][-1]["metrics"][s]["dp_delta"] == pytest.approx(1e-5)
 
 
-@pytest.mark.parametrize("run_name", ["fedavg_patch", "graphfedseg", "fedevi"])
+@pytest.mark.parametrize("run_name", [pytest.param(n, marks=pytest.mark.shared_runs(n)) for n in ("fedavg", "graphfedseg", "fedevi")])
 def test_patch_mode_end_to_end(shared_runs, run_name):
     """Built-in vessel data declares patch mode: training on native-resolution patches, whole-image
     evaluation at each image's own size (FVAC runs on vessel data in its own test above). The runs:

@@ -17,6 +17,7 @@ CSE_KEYS = {"cse_mean", "cse_std"}
 AFA_KEYS = {"afa_mean", "afa_sq_mean"}
 
 
+@pytest.mark.shared_runs("pathfl")
 def test_pathfl_job_report_and_privacy_audit(shared_runs):
     run = shared_runs("pathfl")
     report = run.report
@@ -70,7 +71,7 @@ def test_pathfl_job_report_and_privacy_audit(shared_runs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("switch", ["use_cse", "use_afa", "use_ssa"])
+@pytest.mark.parametrize("switch", [pytest.param(f"use_{m}", marks=pytest.mark.shared_runs(f"pathfl_no_{m}")) for m in ("cse", "afa", "ssa")])
 def test_pathfl_each_module_switches_off(shared_runs, switch):
     run = shared_runs(f"pathfl_no_{switch[len('use_'):]}")
     report, sites = run.report, list(run.sites)

@@ -18,7 +18,7 @@ import torch
 from fedseg.cli import export_job
 from fedseg.fl.checkpoint import CHECKPOINT_NAME
 from fedseg.fl.component_policy import prepare_simulator_workspace
-from sim_utils import SIMULATOR_ENV, run_simulator
+from sim_utils import SIMULATOR_ENV, exclusive, run_simulator
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,8 @@ def test_killed_simulator_resumes_from_its_checkpoint(tmp_path):
     folder = tmp_path / "persistent"
     job = export_job("fedevi", tmp_path / "jobs", profile="tiny", num_rounds=ROUNDS, checkpoint_dir=str(folder), local_epochs=1)
 
-    _run_until_checkpoint(job, tmp_path / "ws1", folder, stop_after=1)
+    with exclusive():  # this simulator is started (and killed) here, not by run_simulator
+        _run_until_checkpoint(job, tmp_path / "ws1", folder, stop_after=1)
     before = _checkpoint(folder)
     done = before["completed_round"]
     assert 1 <= done < ROUNDS - 1, f"killed too late (checkpoint after round {done}): nothing left to resume"

@@ -104,7 +104,7 @@ def _numbers(tree):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", sorted(TASK_TYPE_CASES))
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.shared_runs(*TASK_TYPE_CASES[m])) for m in sorted(TASK_TYPE_CASES)])
 def test_native_and_client_api_paths_give_the_same_run(shared_runs, method):
     """Every task type, both executors, fixed seed, no augmentation: the same site metrics, the same
     method fields in the report and the same saved model, to float tolerance."""

@@ -1,0 +1,76 @@
+"""The shared-run machinery itself (tests/sim_utils.py), with the simulator replaced by a recorder: each run once,
+in the declared order, in the background; one at a time with tests that start NVFlare processes themselves;
+a failure reaches every reader; a read that was not declared is an error."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import sim_utils
+from sim_utils import RunSpec, SharedRuns, exclusive
+
+
+@pytest.fixture()
+def recorder(monkeypatch, tmp_path):
+    """Replace ``sim_utils.execute`` (export + simulator) with a recorder that holds the simulator slot briefly."""
+    calls, active = [], []
+
+    def fake_execute(name, spec, root):
+        with sim_utils.SIMULATOR_LOCK:
+            active.append(name)
+            assert len(active) == 1, f"two simulator runs at once: {active}"
+            calls.append((name, threading.current_thread().name))
+            time.sleep(0.05)
+            active.remove(name)
+        if spec.method == "broken":
+            raise RuntimeError(f"{name} failed")
+        return f"result of {name}"
+
+    monkeypatch.setattr(sim_utils, "execute", fake_execute)
+    specs = {n: RunSpec("broken" if n == "bad" else "fedavg") for n in ("a", "b", "c", "bad", "unused")}
+    return SharedRuns(lambda name: tmp_path / name, specs), calls
+
+
+def test_declared_runs_run_once_in_order_in_the_background(recorder):
+    runs, calls = recorder
+    runs.prefetch(["b", "a", "c"])
+    assert runs("a") == "result of a" and runs("a") == "result of a"
+    assert runs("c") == "result of c" and runs("b") == "result of b"
+    runs.close()
+    assert [c[0] for c in calls] == ["b", "a", "c"]  # each once, in the declared order
+    assert {c[1] for c in calls} == {"shared-simulator-runs"}  # by the background worker, not the readers
+
+
+def test_a_failed_run_fails_every_reader_without_running_again(recorder):
+    runs, calls = recorder
+    runs.prefetch(["bad"])
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="bad failed"):
+            runs("bad")
+    runs.close()
+    assert [c[0] for c in calls] == ["bad"]
+
+
+def test_undeclared_or_unknown_runs_are_refused(recorder):
+    runs, calls = recorder
+    runs.prefetch(["a"])
+    with pytest.raises(KeyError, match=r"mark the test @pytest.mark.shared_runs\('unused'\)"):
+        runs("unused")
+    with pytest.raises(KeyError, match="no shared simulator run 'nope'"):
+        runs("nope")
+    runs.close()
+    assert [c[0] for c in calls] == ["a"]
+
+
+def test_background_runs_wait_while_a_test_holds_the_simulator_slot(recorder):
+    runs, calls = recorder
+    with exclusive():  # e.g. fedseg bench or POC started by a test
+        runs.prefetch(["a"])
+        time.sleep(0.3)
+        assert calls == []  # the worker is waiting for the slot
+    assert runs("a") == "result of a"
+    runs.close()
+    assert [c[0] for c in calls] == ["a"]
