@@ -153,9 +153,11 @@ class SharedRuns:
     that reads it with the same error, without being run again.
     """
 
-    def __init__(self, make_root: Callable[[str], Path], specs: Mapping[str, RunSpec]):
+    def __init__(self, make_root: Callable[[str], Path], specs: Mapping[str, RunSpec],
+                 run: Optional[Callable[[str, RunSpec, Path], Any]] = None):
         self._make_root = make_root
         self._specs = specs
+        self._run = run or execute  # (name, spec, root) -> SimRun
         self._roots: Dict[str, Path] = {}
         self._results: Dict[str, Any] = {}
         self._done: Dict[str, threading.Event] = {}
@@ -179,7 +181,7 @@ class SharedRuns:
     def _drain(self) -> None:
         while (name := self._queue.get()) is not None:
             try:
-                self._results[name] = execute(name, self._specs[name], self._roots[name])
+                self._results[name] = self._run(name, self._specs[name], self._roots[name])
             except BaseException as e:  # noqa: BLE001 - remembered and re-raised for every reader
                 self._results[name] = e
             finally:

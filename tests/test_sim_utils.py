@@ -14,14 +14,15 @@ from sim_utils import RunSpec, SharedRuns, exclusive
 
 
 @pytest.fixture()
-def recorder(monkeypatch, tmp_path):
-    """Replace ``sim_utils.execute`` (export + simulator) with a recorder that holds the simulator slot briefly."""
+def recorder(tmp_path):
+    """A ``SharedRuns`` whose runs are a recorder (instead of export + simulator) that holds the simulator slot
+    briefly; the session's own shared runs (which may be running in the background meanwhile) are untouched."""
     calls, active = [], []
 
     def fake_execute(name, spec, root):
         with sim_utils.SIMULATOR_LOCK:
             active.append(name)
-            assert len(active) == 1, f"two simulator runs at once: {active}"
+            assert len(active) == 1, f"two runs at once: {active}"
             calls.append((name, threading.current_thread().name))
             time.sleep(0.05)
             active.remove(name)
@@ -29,9 +30,8 @@ def recorder(monkeypatch, tmp_path):
             raise RuntimeError(f"{name} failed")
         return f"result of {name}"
 
-    monkeypatch.setattr(sim_utils, "execute", fake_execute)
     specs = {n: RunSpec("broken" if n == "bad" else "fedavg") for n in ("a", "b", "c", "bad", "unused")}
-    return SharedRuns(lambda name: tmp_path / name, specs), calls
+    return SharedRuns(lambda name: tmp_path / name, specs, run=fake_execute), calls
 
 
 def test_declared_runs_run_once_in_order_in_the_background(recorder):
