@@ -33,6 +33,12 @@ def tiny_engine(tiny_datalist, tiny_train_config):
     return SegEngine("site-a", tiny_datalist, tiny_train_config)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests that start NVFlare processes themselves (marker ``exclusive``) run last: until then the shared simulator
+    runs go on in the background while the other tests run, and a test holding the simulator slot would stall them."""
+    items.sort(key=lambda item: item.get_closest_marker("exclusive") is not None)  # stable: order kept otherwise
+
+
 def _skipped(item) -> bool:
     """A test that will be skipped before it runs (``skip``, or ``skipif`` with a true condition)."""
     for mark in item.iter_markers():

@@ -13,7 +13,7 @@ from scipy import stats as sps
 from fedseg.cli import main
 from sim_utils import exclusive
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 SITES = ["site-1", "site-2"]
 

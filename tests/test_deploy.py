@@ -164,6 +164,7 @@ def deployment(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_server_listens_on_loopback_only(deployment):
     import psutil
 
@@ -188,6 +189,7 @@ def _assert_never_registers(deployment, impostor: Participant, seconds: float = 
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_client_with_a_certificate_from_another_ca_is_refused(deployment):
     genuine_kit = deployment.prod / "hospital-a"
     genuine_root = (genuine_kit / "startup" / "rootCA.pem").read_bytes()
@@ -225,6 +227,7 @@ def test_client_with_a_certificate_from_another_ca_is_refused(deployment):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_job_with_custom_code_is_refused_and_our_job_is_accepted(deployment, tmp_path):
     """NVFlare checks the byoc right when it deploys a job (at the server, then at each site, each with its own
     authorization.json): a job with app/custom code never runs, whoever submits it; our exported job runs."""

@@ -45,6 +45,7 @@ def _finite(x) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_poc_runs_tiny_fedavg_across_processes(tmp_path):
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1", FEDSEG_NUM_THREADS="1")
     env.pop("NVFLARE_POC_WORKSPACE", None)  # the test chooses its own workspace

@@ -20,7 +20,7 @@ from fedseg.fl.checkpoint import CHECKPOINT_NAME
 from fedseg.fl.component_policy import prepare_simulator_workspace
 from sim_utils import SIMULATOR_ENV, exclusive, run_simulator
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 SITES = ["site-1", "site-2"]
 ROUNDS = 4
