@@ -1,6 +1,6 @@
 """The GPU check: one command that tests the CUDA paths and measures a GPU, then writes JSON + Markdown.
 
-    python benchmarks/gpu_check.py --out gpu_check/            # on a CUDA machine: under 8 minutes on one GPU
+    python benchmarks/gpu_check.py --out gpu_check/            # on a CUDA machine: sized for under 8 minutes on one GPU
     python benchmarks/gpu_check.py --out /tmp/x --quick        # dry run of the script on CPU (tiny sizes)
 
 Steps (each bounded in time; a failing step is recorded and the next one still runs):
@@ -27,6 +27,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -158,6 +159,8 @@ def measure_simulator_round(out: Path, quick: bool, timeout: int) -> Dict[str, A
     from fedseg.bench.simulator import round_timings, run_simulator
     from fedseg.recipes.export import export_job
 
+    if shutil.which("nvflare") is None:
+        raise RuntimeError("the nvflare command is not on PATH (pip install -e . installs it with its dependencies)")
     sites = [f"site-{i}" for i in range(1, 5)]
     profile, rounds = ("tiny", 1) if quick else ("default", 2)
     gpu = "0" if torch.cuda.is_available() else None
