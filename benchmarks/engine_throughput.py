@@ -25,9 +25,13 @@ sensitive than wall time to other jobs on a shared machine).
 Volumes (``--family prostate3d``): the same comparison on 3-D patches (or ``--spatial-mode slices``), the built-in
 MR site resampled to its family's target spacing; throughput also as voxels/s (every patch's voxels per second).
 
+``--amp float16|bfloat16`` trains both paths under ``torch.autocast`` (the engine through its ``amp`` option;
+float16 with a gradient scaler, CUDA only). On CUDA every timed call ends with ``torch.cuda.synchronize()``.
+``benchmarks/gpu_check.py`` runs :func:`bench_mode` at 256 and 512 px, float32 and AMP.
+
 Usage:
     python benchmarks/engine_throughput.py --out /tmp/engine_throughput.json [--data both]
-        [--image-size 64] [--batch-size 4] [--epochs 2] [--repeats 7] [--threads 0]
+        [--image-size 64] [--batch-size 4] [--epochs 2] [--repeats 7] [--threads 0] [--amp float16]
     python benchmarks/engine_throughput.py --family prostate3d [--spatial-mode slices] [--patch-size "[64,64,16]"]
         --batch-size 2 --out /tmp/engine_throughput_3d.json
 """
@@ -45,32 +49,49 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
 from fedseg.data.synthetic_volumes import VOLUME_FAMILIES
 
 
+def _sync() -> None:
+    """Wait for queued CUDA work, so that a timed call includes it (no-op without CUDA)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _time(fn: Callable[[], Any]) -> Dict[str, float]:
+    _sync()
     start_wall, start_cpu = time.perf_counter(), time.process_time()
     fn()
+    _sync()
     return {"wall": time.perf_counter() - start_wall, "cpu": time.process_time() - start_cpu}
 
 
 def plain_train(model: torch.nn.Module, loss_fn: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                batches_fn: Callable[[], Any], epochs: int, device: torch.device) -> float:
-    """The reference: a textbook PyTorch training loop (loss.item() per step for logging)."""
+                batches_fn: Callable[[], Any], epochs: int, device: torch.device,
+                amp: Optional[torch.dtype] = None) -> float:
+    """The reference: a textbook PyTorch training loop (loss.item() per step for logging); with ``amp`` the
+    forward pass runs under ``torch.autocast`` (float16: with a gradient scaler, as torch's AMP recipe)."""
     model.train()
+    scaler = torch.amp.GradScaler(device.type) if amp == torch.float16 else None
     losses: List[float] = []
     for _ in range(epochs):
         for batch in batches_fn():
             inputs = batch["image"].to(device)
             labels = batch["label"].to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(inputs), labels)
-            loss.backward()
-            optimizer.step()
+            with torch.autocast(device_type=device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                loss = loss_fn(model(inputs), labels)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
             losses.append(loss.item())
     return sum(losses) / max(len(losses), 1)
 
@@ -80,18 +101,20 @@ def bench_mode(mode: str, datalist: Path, args: argparse.Namespace) -> Dict[str,
     from fedseg.engine.engine import SegEngine
     from fedseg.objectives.base import ClientObjective, RoundContext
 
+    amp_name = getattr(args, "amp", None)
     if args.family in VOLUME_FAMILIES:
-        from fedseg.data.labels import federation_label_config
+        from fedseg.data.checks import federation_label_config
         from fedseg.data.volumes import federation_volume_config
 
         fields = {**federation_label_config({"site-1": str(datalist)}), **federation_volume_config({"site-1": str(datalist)})}
         cfg = resolve_profile("default", batch_size=args.batch_size, local_epochs=args.epochs, spatial_mode=args.spatial_mode,
-                              **({"patch_size": args.patch_size} if args.patch_size else {}), **fields)["train_config"]
+                              amp=amp_name, **({"patch_size": args.patch_size} if args.patch_size else {}), **fields)["train_config"]
     else:
         cfg = resolve_profile("default", image_size=args.image_size, batch_size=args.batch_size,
-                              local_epochs=args.epochs)["train_config"]
+                              local_epochs=args.epochs, amp=amp_name)["train_config"]
     engine = SegEngine("site-1", datalist, cfg)
     device = engine.device
+    amp = engine.autocast_dtype()  # the engine's own check of the option (float16 needs CUDA)
     real_loader = engine.loader("training", shuffle=True, train=True)
     if mode == "memory":
         batches = [{k: v for k, v in b.items() if k in ("image", "label")} for b in real_loader]
@@ -111,7 +134,7 @@ def bench_mode(mode: str, datalist: Path, args: argparse.Namespace) -> Dict[str,
         # with older fedseg versions; the optimiser is keyed per model object, so each path gets its own)
         model = copy.deepcopy(model_engine)
         loss_fn, optimizer = engine.build_loss(), engine.make_optimizer(model)
-        return lambda: plain_train(model, loss_fn, optimizer, batches_fn, args.epochs, device)
+        return lambda: plain_train(model, loss_fn, optimizer, batches_fn, args.epochs, device, amp)
 
     runs["plain"] = plain_runner()
     if args.control:
@@ -129,7 +152,8 @@ def bench_mode(mode: str, datalist: Path, args: argparse.Namespace) -> Dict[str,
     # voxels (pixels) the network trains on per call: every patch of every batch
     voxels = sum(int(b["label"][0].numel()) * int(b["label"].shape[0]) for b in batches_fn()) * args.epochs
     out: Dict[str, Any] = {"mode": mode, "n_train": engine.n_train, "images_per_call": n_images, "voxels_per_call": voxels,
-                           "patch": list(engine.parser.get_parsed_content("crop_size")) if engine.volumes else None, "paths": {}}
+                           "patch": list(engine.parser.get_parsed_content("crop_size")) if engine.volumes else None, "paths": {},
+                           "device": str(device), "amp": amp_name, "image_size": args.image_size}
     for name, ts in times.items():
         ips = [n_images / t["wall"] for t in ts]
         out["paths"][name] = {
@@ -170,6 +194,8 @@ def main(argv=None) -> Dict[str, Any]:
     parser.add_argument("--no-control", dest="control", action="store_false",
                         help="skip the A/A control (a second identical plain loop that measures the noise floor)")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = torch default)")
+    parser.add_argument("--amp", choices=["float16", "bfloat16"], default=None,
+                        help="autocast dtype of both paths (float16: CUDA only, with a gradient scaler)")
     parser.add_argument("--data-dir", default=None, help="where the synthetic site is generated (default: a temp dir)")
     args = parser.parse_args(argv)
 
@@ -194,7 +220,7 @@ def main(argv=None) -> Dict[str, Any]:
                     "torch_threads": torch.get_num_threads(), "device": "cuda" if torch.cuda.is_available() else "cpu"},
         "settings": {"family": args.family, "image_size": args.image_size, "batch_size": args.batch_size,
                      "epochs_per_call": args.epochs, "repeats": args.repeats, "spatial_mode": args.spatial_mode,
-                     "patch_size": args.patch_size},
+                     "patch_size": args.patch_size, "amp": args.amp},
         "results": results,
     }
     print(f"\nEngine throughput — {args.family}, {args.image_size}px, batch {args.batch_size}, "

@@ -84,7 +84,7 @@ def interleaved_engine_cost(c3: Dict[str, str], c2: Dict[str, str], repeats: int
     import torch
 
     from fedseg.config import resolve_profile
-    from fedseg.data.labels import federation_label_config
+    from fedseg.data.checks import federation_label_config
     from fedseg.engine import SegEngine
     from fedseg.objectives.base import ClientObjective, RoundContext
 

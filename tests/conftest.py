@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny built-in data and the tiny training configuration."""
+"""Shared fixtures: tiny built-in data, the tiny training configuration, and the shared simulator runs."""
 
 from __future__ import annotations
 
@@ -31,3 +31,49 @@ def tiny_engine(tiny_datalist, tiny_train_config):
     from fedseg.engine import SegEngine
 
     return SegEngine("site-a", tiny_datalist, tiny_train_config)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that start NVFlare processes themselves (marker ``exclusive``) run last: until then the shared simulator
+    runs go on in the background while the other tests run, and a test holding the simulator slot would stall them."""
+    items.sort(key=lambda item: item.get_closest_marker("exclusive") is not None)  # stable: order kept otherwise
+
+
+def _skipped(item) -> bool:
+    """A test that will be skipped before it runs (``skip``, or ``skipif`` with a true condition)."""
+    for mark in item.iter_markers():
+        if mark.name == "skip" or (mark.name == "skipif" and mark.args and mark.args[0] is True):
+            return True
+    return False
+
+
+def declared_shared_runs(items) -> list:
+    """The shared simulator runs the selected tests declare (marker ``shared_runs``), in the order they first read them."""
+    names = []
+    for item in items:
+        if _skipped(item):
+            continue
+        for mark in item.iter_markers("shared_runs"):
+            names += [n for n in mark.args if n not in names]
+    return names
+
+
+@pytest.fixture(scope="session")
+def shared_runs(request, tmp_path_factory):
+    """``shared_runs(name)`` -> the :class:`sim_utils.SimRun` of ``sim_utils.SHARED_RUNS[name]``, run once per
+    session however many tests read it (tests/README.md). Started, for every test selected, by
+    :func:`_start_shared_runs`."""
+    from sim_utils import SHARED_RUNS, SharedRuns
+
+    runs = SharedRuns(lambda name: tmp_path_factory.mktemp(f"sim_{name}"), SHARED_RUNS)
+    runs.prefetch(declared_shared_runs(request.session.items))
+    yield runs
+    runs.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _start_shared_runs(request):
+    """Start the selected tests' shared simulator runs in the background before the first test, so that they
+    overlap the tests that need no simulator (one simulator at a time: ``sim_utils.SIMULATOR_LOCK``)."""
+    if declared_shared_runs(request.session.items):
+        request.getfixturevalue("shared_runs")

@@ -1,22 +1,60 @@
-"""Run an exported job in NVFlare's simulator from a test and read what it wrote."""
+"""Run exported jobs in NVFlare's simulator from the tests, and share one run between every test that reads it.
+
+A simulator run costs ~20 s on 2 cores whatever it trains (NVFlare starts a server and one process per site,
+each importing torch and MONAI, and shuts them down with fixed grace periods), so the tests read a small set
+of *shared runs*: :data:`SHARED_RUNS` names each configuration once, and the session fixture ``shared_runs``
+(``conftest.py``) runs it once and hands every test that reads it the same :class:`SimRun`. The runs the
+selected tests declare (marker ``shared_runs``) are started in the background, one after the other, as the
+session begins, so that they overlap the tests that need no simulator. One simulator at a time: every process
+start goes through :data:`SIMULATOR_LOCK` (:func:`run_simulator` takes it; a test that starts NVFlare processes
+another way holds :func:`exclusive`). ``tests/README.md`` says how to add a test without adding a run.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from fedseg.data.checks import check_federation, federation_label_config
 from fedseg.fl.component_policy import prepare_simulator_workspace
+from fedseg.fl.faults import FAULT_ENV
+
+#: the environment every simulator run gets: one torch/OpenMP thread per site process (several site processes
+#: share the machine's cores; more threads only oversubscribe them, docs/benchmarks.md (b))
+SIMULATOR_ENV = {"OMP_NUM_THREADS": "1", "FEDSEG_NUM_THREADS": "1"}
+#: held while NVFlare processes run (simulator, POC, a deployment): the background runs and the tests take turns,
+#: never two simulators at once on the machine
+SIMULATOR_LOCK = threading.RLock()
 
 
-def run_simulator(job: Path, workspace: Path, n_clients: int = 3, timeout: int = 900, clients: Optional[List[str]] = None) -> Dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+@contextmanager
+def exclusive() -> Iterator[None]:
+    """Hold the one simulator slot while a test starts NVFlare processes itself (``fedseg bench``, POC, ...)."""
+    with SIMULATOR_LOCK:
+        yield
+
+
+def run_simulator(
+    job: Path, workspace: Path, n_clients: int = 3, timeout: int = 900, clients: Optional[List[str]] = None,
+    env: Optional[Mapping[str, str]] = None, gpu: Optional[str] = None,
+) -> Dict:
+    """``nvflare simulator JOB -w WORKSPACE -n N -t N`` (or ``-c CLIENTS``; ``-gpu GPU``); returns report.json
+    plus ``_path`` (its path) and ``_log`` (the simulator's output). Fails the test on a non-zero exit."""
+    full_env = {**os.environ, **SIMULATOR_ENV, **(env or {})}
     prepare_simulator_workspace(workspace)  # jobs carry no code: the simulated sites allow fedseg's components
     cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-t", str(len(clients) if clients else n_clients)]
     cmd += ["-c", ",".join(clients)] if clients else ["-n", str(n_clients)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if gpu is not None:
+        cmd += ["-gpu", str(gpu)]
+    with SIMULATOR_LOCK:
+        proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
     reports = list(workspace.rglob("report.json"))
@@ -27,3 +65,236 @@ def run_simulator(job: Path, workspace: Path, n_clients: int = 3, timeout: int =
 def read_audit(report: Dict) -> List[Dict]:
     path = Path(report["_path"]).parent / "privacy_audit.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# ------------------------------------------------------------------------------------------ shared runs
+def sites(n: int) -> Tuple[str, ...]:
+    """The simulator's default client names for ``-n n``: site-1 .. site-n."""
+    return tuple(f"site-{i}" for i in range(1, n + 1))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One simulator run: ``export_job(method, profile="tiny", **options)`` run with ``sites``.
+
+    ``env`` is added to the simulator's environment (e.g. fault injection); ``datalists``, when given, is
+    called with a folder and returns ``{site: datalist path}`` (written there), which the job receives as
+    ``--site_datalists``; without it every site generates its built-in data. ``gpu`` is the simulator's
+    ``-gpu`` option.
+    """
+
+    method: str
+    sites: Tuple[str, ...] = sites(3)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    datalists: Optional[Callable[[Path], Dict[str, str]]] = None
+    gpu: Optional[str] = None
+    profile: str = "tiny"
+
+    def but(self, **options: Any) -> "RunSpec":
+        """The same run with some export options changed (a paired run: other executor, other wire dtype)."""
+        return RunSpec(self.method, self.sites, {**self.options, **options}, self.env, self.datalists, self.gpu, self.profile)
+
+
+@dataclass
+class SimRun:
+    """What one simulator run left behind: its report, workspace and job."""
+
+    name: str
+    spec: RunSpec
+    job: Path
+    workspace: Path
+    report: Dict
+
+    @property
+    def run_dir(self) -> Path:
+        """The server's run directory (report.json, privacy_audit.jsonl, summary.md, plots/, checkpoints)."""
+        return Path(self.report["_path"]).parent
+
+    @property
+    def sites(self) -> Tuple[str, ...]:
+        return self.spec.sites
+
+    def audit(self) -> List[Dict]:
+        return read_audit(self.report)
+
+    def site_outputs(self, site: str) -> Path:
+        """The site's own output folder (overlays, per-image metrics, method figures)."""
+        return self.workspace / site / "fedseg_outputs" / site
+
+    def site_log(self, site: str) -> str:
+        return (self.workspace / site / "log.txt").read_text()
+
+    def global_model(self) -> Dict:
+        """``FL_global_model.pt`` as saved by the server (``{"model": state dict, "train_config": ...}``)."""
+        import torch
+
+        return torch.load(next(self.workspace.rglob("FL_global_model.pt")), map_location="cpu", weights_only=False)
+
+
+def execute(name: str, spec: RunSpec, root: Path) -> SimRun:
+    """Export ``spec``'s job under ``root`` and run it in the simulator (workspace ``root/ws``)."""
+    from fedseg.cli import export_job
+
+    options = dict(spec.options)
+    if spec.datalists is not None:
+        mapping = root / "site_datalists.json"
+        mapping.write_text(json.dumps(spec.datalists(root / "data")))
+        options["script_args"] = f"--site_datalists {mapping}"
+    job = export_job(spec.method, root / "jobs", profile=spec.profile, **options)
+    report = run_simulator(job, root / "ws", clients=list(spec.sites), env=spec.env, gpu=spec.gpu)
+    return SimRun(name, spec, job, root / "ws", report)
+
+
+class SharedRuns:
+    """Session cache of simulator runs: ``shared_runs("fedevi")`` is :data:`SHARED_RUNS` ``["fedevi"]``, run once.
+
+    :meth:`prefetch` queues the runs the selected tests declare, in the order they read them; one background
+    thread runs them one after the other and a reader waits for its run. A run that failed fails every test
+    that reads it with the same error, without being run again.
+    """
+
+    def __init__(self, make_root: Callable[[str], Path], specs: Mapping[str, RunSpec],
+                 run: Optional[Callable[[str, RunSpec, Path], Any]] = None):
+        self._make_root = make_root
+        self._specs = specs
+        self._run = run or execute  # (name, spec, root) -> SimRun
+        self._roots: Dict[str, Path] = {}
+        self._results: Dict[str, Any] = {}
+        self._done: Dict[str, threading.Event] = {}
+        self._queue: "queue.Queue[Optional[str]]" = queue.Queue()
+        self._worker: Optional[threading.Thread] = None
+
+    def prefetch(self, names: Sequence[str]) -> None:
+        """Run ``names`` in the background, in this order (the order the tests will read them)."""
+        for name in names:
+            if name not in self._specs:
+                raise KeyError(f"no shared simulator run {name!r}; add it to SHARED_RUNS in tests/sim_utils.py ({sorted(self._specs)})")
+            if name in self._done:
+                continue
+            self._roots[name] = self._make_root(name)  # folders made here, not in the worker thread
+            self._done[name] = threading.Event()
+            self._queue.put(name)
+        if self._worker is None and self._done:
+            self._worker = threading.Thread(target=self._drain, name="shared-simulator-runs", daemon=True)
+            self._worker.start()
+
+    def _drain(self) -> None:
+        while (name := self._queue.get()) is not None:
+            try:
+                self._results[name] = self._run(name, self._specs[name], self._roots[name])
+            except BaseException as e:  # noqa: BLE001 - remembered and re-raised for every reader
+                self._results[name] = e
+            finally:
+                self._done[name].set()
+
+    def close(self) -> None:
+        """Start no more runs (the one in progress finishes) and wait for the worker."""
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._queue.put(None)
+        if self._worker is not None:
+            self._worker.join()
+
+    def __call__(self, name: str) -> SimRun:
+        if name not in self._specs:
+            raise KeyError(f"no shared simulator run {name!r}; add it to SHARED_RUNS in tests/sim_utils.py ({sorted(self._specs)})")
+        if name not in self._done:
+            raise KeyError(f"shared run {name!r} is read but not declared: mark the test "
+                           f"@pytest.mark.shared_runs({name!r}) (tests/README.md)")
+        self._done[name].wait()
+        result = self._results[name]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+
+# ------------------------------------------------------------------------------------------ the runs
+def _bad_data_datalists(folder: Path) -> Dict[str, str]:
+    """Built-in tiny polyp data for site-1..site-5, with site-5's first training image corrupt."""
+    from fedseg.data.synthetic import generate_site_data
+
+    mapping = {s: str(generate_site_data("polyp", s, folder, profile="tiny")) for s in sites(5)}
+    broken = Path(mapping["site-5"])
+    first_image = json.loads(broken.read_text())["training"][0]["image"]
+    (broken.parent / first_image).write_bytes(b"not a png")
+    return mapping
+
+
+def broken_image_name(run: SimRun) -> str:
+    """The file name of the corrupt image in the ``robustness`` run (site-5's first training image)."""
+    datalist = json.loads((run.workspace.parent / "site_datalists.json").read_text())["site-5"]
+    return json.loads(Path(datalist).read_text())["training"][0]["image"].split("/")[-1]
+
+
+def _classification_datalists(folder: Path) -> Dict[str, str]:
+    from test_engine_classification import write_classification_datalist
+
+    return {s: str(write_classification_datalist(folder / s, n_per_class=(4, 2, 2), seed=i)) for i, s in enumerate(sites(2))}
+
+
+#: FedAvg, plain SGD, one epoch, no augmentation, 2 sites, 1 round: the float32 run of the payload-precision pair
+#: (SGD: the update is the gradient, so float16's rounding shows undistorted) and the native half of the executor pair
+FEDAVG_SGD = RunSpec("fedavg", sites(2), {"num_rounds": 1, "augment": False, "optimizer_name": "SGD",
+                                          "learning_rate": 0.1, "local_epochs": 1})
+#: FedEvi on built-in vessel data (patch mode), no augmentation (the executor pair compares exact numbers)
+FEDEVI = RunSpec("fedevi", options={"data_family": "vessel", "augment": False, "local_epochs": 1})
+#: FedEFM DFL (ring gossip, the server relays) with EMD teacher weights, no augmentation
+FEDEFM_DFL = RunSpec("fedefm", options={"mode": "dfl", "augment": False, "local_epochs": 1})
+#: hostile results (fault injection) and a site whose data is broken, FedAvg, 5 sites, 3 rounds, one local epoch
+ROBUSTNESS_FAULTS = "site-2:scale=100@0,site-3:zero@0,site-2:sign_flip@1,site-3:stale@1,site-4:bad_stat@2"
+
+#: every shared run: name -> configuration (tiny profile unless said). Tests read them through ``shared_runs``.
+#: the label-space and volume train_config fields of the built-in multi-class and volume families (what
+#: ``fedseg run`` / ``fedseg export --family`` add to a job)
+FUNDUS_FIELDS = federation_label_config(family="fundus")
+VOLUME_FIELDS = check_federation(family="prostate3d", explicit={"data_profile": "tiny"})
+MULTICLASS_METHODS = ("fedavg", "fedevi", "graphfedseg", "fvac", "pathfl", "fedefm_downstream")
+#: (method, spatial mode) -> extra options; PathFL runs in slice mode (its style statistics are 2-D)
+VOLUME_RUNS = {
+    ("fedevi", "patch"): {},
+    ("graphfedseg", "patch"): {},
+    ("fvac", "patch"): {},
+    ("fedavg", "slices"): {"slice_foreground_only": True},
+    ("pathfl", "slices"): {},
+}
+
+SHARED_RUNS: Dict[str, RunSpec] = {
+    # one run per method; every test of the method's report, audit and site outputs reads it
+    # built-in vessel data (patch mode), 3 sites, 2 rounds x 3 local epochs (its test compares with the untrained model)
+    "fedavg": RunSpec("fedavg", options={"data_family": "vessel"}),
+    "fedevi": FEDEVI,
+    "graphfedseg": RunSpec("graphfedseg", options={"data_family": "vessel", "dp_target_epsilon": 10.0, "local_epochs": 1}),
+    "fvac": RunSpec("fvac", options={"local_epochs": 1}),
+    "pathfl": RunSpec("pathfl", options={"local_epochs": 1}),
+    "fedefm_cfl": RunSpec("fedefm", options={"use_emd": False, "local_epochs": 1}),
+    "fedefm_dfl": FEDEFM_DFL,
+    "classification": RunSpec(
+        "fedavg", sites(2), {"num_rounds": 2, "task": "classification", "num_classes": 2, "in_channels": 1,
+                             "vit_image_size": 32, "batch_size": 4, "local_epochs": 1},
+        datalists=_classification_datalists,
+    ),
+    "fedavg_sgd": FEDAVG_SGD,
+    # pairs: the same configuration with one thing changed
+    "fedavg_sgd_client_api": FEDAVG_SGD.but(site_executor="client_api"),
+    "fedavg_sgd_float16": FEDAVG_SGD.but(payload_dtype="float16"),
+    "fedevi_client_api": FEDEVI.but(site_executor="client_api"),
+    "fedefm_dfl_client_api": FEDEFM_DFL.but(site_executor="client_api"),
+    # PathFL with each module switched off on its own (2 sites, 1 round)
+    **{f"pathfl_no_{m}": RunSpec("pathfl", sites(2), {f"use_{m}": False, "num_rounds": 1, "local_epochs": 1})
+       for m in ("cse", "afa", "ssa")},
+    # CUDA (tests/test_cuda.py, skipped without a GPU): both sites on GPU 0 through the simulator's -gpu option
+    "fedavg_gpu": RunSpec("fedavg", sites(2), {"num_rounds": 1, "local_epochs": 1}, gpu="0"),
+    "robustness": RunSpec("fedavg", sites(5), {"num_rounds": 3, "local_epochs": 1},
+                          env={FAULT_ENV: ROBUSTNESS_FAULTS}, datalists=_bad_data_datalists),
+    # every method on three-class data (built-in fundus: rim and cup, region disc; tests/test_simulator_multiclass.py)
+    **{f"{m}_fundus": RunSpec(m, sites(2), {"num_rounds": 1, "local_epochs": 1, "data_family": "fundus", **FUNDUS_FIELDS})
+       for m in MULTICLASS_METHODS},
+    # volumes (built-in prostate3d, two zones; tests/test_simulator_volumes.py): 3-D patches and 2-D slices
+    **{f"{m}_{mode}3d": RunSpec(m, sites(2), {"num_rounds": 1, "local_epochs": 1, "data_family": "prostate3d",
+                                             "spatial_mode": mode, **VOLUME_FIELDS, **extra})
+       for (m, mode), extra in VOLUME_RUNS.items()},
+}

@@ -11,8 +11,9 @@ import torch
 from scipy import stats as sps
 
 from fedseg.cli import main
+from sim_utils import exclusive
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 SITES = ["site-1", "site-2"]
 
@@ -26,7 +27,8 @@ def _bench_argv(out: Path):
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    main(_bench_argv(out))
+    with exclusive():  # fedseg bench starts the simulator itself
+        main(_bench_argv(out))
     return out
 
 
@@ -93,7 +95,8 @@ def test_rerun_skips_finished_runs(bench, capsys):
     before = {p: p.stat().st_mtime_ns for p in runs}
     workspaces = {p: p.stat().st_mtime_ns for p in (bench / "workspaces").iterdir()}
     capsys.readouterr()
-    main(_bench_argv(bench))
+    with exclusive():
+        main(_bench_argv(bench))
     out = capsys.readouterr().out
     assert out.count("skipped") == 6 and "done" not in out.split("# fedseg bench")[0]
     assert {p: p.stat().st_mtime_ns for p in runs} == before
@@ -113,7 +116,8 @@ def test_refresh_rereads_method_runs_from_their_workspaces(bench, capsys):
     local_runs = {p: p.stat().st_mtime_ns for p in (bench / "runs").glob("reference-local-*.json")}
     workspaces = {p: p.stat().st_mtime_ns for p in (bench / "workspaces").iterdir()}
     capsys.readouterr()
-    main(_bench_argv(bench) + ["--refresh"])
+    with exclusive():
+        main(_bench_argv(bench) + ["--refresh"])
     out = capsys.readouterr().out
     assert out.count("re-read from its workspace") == 4 and out.count("finished earlier") == 2
     assert "done" not in out.split("# fedseg bench")[0]
@@ -132,9 +136,10 @@ def test_run_seed_reproduces_and_changes_the_model(bench, tmp_path):
     """``fedseg run --seed 1 --set ...`` with the bench's data and budget gives bit-identical global weights to
     the bench's FedAvg seed-1 run (a separate simulator job); seed 0 gives different ones."""
     ws = tmp_path / "ws"
-    main(["run", "fedavg", "-n", "2", "-w", str(ws), "--profile", "tiny", "--rounds", "1", "--local-epochs", "1",
-          "--family", "polyp", "--site-datalists", str(bench / "site_datalists.json"), "--seed", "1",
-          "--set", "batch_size=2"])
+    with exclusive():
+        main(["run", "fedavg", "-n", "2", "-w", str(ws), "--profile", "tiny", "--rounds", "1", "--local-epochs", "1",
+              "--family", "polyp", "--site-datalists", str(bench / "site_datalists.json"), "--seed", "1",
+              "--set", "batch_size=2"])
     report = json.loads(next(ws.rglob("report.json")).read_text())
     assert report["config"]["train_config"]["seed"] == 1 and report["config"]["train_config"]["batch_size"] == 2
 
@@ -159,9 +164,10 @@ def test_fedefm_bench_on_foundation_silos_with_pooled_reference(tmp_path):
     from fedseg.bench.stats import mcnemar_exact
 
     out = tmp_path / "fedefm"
-    main(["bench", "--out", str(out), "--family", "xray_foundation", "--sites", *SITES, "--data-profile", "tiny",
-          "--profile", "tiny", "--rounds", "1", "--local-epochs", "1", "--set", "batch_size=4", "data_unseen=0.5",
-          "--methods", "fedefm", "--references", "pooled", "--seeds", "0", "--baseline", "fedefm"])
+    with exclusive():
+        main(["bench", "--out", str(out), "--family", "xray_foundation", "--sites", *SITES, "--data-profile", "tiny",
+              "--profile", "tiny", "--rounds", "1", "--local-epochs", "1", "--set", "batch_size=4", "data_unseen=0.5",
+              "--methods", "fedefm", "--references", "pooled", "--seeds", "0", "--baseline", "fedefm"])
     results = json.loads((out / "results.json").read_text())
     assert results["task"] == "classification" and results["baseline"] == "fedefm"
     assert set(results["approaches"]) == {"fedefm", "pooled"}

@@ -95,6 +95,7 @@ def test_unknown_set_key_fails_before_any_job(argv, tmp_path, monkeypatch):
     import subprocess
 
     import fedseg.cli as cli
+    import fedseg.recipes.export as export
 
     def forbidden(*a, **k):
         raise AssertionError("a job was started or exported")
@@ -102,6 +103,7 @@ def test_unknown_set_key_fails_before_any_job(argv, tmp_path, monkeypatch):
     monkeypatch.setattr(subprocess, "call", forbidden)
     monkeypatch.setattr(subprocess, "run", forbidden)
     monkeypatch.setattr(cli, "export_job", forbidden)
+    monkeypatch.setattr(export, "export_job", forbidden)
     monkeypatch.chdir(tmp_path)
     argv = [a.replace("OUT", str(tmp_path / "bench")) for a in argv]
     with pytest.raises(SystemExit, match="learning_rat"):

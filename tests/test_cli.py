@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from fedseg.cli import main
 from fedseg.data.datalist import load_datalist
@@ -57,3 +58,39 @@ def test_export_sets_the_task_request_interval(tmp_path):
     for bad in ("0", "-1", "120"):
         with pytest.raises(SystemExit, match="task_request_interval"):
             main(["export", "--method", "fedevi", "--out", str(tmp_path / "bad"), "--task-request-interval", bad])
+
+
+def test_summarise_names_the_models_and_a_ready_infer_command(tmp_path, capsys, tiny_train_config, tiny_datalist):
+    """The global model where NVFlare's persistor writes it (``<run dir>/app_server/``), each personalised model,
+    and an infer command that runs as printed once NEW_SCANS/ and MASKS/ are real folders."""
+    import shlex
+
+    import torch
+
+    from fedseg.recipes.base import build_initial_network
+
+    run = tmp_path / "server" / "simulate_job"
+    (run / "app_server").mkdir(parents=True)
+    (run / "personalized_models").mkdir()
+    weights = {"model": build_initial_network(tiny_train_config).state_dict(), "train_config": tiny_train_config}
+    torch.save(weights, run / "app_server" / "FL_global_model.pt")
+    torch.save(weights, run / "personalized_models" / "a.pt")
+    report = {
+        "method": "graphfedseg", "config": {"num_rounds": 1, "train_config": tiny_train_config}, "clients": ["a"],
+        "rounds": [{"round": 0, "metrics": {"a": {"train_loss": 1.0, "val_dice": 0.5}}}],
+        "final": {"global": {"a": {"dice": 0.6, "hd95": 3.0, "assd": 1.0}},
+                  "personalized": {"a": {"dice": 0.7, "hd95": 2.0, "assd": 1.0}},
+                  "personalized_checkpoints": {"a": "personalized_models/a.pt"}},
+    }
+    (run / "report.json").write_text(json.dumps(report))
+    main(["summarise", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert f"global model: {run / 'app_server' / 'FL_global_model.pt'}" in out
+    assert f"personalised model of a: {run / 'personalized_models' / 'a.pt'}" in out
+    command = shlex.split(out.split("segment new scans with it:")[1].strip().splitlines()[0])
+    assert command[:2] == ["fedseg", "infer"]
+    scans = json.loads(tiny_datalist.read_text())["test"][0]["image"]
+    argv = [{"NEW_SCANS/": str(tiny_datalist.parent / Path(scans).parent), "MASKS/": str(tmp_path / "masks")}.get(a, a)
+            for a in command[1:]]
+    main(argv)
+    assert list((tmp_path / "masks").glob("*_seg.png"))

@@ -141,3 +141,30 @@ def test_command_line_prepares_a_simulator_workspace_and_kits(tmp_path, capsys):
     main([str(kit)])
     assert (kit / "local" / "resources.json.default").is_file()
     assert "fedseg components allowed in" in capsys.readouterr().out
+
+
+def test_summarise_names_the_missing_step_when_nvflare_refused_our_components(tmp_path):
+    """A fresh simulator workspace has no allow list: NVFlare's authorizer (its default list) refuses fedseg's
+    controller. With that refusal in a site or server log, ``fedseg summarise WS`` prints the one step it needs."""
+    from nvflare.apis.fl_exception import UnsafeComponentError
+    from nvflare.app_common.widgets.component_path_authorizer import ComponentPathAuthorizer
+
+    from fedseg.cli import main
+    from fedseg.fl.component_policy import refused_components_hint
+
+    fresh = tmp_path / "fresh" / "local" / "resources.json"  # never written: NVFlare falls back to its default list
+    with pytest.raises(UnsafeComponentError) as refused:
+        ComponentPathAuthorizer().authorize_component_config(
+            {"path": "fedseg.fl.controller.FedSegController", "args": {}}, workspace=_Workspace(fresh))
+    ws = tmp_path / "ws"
+    (ws / "server").mkdir(parents=True)
+    (ws / "server" / "log.txt").write_text(f"2026-01-01 - ServerRunner - ERROR - {type(refused.value).__name__}: {refused.value}\n")
+    hint = refused_components_hint(ws)
+    assert hint and f"python -m fedseg.fl.component_policy --simulator {ws}" in hint and "log.txt" in hint
+    with pytest.raises(SystemExit, match="component_policy --simulator"):
+        main(["summarise", str(ws)])
+    # a workspace whose run failed for another reason gets no such hint
+    (ws / "server" / "log.txt").write_text("ERROR - DatalistError\n")
+    assert refused_components_hint(ws) is None
+    with pytest.raises(SystemExit, match=r"^no report.json found under \S+$"):
+        main(["summarise", str(ws)])

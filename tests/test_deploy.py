@@ -20,6 +20,7 @@ from deploy_utils import (
     DEPLOY_PROJECT, LEAD, POC_PROJECT, PROJECT_ADMIN, REPO, ROLES, SERVER, SITES, START_TIMEOUT, Deployment,
     Participant, https_get, provision, run_nvflare, stage_job, wait_status,
 )
+from sim_utils import exclusive
 
 
 def _load_pem(path: Path):
@@ -153,15 +154,17 @@ def test_poc_project_binds_server_to_loopback(tmp_path):
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    dep = Deployment(tmp_path_factory.mktemp("deploy"))
-    try:
-        dep.session(PROJECT_ADMIN)
-        yield dep
-    finally:
-        dep.close()
+    with exclusive():  # an FL server and sites run until the module's last test: no shared simulator run meanwhile
+        dep = Deployment(tmp_path_factory.mktemp("deploy"))
+        try:
+            dep.session(PROJECT_ADMIN)
+            yield dep
+        finally:
+            dep.close()
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_server_listens_on_loopback_only(deployment):
     import psutil
 
@@ -186,6 +189,7 @@ def _assert_never_registers(deployment, impostor: Participant, seconds: float = 
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_client_with_a_certificate_from_another_ca_is_refused(deployment):
     genuine_kit = deployment.prod / "hospital-a"
     genuine_root = (genuine_kit / "startup" / "rootCA.pem").read_bytes()
@@ -223,6 +227,7 @@ def test_client_with_a_certificate_from_another_ca_is_refused(deployment):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_job_with_custom_code_is_refused_and_our_job_is_accepted(deployment, tmp_path):
     """NVFlare checks the byoc right when it deploys a job (at the server, then at each site, each with its own
     authorization.json): a job with app/custom code never runs, whoever submits it; our exported job runs."""

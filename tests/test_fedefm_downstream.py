@@ -63,7 +63,7 @@ def test_scratch_has_no_foundation_and_bad_paths_are_refused(tmp_path):
         export_job("fedefm_downstream", tmp_path / "jobs3", profile="tiny", foundation_ckpt=str(tmp_path / "missing.pt"))
 
 
-@pytest.mark.slow
+@pytest.mark.exclusive  # its own simulator run (the foundation checkpoint is made by this module's fixture)
 def test_downstream_job_in_the_simulator(foundation, tmp_path):
     path, _ = foundation
     job = export_job("fedefm_downstream", tmp_path / "jobs", profile="tiny", foundation_ckpt=str(path))

@@ -84,7 +84,7 @@ def test_same_arguments_give_identical_files(tmp_path):
 
 def test_the_engine_reads_three_classes(tmp_path):
     from fedseg.config import resolve_profile
-    from fedseg.data.labels import federation_label_config
+    from fedseg.data.checks import federation_label_config
     from fedseg.engine import SegEngine
 
     path = generate_site_data("fundus", "site-1", tmp_path, profile="tiny")

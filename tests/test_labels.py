@@ -11,11 +11,11 @@ import pytest
 from PIL import Image
 
 from fedseg.data.datalist import DatalistError, load_datalist, validate_pair
+from fedseg.data.checks import federation_label_config
 from fedseg.data.labels import (
     BINARY,
     LabelSpace,
     LabelSpaceError,
-    federation_label_config,
     metric_key,
     order_structure_keys,
     site_label_space,

@@ -14,7 +14,7 @@ from PIL import Image
 
 from fedseg.bundle import load_bundle
 from fedseg.config import resolve_profile
-from fedseg.data.labels import federation_label_config
+from fedseg.data.checks import federation_label_config
 from fedseg.data.synthetic import generate_site_data
 from fedseg.inference import evaluate_checkpoint, run_inference
 

@@ -14,7 +14,8 @@ from PIL import Image
 from fedseg.bench.runs import pooled_datalist
 from fedseg.cli import main as cli_main
 from fedseg.config import resolve_profile
-from fedseg.data.labels import LabelSpaceError, federation_label_config
+from fedseg.data.checks import federation_label_config
+from fedseg.data.labels import LabelSpaceError
 from fedseg.data.synthetic import generate_site_data
 from fedseg.engine import SegEngine
 

@@ -87,21 +87,21 @@ def test_site_answers_in_the_wire_dtype_and_trains_in_float32(tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_float16_round_moves_half_the_bytes(tmp_path):
-    """One FedAvg round, 2 sites, float32 vs float16 wire: bytes halve, the model stays float32 and close."""
-    from fedseg.cli import export_job
-    from sim_utils import run_simulator
+@pytest.mark.shared_runs("fedavg_sgd", "fedavg_sgd_float16")
+def test_float16_round_moves_half_the_bytes(shared_runs):
+    """One FedAvg round, 2 sites, float32 vs float16 wire: bytes halve, the model stays float32 and close.
 
+    The pair of shared runs ``fedavg_sgd`` / ``fedavg_sgd_float16`` (tests/README.md): plain SGD, one epoch, no
+    augmentation, so the update is the gradient and the comparison sees the wire rounding rather than Adam's
+    sign-like first steps (which turn tiny input differences on near-zero gradients into full steps)."""
     reports, models = {}, {}
-    for dtype in ("float32", "float16"):
-        # plain SGD, one epoch: the update is the gradient, so the comparison sees the wire rounding rather than
-        # Adam's sign-like first steps (which turn tiny input differences on near-zero gradients into full steps)
-        job = export_job("fedavg", tmp_path / dtype / "jobs", profile="tiny", num_rounds=1, augment=False,
-                         payload_dtype=dtype, optimizer_name="SGD", learning_rate=0.1, local_epochs=1)
-        reports[dtype] = run_simulator(job, tmp_path / dtype / "ws", n_clients=2)
+    for dtype, name in (("float32", "fedavg_sgd"), ("float16", "fedavg_sgd_float16")):
+        run = shared_runs(name)
+        assert run.report["config"]["train_config"]["payload_dtype"] == dtype
+        assert run.report["config"]["train_config"]["optimizer_name"] == "SGD" and len(run.report["rounds"]) == 1
+        reports[dtype] = run.report
         assert reports[dtype]["rounds"][0]["rejected"] == {} and reports[dtype]["rounds"][0]["missing"] == []
-        saved = next((tmp_path / dtype / "ws").rglob("FL_global_model.pt"))
-        models[dtype] = torch.load(saved, map_location="cpu", weights_only=False)["model"]
+        models[dtype] = run.global_model()["model"]
     full, half = reports["float32"]["rounds"][0], reports["float16"]["rounds"][0]
     # weights dominate both directions; meta (a few scalars and the job settings' numbers) adds a little
     assert 0.49 < half["bytes_received"] / full["bytes_received"] < 0.52

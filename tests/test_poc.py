@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from sim_utils import exclusive
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "poc_workspace" / "run_poc.py"
 SITES = ["site-1", "site-2", "site-3"]
@@ -43,14 +45,15 @@ def _finite(x) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_poc_runs_tiny_fedavg_across_processes(tmp_path):
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1", FEDSEG_NUM_THREADS="1")
     env.pop("NVFLARE_POC_WORKSPACE", None)  # the test chooses its own workspace
     jobs = tmp_path / "jobs"
-    subprocess.run(
-        [sys.executable, "-m", "fedseg", "export", "--method", "fedavg", "--profile", "tiny", "--out", str(jobs)],
-        cwd=tmp_path, env=env, check=True, timeout=180, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
+    # `fedseg export` in this process (a fresh interpreter would only import torch and MONAI once more)
+    from fedseg.cli import main
+
+    main(["export", "--method", "fedavg", "--profile", "tiny", "--out", str(jobs)])
     job = jobs / "fedavg"
     assert (job / "meta.json").is_file()
     job_files = sorted(p.relative_to(job) for p in job.rglob("*"))
@@ -63,25 +66,26 @@ def test_poc_runs_tiny_fedavg_across_processes(tmp_path):
         "--timeout", "240", "--start-timeout", "120",
         "--expect-method", "fedavg", "--expect-rounds", "2",
     ]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    output, leftovers = "", []
-    try:
+    with exclusive():  # the POC's server and sites: no shared simulator run at the same time
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        output, leftovers = "", []
         try:
-            output, _ = proc.communicate(timeout=RUN_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)  # run_poc.py stops and cleans the POC on SIGTERM
             try:
-                output, _ = proc.communicate(timeout=120)
+                output, _ = proc.communicate(timeout=RUN_TIMEOUT)
             except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGTERM)  # run_poc.py stops and cleans the POC on SIGTERM
+                try:
+                    output, _ = proc.communicate(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    output, _ = proc.communicate()
+                pytest.fail(f"run_poc.py did not finish in {RUN_TIMEOUT}s:\n{output[-8000:]}")
+        finally:
+            if proc.poll() is None:
                 proc.kill()
-                output, _ = proc.communicate()
-            pytest.fail(f"run_poc.py did not finish in {RUN_TIMEOUT}s:\n{output[-8000:]}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        # whatever run_poc.py left behind (it should be nothing): server, clients, job processes of this workspace
-        leftovers = _load_run_poc().kill_poc_processes(workspace)
+                proc.wait()
+            # whatever run_poc.py left behind (it should be nothing): server, clients, job processes of this workspace
+            leftovers = _load_run_poc().kill_poc_processes(workspace)
 
     assert proc.returncode == 0, f"run_poc.py failed (exit {proc.returncode}):\n{output[-8000:]}"
     assert not leftovers, f"processes left running after run_poc.py: {leftovers}\n{output[-4000:]}"

@@ -1,6 +1,7 @@
 """FedAvg of a tiny ViT classifier (task classification) end to end in NVFlare's simulator: 2 sites with
-their own classification datalists, 2 rounds, 32 px. The server builds the round-0 ViT from
-bundles/vit_foundation, the sites the same network through the classification engine."""
+their own classification datalists, 2 rounds, 32 px (the shared ``classification`` run, tests/README.md). The
+server builds the round-0 ViT from bundles/vit_foundation, the sites the same network through the
+classification engine."""
 
 from __future__ import annotations
 
@@ -10,26 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from fedseg.cli import export_job
-from sim_utils import read_audit, run_simulator
-from test_engine_classification import write_classification_datalist
+from sim_utils import read_audit
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.shared_runs("classification")
 
 SITES = ["site-1", "site-2"]
 
 
 @pytest.fixture(scope="module")
-def classification_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cls_sim")
-    datalists = {s: str(write_classification_datalist(root / "data" / s, n_per_class=(4, 2, 2), seed=i)) for i, s in enumerate(SITES)}
-    mapping = root / "sites.json"
-    mapping.write_text(json.dumps(datalists))
-    job = export_job(
-        "fedavg", root / "jobs", profile="tiny", num_rounds=2, task="classification", num_classes=2, in_channels=1,
-        vit_image_size=32, batch_size=4, local_epochs=1, script_args=f"--site_datalists {mapping}",
-    )
-    return run_simulator(job, root / "ws", clients=SITES)
+def classification_run(shared_runs):
+    return shared_runs("classification").report
 
 
 def test_report_has_accuracy_per_site(classification_run):

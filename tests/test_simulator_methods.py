@@ -1,4 +1,5 @@
-"""FedEvi and FVAC end to end in NVFlare's simulator on tiny built-in data."""
+"""FedEvi, FVAC and GraphFedSeg end to end in NVFlare's simulator on tiny built-in data: each method's shared
+run (tests/README.md; FedEvi and GraphFedSeg on vessel data, i.e. patch mode, GraphFedSeg with DP-SGD)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,16 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
-from fedseg.cli import export_job
-from sim_utils import read_audit, run_simulator
+from sim_utils import read_audit
 
-pytestmark = pytest.mark.slow
 SITES = ["site-1", "site-2", "site-3"]
 
 
-def test_fedevi_two_phase_round(tmp_path):
-    job = export_job("fedevi", tmp_path / "jobs", profile="tiny")
-    report = run_simulator(job, tmp_path / "ws", n_clients=3)
+@pytest.mark.shared_runs("fedevi")
+def test_fedevi_two_phase_round(shared_runs):
+    report = shared_runs("fedevi").report
     assert report["method"] == "fedevi"
     cfg = report["config"]
     assert cfg["delta"] == 1.0 and cfg["weight_form"] == "code" and cfg["beta0"] == "samples"
@@ -48,9 +48,10 @@ def test_fedevi_two_phase_round(tmp_path):
         assert all(rec["meta"][k]["type"] == "float" for k in ("G", "A", "R_paper"))
 
 
-def test_fvac_uniform_average_and_site_figure(tmp_path):
-    job = export_job("fvac", tmp_path / "jobs", profile="tiny")
-    report = run_simulator(job, tmp_path / "ws", n_clients=3)
+@pytest.mark.shared_runs("fvac")
+def test_fvac_uniform_average_and_site_figure(shared_runs):
+    run = shared_runs("fvac")
+    report = run.report
     assert report["method"] == "fvac"
     assert report["config"]["train_config"]["data_family"] == "vessel"
     assert report["config"]["objective_args"]["beta"] == 2.0
@@ -58,7 +59,7 @@ def test_fvac_uniform_average_and_site_figure(tmp_path):
         assert r["aggregation_weight"] == pytest.approx({s: 1 / 3 for s in SITES})
     for s in SITES:
         assert all(math.isfinite(v) for v in report["final"]["global"][s].values())
-        assert (tmp_path / "ws" / s / "fedseg_outputs" / s / "fvac_weight_maps.png").is_file()
+        assert (run.site_outputs(s) / "fvac_weight_maps.png").is_file()
 
 
 def _qp_row_scipy(p, cos_row, u, alpha, gamma):
@@ -73,9 +74,10 @@ def _qp_row_scipy(p, cos_row, u, alpha, gamma):
     return res.x
 
 
-def test_graphfedseg_graph_and_personalised_models(tmp_path):
-    job = export_job("graphfedseg", tmp_path / "jobs", profile="tiny")
-    report = run_simulator(job, tmp_path / "ws", n_clients=3)
+@pytest.mark.shared_runs("graphfedseg")
+def test_graphfedseg_graph_and_personalised_models(shared_runs):
+    run = shared_runs("graphfedseg")
+    report = run.report
     cfg = report["config"]
     assert cfg["alpha"] == pytest.approx(0.08 * 3) and cfg["gamma"] == 0.4 and cfg["lam"] == 0.2
     assert cfg["lambda1"] == 0.01 and cfg["similarity"] == "update"
@@ -91,7 +93,7 @@ def test_graphfedseg_graph_and_personalised_models(tmp_path):
         eff = cfg["lam"] * p + (1 - cfg["lam"]) * w.mean(axis=0)
         assert [r["effective_weight"][s] for s in SITES] == pytest.approx(eff.tolist(), abs=1e-9)
         assert all(0 < r["uncertainty"][s] <= 1 for s in SITES)
-    run_dir = tmp_path / "ws" / "server" / "simulate_job"
+    run_dir = run.run_dir
     for s in SITES:
         assert set(report["final"]["personalized"][s]) == {"dice", "hd95", "assd"}
         assert (run_dir / report["final"]["personalized_checkpoints"][s]).is_file()
@@ -99,12 +101,12 @@ def test_graphfedseg_graph_and_personalised_models(tmp_path):
     assert (run_dir / "plots" / "effective_weight.png").is_file()
     # the uncertainty statistic is the only extra thing a site sent
     for rec in read_audit(report):
-        assert set(rec["meta"]) <= {"initial_metrics", "n_samples", "round", "uncertainty", "task_clock"}
+        assert set(rec["meta"]) <= {"initial_metrics", "n_samples", "round", "uncertainty", "task_clock", "spatial"}
 
 
-def test_graphfedseg_with_differential_privacy_reports_epsilon(tmp_path):
-    job = export_job("graphfedseg", tmp_path / "jobs", profile="tiny", dp_target_epsilon=10.0)
-    report = run_simulator(job, tmp_path / "ws", n_clients=3)
+@pytest.mark.shared_runs("graphfedseg")
+def test_graphfedseg_with_differential_privacy_reports_epsilon(shared_runs):
+    report = shared_runs("graphfedseg").report
     assert report["config"]["train_config"]["dp_target_epsilon"] == 10.0
     for s in SITES:
         eps = [r["metrics"][s]["dp_epsilon"] for r in report["rounds"]]
@@ -112,31 +114,28 @@ def test_graphfedseg_with_differential_privacy_reports_epsilon(tmp_path):
         assert report["rounds"][-1]["metrics"][s]["dp_delta"] == pytest.approx(1e-5)
 
 
-@pytest.mark.parametrize(
-    "method, options",
-    [
-        ("fedavg", {}),
-        # the uncertainty pass over whole training images (sliding window) and DP-SGD on patches
-        ("graphfedseg", {"dp_target_epsilon": 50.0}),
-        # the surrogate evaluation (G, A) on whole validation images
-        ("fedevi", {}),
-    ],
-)
-def test_patch_mode_end_to_end(tmp_path, method, options):
+@pytest.mark.parametrize("run_name", [pytest.param(n, marks=pytest.mark.shared_runs(n)) for n in ("fedavg", "graphfedseg", "fedevi")])
+def test_patch_mode_end_to_end(shared_runs, run_name):
     """Built-in vessel data declares patch mode: training on native-resolution patches, whole-image
-    evaluation at each image's own size (FVAC runs on vessel data in its own test above)."""
-    job = export_job(method, tmp_path / "jobs", profile="tiny", data_family="vessel", **options)
-    report = run_simulator(job, tmp_path / "ws", n_clients=2)
-    sites = ["site-1", "site-2"]
+    evaluation at each image's own size (FVAC runs on vessel data in its own test above). The runs:
+    FedAvg, GraphFedSeg (the uncertainty pass over whole training images by sliding window,
+    and DP-SGD on patches), FedEvi (the surrogate evaluation (G, A) on whole validation images)."""
+    run = shared_runs(run_name)
+    report, sites, method = run.report, run.sites, run.spec.method
+    assert report["config"]["train_config"]["data_family"] == "vessel"
     for s in sites:
-        log = (tmp_path / "ws" / s / "log.txt").read_text()
-        assert "spatial mode patch (patches 16 px x" in log
+        assert "spatial mode patch (patches 16 px x" in run.site_log(s)
         assert all(math.isfinite(v) for v in report["final"]["global"][s].values())
         assert 0.0 <= report["final"]["global"][s]["dice"] <= 1.0
     assert "own size" in report["final"]["note"]
+    # the sites' datalists chose patch mode: the saved models record it for fedseg infer
+    assert run.global_model()["train_config"]["spatial_mode"] == "patch"
     if method == "graphfedseg":
         assert all(0 < r["uncertainty"][s] <= 1 for r in report["rounds"] for s in sites)
         assert all(r["metrics"][s]["dp_epsilon"] > 0 for r in report["rounds"] for s in sites)
         assert set(report["final"]["personalized"]) == set(sites)
+        for rel in report["final"]["personalized_checkpoints"].values():
+            saved = torch.load(run.run_dir / rel, map_location="cpu", weights_only=True)
+            assert saved["train_config"]["spatial_mode"] == "patch"
     if method == "fedevi":
         assert all(r["A"][s] > 0 for r in report["rounds"] for s in sites)

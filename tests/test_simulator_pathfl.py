@@ -1,5 +1,6 @@
 """PathFL end to end in NVFlare's simulator on tiny built-in nuclei data: the full method with a privacy
-audit, and each module switched off on its own."""
+audit (the shared ``pathfl`` run), and each module switched off on its own (``pathfl_no_<module>``, 2 sites,
+1 round; tests/README.md)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,19 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
-from fedseg.cli import export_job
-from sim_utils import read_audit, run_simulator
+from sim_utils import read_audit
 
-pytestmark = pytest.mark.slow
 SITES = ["site-1", "site-2", "site-3"]
 STRATA = ["enc0", "enc1", "enc2", "bottleneck", "dec2", "dec1", "dec0", "head"]  # tiny U-Net, depth 3
 CSE_KEYS = {"cse_mean", "cse_std"}
 AFA_KEYS = {"afa_mean", "afa_sq_mean"}
 
 
-def test_pathfl_job_report_and_privacy_audit(tmp_path):
-    job = export_job("pathfl", tmp_path / "jobs", profile="tiny")
-    report = run_simulator(job, tmp_path / "ws", n_clients=3)
+@pytest.mark.shared_runs("pathfl")
+def test_pathfl_job_report_and_privacy_audit(shared_runs):
+    run = shared_runs("pathfl")
+    report = run.report
     assert report["method"] == "pathfl"
     cfg = report["config"]
     assert cfg["train_config"]["data_family"] == "nuclei" and cfg["train_config"]["feature_alignment"] is True
@@ -40,10 +39,9 @@ def test_pathfl_job_report_and_privacy_audit(tmp_path):
         assert r["afa_global_std"] > 0 and math.isfinite(r["afa_global_mean"])
     for s in SITES:
         assert all(math.isfinite(v) for v in report["final"]["global"][s].values())
-        out = tmp_path / "ws" / s / "fedseg_outputs" / s
-        assert (out / "pathfl_cse_examples.png").is_file()  # site-local figure of restyled patches
+        assert (run.site_outputs(s) / "pathfl_cse_examples.png").is_file()  # site-local figure of restyled patches
     # the final model carries the global moments (bundle inference reproduces the alignment)
-    ckpt = torch.load(next((tmp_path / "ws").rglob("FL_global_model.pt")), weights_only=False)
+    ckpt = run.global_model()
     last = report["rounds"][-1]
     assert float(ckpt["model"]["bottleneck_alignment.active"]) == 1.0
     assert float(ckpt["model"]["bottleneck_alignment.target_mean"]) == pytest.approx(last["afa_global_mean"], rel=1e-5)
@@ -63,7 +61,7 @@ def test_pathfl_job_report_and_privacy_audit(tmp_path):
     assert len(train) == 3 * len(report["rounds"])
     for rec in train:
         # (NVFlare carries the scalar train metrics in "initial_metrics")
-        assert set(rec["meta"]) - {"initial_metrics"} == {"n_samples", "round", "task_clock"} | CSE_KEYS | AFA_KEYS | {"ssa_noise"}
+        assert set(rec["meta"]) - {"initial_metrics"} == {"n_samples", "round", "task_clock", "spatial"} | CSE_KEYS | AFA_KEYS | {"ssa_noise"}
         assert all(v["type"] == "float" for v in rec["meta"]["initial_metrics"]["items"].values())
         assert rec["meta"]["ssa_noise"]["shape"] == [4, 3, 64, 64]
         assert all(rec["meta"][k] == {"type": "list", "length": 3} for k in CSE_KEYS)
@@ -72,17 +70,17 @@ def test_pathfl_job_report_and_privacy_audit(tmp_path):
         assert rec["params"] == {} and not set(rec["meta"]) & (CSE_KEYS | AFA_KEYS | {"ssa_noise"})
 
 
-@pytest.mark.parametrize("switch", ["use_cse", "use_afa", "use_ssa"])
-def test_pathfl_each_module_switches_off(tmp_path, switch):
-    job = export_job("pathfl", tmp_path / "jobs", profile="tiny", **{switch: False})
-    report = run_simulator(job, tmp_path / "ws", n_clients=2)
-    sites = SITES[:2]
+@pytest.mark.slow
+@pytest.mark.parametrize("switch", [pytest.param(f"use_{m}", marks=pytest.mark.shared_runs(f"pathfl_no_{m}")) for m in ("cse", "afa", "ssa")])
+def test_pathfl_each_module_switches_off(shared_runs, switch):
+    run = shared_runs(f"pathfl_no_{switch[len('use_'):]}")
+    report, sites = run.report, list(run.sites)
     assert report["config"][switch] is False
     sent = set().union(*(a["meta"] for a in read_audit(report) if a["task"] == "train"))
     last = report["rounds"][-1]
     if switch == "use_cse":
         assert not sent & CSE_KEYS and "style_pool_size" not in last
-        assert not (tmp_path / "ws" / "site-1" / "fedseg_outputs" / "site-1" / "pathfl_cse_examples.png").exists()
+        assert not (run.site_outputs("site-1") / "pathfl_cse_examples.png").exists()
     if switch == "use_afa":
         assert not sent & AFA_KEYS and "afa_global_mean" not in last
         assert report["config"]["train_config"]["feature_alignment"] is False

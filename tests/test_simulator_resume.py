@@ -18,9 +18,9 @@ import torch
 from fedseg.cli import export_job
 from fedseg.fl.checkpoint import CHECKPOINT_NAME
 from fedseg.fl.component_policy import prepare_simulator_workspace
-from sim_utils import run_simulator
+from sim_utils import SIMULATOR_ENV, exclusive, run_simulator
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 SITES = ["site-1", "site-2"]
 ROUNDS = 4
@@ -36,7 +36,7 @@ def _run_until_checkpoint(job, workspace, folder, stop_after: int, timeout: floa
     prepare_simulator_workspace(workspace)
     cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-n", str(len(SITES)), "-t", str(len(SITES))]
     proc = subprocess.Popen(
-        cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cmd, env={**os.environ, **SIMULATOR_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     deadline = time.monotonic() + timeout
@@ -60,7 +60,8 @@ def test_killed_simulator_resumes_from_its_checkpoint(tmp_path):
     folder = tmp_path / "persistent"
     job = export_job("fedevi", tmp_path / "jobs", profile="tiny", num_rounds=ROUNDS, checkpoint_dir=str(folder), local_epochs=1)
 
-    _run_until_checkpoint(job, tmp_path / "ws1", folder, stop_after=1)
+    with exclusive():  # this simulator is started (and killed) here, not by run_simulator
+        _run_until_checkpoint(job, tmp_path / "ws1", folder, stop_after=1)
     before = _checkpoint(folder)
     done = before["completed_round"]
     assert 1 <= done < ROUNDS - 1, f"killed too late (checkpoint after round {done}): nothing left to resume"

@@ -72,12 +72,13 @@ def test_evaluate_through_the_executor(started, tiny_train_config):
 
 
 #: every task type some method sends: train + evaluate (FedAvg), evaluate_surrogate (FedEvi), overseas_train +
-#: gossip (FedEFM DFL); (method, recipe options, sites, rounds)
-TASK_TYPE_CASES = [
-    ("fedavg", {}, 2, 1),
-    ("fedevi", {}, 2, 1),
-    ("fedefm", {"mode": "dfl"}, 3, 2),
-]
+#: gossip (FedEFM DFL); each case is a pair of shared runs (tests/README.md, sim_utils.SHARED_RUNS) that differ
+#: only in the executor: fixed seed, no augmentation
+TASK_TYPE_CASES = {
+    "fedavg": ("fedavg_sgd", "fedavg_sgd_client_api"),  # 2 sites, 1 round, plain SGD (shared with the payload pair)
+    "fedevi": ("fedevi", "fedevi_client_api"),  # 3 sites, 2 rounds, vessel patches
+    "fedefm": ("fedefm_dfl", "fedefm_dfl_client_api"),  # 3 sites, 2 rounds, ring gossip with EMD teacher weights
+}
 
 #: site timings differ between runs; everything else a site reports must not
 _TIMING = {"compute_time", "peak_memory_mb"}
@@ -103,23 +104,18 @@ def _numbers(tree):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,options,n_sites,rounds", TASK_TYPE_CASES, ids=[c[0] for c in TASK_TYPE_CASES])
-def test_native_and_client_api_paths_give_the_same_run(tmp_path, method, options, n_sites, rounds):
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.shared_runs(*TASK_TYPE_CASES[m])) for m in sorted(TASK_TYPE_CASES)])
+def test_native_and_client_api_paths_give_the_same_run(shared_runs, method):
     """Every task type, both executors, fixed seed, no augmentation: the same site metrics, the same
     method fields in the report and the same saved model, to float tolerance."""
-    from fedseg.cli import export_job
-    from sim_utils import run_simulator
-
     reports, models = {}, {}
-    for executor in ("native", "client_api"):
-        job = export_job(method, tmp_path / executor / "jobs", profile="tiny", num_rounds=rounds,
-                         augment=False, site_executor=executor, **options)
-        report = run_simulator(job, tmp_path / executor / "ws", n_clients=n_sites)
-        for r in report["rounds"]:
+    for executor, name in zip(("native", "client_api"), TASK_TYPE_CASES[method]):
+        run = shared_runs(name)
+        assert run.spec.method == method and run.spec.options.get("site_executor", "native") == executor
+        for r in run.report["rounds"]:
             assert r["missing"] == [] and r["rejected"] == {}, (executor, r)
-        reports[executor] = report
-        saved = next((tmp_path / executor / "ws").rglob("FL_global_model.pt"))
-        models[executor] = torch.load(saved, map_location="cpu", weights_only=False)["model"]
+        reports[executor] = run.report
+        models[executor] = run.global_model()["model"]
     native, client_api = reports["native"], reports["client_api"]
     # every task type the method sends was answered on both paths
     assert [sorted(r["task_times"]) for r in native["rounds"]] == [sorted(r["task_times"]) for r in client_api["rounds"]]

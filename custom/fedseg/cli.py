@@ -21,12 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import List, Optional
+
+# the job writer lives beside the recipes (fedseg.recipes.export); re-exported here for scripts that import it from the CLI
+from fedseg.recipes.export import export_job  # noqa: F401
 
 #: built-in synthetic families (== fedseg.data.synthetic.FAMILIES, checked by a test; kept literal so that
 #: building the parser does not import numpy/scipy)
@@ -41,34 +43,6 @@ def find_reports(path: os.PathLike) -> List[Path]:
     if path.is_file():
         return [path]
     return sorted(path.rglob("report.json"), key=lambda p: p.stat().st_mtime)
-
-
-def export_job(method: str, out_dir: os.PathLike, profile: str = "default", **recipe_args) -> Path:
-    """Export ``method``'s recipe into ``out_dir/<method>`` (replacing an older export)."""
-    from fedseg.recipes import get_recipe_class
-
-    recipe = get_recipe_class(method)(profile=profile, **recipe_args)
-    target = Path(out_dir) / recipe.name
-    if target.exists():
-        shutil.rmtree(target)
-    recipe.export(str(out_dir))
-    for config in target.rglob("*.json"):
-        _canonicalise(config)
-    return target
-
-
-def _canonicalise(path: Path) -> None:
-    """NVFlare writes filter task lists from a set (order varies per process): sort them so that
-    exports are byte-stable and the committed jobs can be checked for drift."""
-
-    def sort_tasks(node):
-        if isinstance(node, dict):
-            return {k: (sorted(v) if k == "tasks" and isinstance(v, list) else sort_tasks(v)) for k, v in node.items()}
-        if isinstance(node, list):
-            return [sort_tasks(v) for v in node]
-        return node
-
-    path.write_text(json.dumps(sort_tasks(json.loads(path.read_text())), indent=4))
 
 
 def _cmd_data(args: argparse.Namespace) -> None:
@@ -170,7 +144,7 @@ def _cmd_export(args: argparse.Namespace) -> None:
         # the job's label space as a datalist declares it (only its top-level fields are read: the operator exporting
         # a job for real sites may hold a template rather than the sites' data); every site checks its own against it
         from fedseg.data.datalist import DatalistError
-        from fedseg.data.labels import federation_label_config
+        from fedseg.data.checks import federation_label_config
 
         from fedseg.data.volumes import federation_volume_config
 
@@ -281,12 +255,13 @@ def _profile_data(profile: str) -> Optional[str]:
 
 
 def _print_summary(report_path: Path) -> None:
-    from fedseg.fl.report import METRIC_HEADERS, final_table, metric_columns, metric_header, structure_columns, summarise
+    from fedseg.fl.report import (METRIC_HEADERS, final_table, metric_columns, metric_header, structure_columns, summarise,
+                                  validation_metric)
     from fedseg.plots.report_plots import plot_report
 
     data = json.loads(Path(report_path).read_text())
     out = Path(report_path).parent
-    figures = plot_report(data, out / "plots")
+    figures = plot_report(data, out / "plots", validation_metric(data))
     (out / "summary.md").write_text(summarise(data, figures, base=out))
     for which in ("global", "personalized"):
         rows = final_table(data, which)
@@ -302,6 +277,33 @@ def _print_summary(report_path: Path) -> None:
                 for row in final_table(data, which, structures):
                     print(f"{row[0].strip('*'):<14}" + "".join(f"{c:>19}" for c in row[1:]))
     print(f"\nreport:  {report_path}\nsummary: {out / 'summary.md'}\nplots:   {out / 'plots'}")
+    models = model_checkpoints(data, out)
+    if models["global"] is None:
+        print("global model: no FL_global_model.pt in this run directory (copied report?)")
+    else:
+        print(f"global model: {models['global']}")
+    for site, path in models["personalized"].items():
+        print(f"personalised model of {site}: {path}")
+    task = (data.get("config") or {}).get("train_config", {}).get("task")
+    if models["global"] is not None and task != "classification":
+        bundle = (data.get("config") or {}).get("train_config", {}).get("bundle")
+        extra = f" --bundle bundles/{bundle}" if bundle else ""
+        print(f"segment new scans with it:\n  fedseg infer --checkpoint {models['global']} --input NEW_SCANS/ --output MASKS/{extra}")
+
+
+def model_checkpoints(data: dict, run_dir: Path) -> dict:
+    """Where a run's models are: ``{"global": path or None, "personalized": {site: path}}``.
+
+    NVFlare's persistor writes the global model into the server app's folder (``<run dir>/app_server/
+    FL_global_model.pt``: ``WS/server/simulate_job/app_server/`` in the simulator); the controller writes the
+    personalised models next to the report (``report.json``'s ``final.personalized_checkpoints``, relative paths).
+    """
+    run_dir = Path(run_dir)
+    expected = run_dir / "app_server" / "FL_global_model.pt"
+    found = [expected] if expected.is_file() else sorted(run_dir.rglob("FL_global_model.pt"))
+    personalized = ((data.get("final") or {}).get("personalized_checkpoints") or {})
+    return {"global": found[0] if found else None,
+            "personalized": {site: run_dir / rel for site, rel in sorted(personalized.items())}}
 
 
 def _cmd_bench(args: argparse.Namespace) -> None:
@@ -333,7 +335,10 @@ def _cmd_bench(args: argparse.Namespace) -> None:
 def _cmd_summarise(args: argparse.Namespace) -> None:
     reports = find_reports(args.path)
     if not reports:
-        sys.exit(f"no report.json found under {args.path}")
+        from fedseg.fl.component_policy import refused_components_hint
+
+        hint = refused_components_hint(args.path)
+        sys.exit(f"no report.json found under {args.path}" + (f"\n{hint}" if hint else ""))
     for report in reports if args.all else reports[-1:]:
         _print_summary(report)
 

@@ -267,7 +267,7 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
                site_map_file: Path) -> Dict[str, Any]:
     """Export ``spec.method`` with the budget and ``spec.seed``, run it in the simulator (threads == sites,
     one torch thread per site process), and collect the report's results and the sites' per-image rows."""
-    from fedseg.cli import export_job
+    from fedseg.recipes.export import export_job
 
     sites = list(mapping)
     job = export_job(

@@ -39,7 +39,7 @@ def patch_job(job_dir: Path, task_request_interval: Optional[float] = None,
 
 def run_simulator(job_dir: Path, workspace: Path, sites: Sequence[str], threads: Optional[int] = None,
                   omp_threads: Optional[str] = "1", timeout: int = 3600, log_path: Optional[Path] = None,
-                  fedseg_threads: Optional[str] = None) -> Dict[str, Any]:
+                  fedseg_threads: Optional[str] = None, gpu: Optional[str] = None) -> Dict[str, Any]:
     """Run ``nvflare simulator`` on ``job_dir`` with clients ``sites``; returns the report plus timings.
 
     Args:
@@ -52,6 +52,7 @@ def run_simulator(job_dir: Path, workspace: Path, sites: Sequence[str], threads:
         timeout: seconds before the simulator is killed.
         log_path: where the simulator's stdout + stderr are written.
         fedseg_threads: FEDSEG_NUM_THREADS (torch threads per site process), or None to inherit.
+        gpu: the simulator's ``-gpu`` option (e.g. ``"0"``: every site on GPU 0), or None.
 
     Returns:
         ``{"report", "report_path", "total_wall_s", "command"}``.
@@ -70,7 +71,7 @@ def run_simulator(job_dir: Path, workspace: Path, sites: Sequence[str], threads:
         env["FEDSEG_NUM_THREADS"] = str(fedseg_threads)
     prepare_simulator_workspace(workspace)  # jobs carry no code: the simulated sites allow fedseg's components
     cmd = ["nvflare", "simulator", str(job_dir), "-w", str(workspace), "-t", str(threads or len(sites)),
-           "-c", ",".join(sites)]
+           "-c", ",".join(sites)] + (["-gpu", str(gpu)] if gpu is not None else [])
     started = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     elapsed = time.perf_counter() - started

@@ -24,12 +24,13 @@ The message stays at the site (its log): a site that fails here answers the serv
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 
 import numpy as np
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .datalist import (
     SPLITS,
@@ -43,9 +44,11 @@ from .datalist import (
     _resolve_datalist_path,
     _validate_fov,
     monai_reader_name,
+    read_datalist_json,
     validate_pair,
 )
 from .image_modes import SUPPORTED_MODES
+from .labels import LabelSpace, declares_names
 
 #: refuse images with fewer pixels on a side (the UNet halves the image four times)
 MIN_SIDE = 16
@@ -56,7 +59,7 @@ MAX_LISTED = 20
 #: refuse volumes with more voxels than this from the header (8 GB as float32); larger than the cache budget is fine
 MAX_VOXELS = 2_000_000_000
 
-__all__ = ["check_datalist", "check_federation", "check_image_header", "MIN_SIDE", "MAX_PIXELS"]
+__all__ = ["check_datalist", "check_federation", "federation_label_config", "check_image_header", "MIN_SIDE", "MAX_PIXELS"]
 
 
 def check_datalist(
@@ -163,14 +166,13 @@ def check_federation(
         explicit: the user's ``train_config`` overrides (``num_classes`` / ``labels`` / ``regions`` must agree).
 
     Returns:
-        The label-space ``train_config`` fields to add to the job (:func:`fedseg.data.labels.federation_label_config`;
+        The label-space ``train_config`` fields to add to the job (:func:`federation_label_config`;
         ``{}`` for a binary federation).
 
     Raises:
         DatalistError: every problem of every datalist, each naming its site and file; or the two label spaces
             that differ.
     """
-    from .labels import federation_label_config
     from .synthetic import FAMILIES
     from .volumes import federation_volume_config, is_volume_job
 
@@ -284,3 +286,56 @@ def _summary(path: Path, problems: List[str]) -> str:
     listed = problems[:MAX_LISTED]
     more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
     return f"datalist {path}: {len(problems)} problem(s)\n  " + "\n  ".join(listed) + more
+
+
+def federation_label_config(
+    datalists: Optional[Mapping[str, Any]] = None,
+    family: Optional[str] = None,
+    explicit: Optional[Mapping[str, Any]] = None,
+) -> Dict[str, Any]:
+    """The ``train_config`` fields of a federation's label space, checked before any job starts.
+
+    Args:
+        datalists: ``{site: datalist path}``; every datalist must declare the same classes and regions
+            (:meth:`LabelSpace.check_compatible`).
+        family: a built-in data family, when the sites generate their data (no ``datalists``).
+        explicit: ``train_config`` overrides the user set (``num_classes``, ``labels``, ``regions``); they must
+            agree with the data.
+
+    Returns:
+        ``{}`` for a binary federation without regions (binary jobs' configs stay as they always were), else
+        ``num_classes``, ``labels``, ``regions`` (when declared) and ``label_values`` when every site stores the same
+        encoding (so ``fedseg infer`` writes masks in it).
+
+    Raises:
+        LabelSpaceError: naming both datalists (or the datalist and the overrides) that disagree, or a datalist
+            whose ``labels`` and ``num_classes`` disagree.
+    """
+    if datalists:
+        spaces = {}
+        for site, path in datalists.items():
+            resolved, info = read_datalist_json(path)
+            spaces[f"site {site}'s datalist {resolved}"] = LabelSpace.from_datalist(info, str(resolved))
+    elif family:
+        from .synthetic import family_label_space
+
+        spaces = {f"built-in family {family!r}": family_label_space(family)}
+    else:
+        return {}
+    (first_name, first), *rest = spaces.items()
+    for name, space in rest:
+        first.check_compatible(space, first_name, name)
+    explicit = {k: v for k, v in (explicit or {}).items() if k in ("num_classes", "labels", "regions") and v is not None}
+    if explicit:
+        LabelSpace.from_config(explicit).check_compatible(first, "the job's --set options", first_name)
+    named = next((s for s in spaces.values() if declares_names(s)), first)
+    if not (named.multi_class or any(s.multi_class for s in spaces.values())):
+        return {}
+    out = named.to_config()
+    regions = next((s.regions for s in spaces.values() if s.regions), None)
+    if regions:
+        out["regions"] = {r: list(m) for r, m in regions.items()}
+    encodings = {json.dumps(s.values_json(), sort_keys=True) for s in spaces.values()}
+    if len(encodings) == 1 and first.values is not None:
+        out["label_values"] = first.values_json()
+    return out

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, 
 
 import numpy as np
 
+from .errors import DatalistError  # noqa: F401 - the data layer's error, raised and re-exported here
+
 if TYPE_CHECKING:  # pragma: no cover
     from .labels import LabelSpace
 
@@ -53,13 +55,6 @@ _PATH_KEYS: Tuple[str, ...] = ("image", "label", "fov")
 
 _RASTER_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".gif", ".bmp", ".ppm")  # as SegImageReader
 _NIFTI_SUFFIXES = (".nii", ".nii.gz")
-
-
-class DatalistError(ValueError):
-    """A datalist or one of the files it references is missing, malformed or inconsistent.
-
-    The message always names the offending file.
-    """
 
 
 # ----------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ import numpy as np
 from .datalist import DatalistError, write_json_atomic
 from .retina import _check_sources, _subject, read_manifest
 from .silos import assign_classes, make_silos, write_silos
-from .synthetic import _save_png_atomic, site_seed
+from .synthetic_files import save_png_atomic, site_seed
 from .synthetic_xray import DEVICES, xray_frame
 from .xray_angio import arcade_crops
 from .xray_builtin import FOUNDATION_IMAGE_SIZES, FOUNDATION_PER_CLASS, builtin_label_space, scanner_anatomy
@@ -97,7 +97,7 @@ def builtin_xray_items(
             if not path.is_file():
                 # stream key 2: distinct from the built-in silos' per-silo streams
                 image, _ = xray_frame(np.random.default_rng([base, 2, DEVICES.index(device), i]), image_size, anatomy, device)
-                _save_png_atomic(image, path)
+                save_png_atomic(image, path)
             items.append({"image": str(path.absolute()), "label": name, "group": path.name})
     return items
 

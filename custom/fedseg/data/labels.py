@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .datalist import DatalistError
+from .errors import DatalistError
 
 __all__ = ["LabelSpace", "LabelSpaceError", "BINARY", "metric_key", "split_metric_key"]
 
@@ -204,7 +204,7 @@ class LabelSpace:
                 f"label spaces differ: {mine} has {self.describe()}, {theirs} has {other.describe()}; "
                 "all sites of a job must share one label space"
             )
-        named = _declares_names(self) and _declares_names(other)
+        named = declares_names(self) and declares_names(other)
         if (named and self.names != other.names) or (self.regions and other.regions and self.regions != other.regions):
             raise LabelSpaceError(
                 f"label spaces differ: {mine} has {self.describe()}, {theirs} has {other.describe()}; "
@@ -304,7 +304,7 @@ class LabelSpace:
 BINARY = LabelSpace()
 
 
-def _declares_names(space: LabelSpace) -> bool:
+def declares_names(space: LabelSpace) -> bool:
     generic = ("background",) + tuple(f"class{i}" for i in range(1, space.num_classes))
     return space.names not in (generic, BINARY.names)
 
@@ -407,67 +407,13 @@ def site_label_space(train_config: Mapping[str, Any], datalist_info: Mapping[str
     job.check_compatible(site, "the job's train_config", where)
     from dataclasses import replace
 
-    if not _declares_names(site) and _declares_names(job):
+    if not declares_names(site) and declares_names(job):
         # a datalist that only counts its classes takes the job's names (for the per-class metric keys)
         site = replace(site, names=job.names)
     if job.regions and not site.regions:
         site = replace(site, regions=job.regions)
     return site
 
-
-def federation_label_config(
-    datalists: Optional[Mapping[str, Any]] = None,
-    family: Optional[str] = None,
-    explicit: Optional[Mapping[str, Any]] = None,
-) -> Dict[str, Any]:
-    """The ``train_config`` fields of a federation's label space, checked before any job starts.
-
-    Args:
-        datalists: ``{site: datalist path}``; every datalist must declare the same classes and regions
-            (:meth:`LabelSpace.check_compatible`).
-        family: a built-in data family, when the sites generate their data (no ``datalists``).
-        explicit: ``train_config`` overrides the user set (``num_classes``, ``labels``, ``regions``); they must
-            agree with the data.
-
-    Returns:
-        ``{}`` for a binary federation without regions (binary jobs' configs stay as they always were), else
-        ``num_classes``, ``labels``, ``regions`` (when declared) and ``label_values`` when every site stores the same
-        encoding (so ``fedseg infer`` writes masks in it).
-
-    Raises:
-        LabelSpaceError: naming both datalists (or the datalist and the overrides) that disagree, or a datalist
-            whose ``labels`` and ``num_classes`` disagree.
-    """
-    if datalists:
-        from .datalist import read_datalist_json
-
-        spaces = {}
-        for site, path in datalists.items():
-            resolved, info = read_datalist_json(path)
-            spaces[f"site {site}'s datalist {resolved}"] = LabelSpace.from_datalist(info, str(resolved))
-    elif family:
-        from .synthetic import family_label_space
-
-        spaces = {f"built-in family {family!r}": family_label_space(family)}
-    else:
-        return {}
-    (first_name, first), *rest = spaces.items()
-    for name, space in rest:
-        first.check_compatible(space, first_name, name)
-    explicit = {k: v for k, v in (explicit or {}).items() if k in ("num_classes", "labels", "regions") and v is not None}
-    if explicit:
-        LabelSpace.from_config(explicit).check_compatible(first, "the job's --set options", first_name)
-    named = next((s for s in spaces.values() if _declares_names(s)), first)
-    if not (named.multi_class or any(s.multi_class for s in spaces.values())):
-        return {}
-    out = named.to_config()
-    regions = next((s.regions for s in spaces.values() if s.regions), None)
-    if regions:
-        out["regions"] = {r: list(m) for r, m in regions.items()}
-    encodings = {json.dumps(s.values_json(), sort_keys=True) for s in spaces.values()}
-    if len(encodings) == 1 and first.values is not None:
-        out["label_values"] = first.values_json()
-    return out
 
 
 def order_structure_keys(keys: Sequence[str], train_config: Optional[Mapping[str, Any]] = None) -> List[str]:

@@ -103,9 +103,9 @@ def assign_classes(classes: Sequence[str], n_silos: int, unseen: float = 1.0, se
 
 def split_counts(n: int, fractions: Sequence[float]) -> Tuple[int, int, int]:
     """(training, validation, test) counts of ``n`` items, each split non-empty; ``n >= 3``."""
-    from .synthetic import _split_counts
+    from .synthetic_files import split_counts
 
-    return _split_counts(n, fractions)
+    return split_counts(n, fractions)
 
 
 def classification_datalist(

@@ -38,12 +38,9 @@ Layout written by :func:`generate_site_data`::
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
-import zlib
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
@@ -53,6 +50,12 @@ from PIL import Image, ImageDraw
 from scipy import ndimage
 
 from .datalist import write_json_atomic
+from .synthetic_files import (check_site_name, existing_datalist, numbered_names, prepare_site_folder,  # noqa: F401
+                              remove_stale_files, save_png_atomic, seeded_splits, site_seed, split_counts)
+from .synthetic_drawing import _apply_style, _grow_trees, _r, _smooth_noise, _to_uint8
+# NUCLEI_FRACTION_BAND is re-exported next to the other families' bands
+from .synthetic_nuclei import NUCLEI_FRACTION_BAND, draw_nuclei_anatomy, nuclei_image  # noqa: F401
+from .synthetic_xray import XRAY_IMAGE_SIZES, draw_xray_anatomy, xray_image
 
 __all__ = [
     "GENERATOR_VERSION",
@@ -86,14 +89,7 @@ POLYP_FRACTION_BAND = (0.03, 0.30)
 # ----------------------------------------------------------------------------------------------
 
 
-def site_seed(family: str, site: str, seed: int) -> int:
-    """Stable 32-bit seed for one site: ``zlib.crc32(f"{family}/{site}/{seed}")``."""
-    return zlib.crc32(f"{family}/{site}/{seed}".encode("utf-8"))
 
-
-def _r(x: float) -> float:
-    """Round a drawn parameter so the value recorded in the datalist is exactly the value used."""
-    return round(float(x), 4)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -113,41 +109,6 @@ def _draw_style(rng: np.random.Generator, image_size: int) -> Dict[str, Any]:
     }
 
 
-def _apply_style(img: np.ndarray, style: Dict[str, Any], rng: np.random.Generator, pivot: float) -> np.ndarray:
-    """Apply the scanner style to a float RGB image in [0, 1], shape (H, W, 3); returns float32.
-
-    Order mirrors an acquisition chain: optics blur, sensor gain/offset/contrast, tone curve
-    (gamma), then additive sensor noise.
-    """
-    if style["blur_sigma"] > 0:
-        img = ndimage.gaussian_filter(img, sigma=(style["blur_sigma"], style["blur_sigma"], 0), mode="nearest")
-    img = img * np.asarray(style["gain"], dtype=np.float32)
-    img = (img - pivot) * style["contrast"] + pivot + style["brightness"]
-    img = np.clip(img, 0.0, 1.0) ** style["gamma"]
-    img = img + rng.normal(0.0, style["noise_sigma"], size=img.shape)
-    return np.clip(img, 0.0, 1.0).astype(np.float32)
-
-
-def _to_uint8(img: np.ndarray) -> np.ndarray:
-    return np.round(np.clip(img, 0.0, 1.0) * 255.0).astype(np.uint8)
-
-
-def _smooth_noise(rng: np.random.Generator, shape: Tuple[int, int], sigma: float) -> np.ndarray:
-    """Gaussian-smoothed white noise rescaled to zero mean, unit std; shape ``shape``, float32.
-
-    Large sigmas are filtered on a coarser grid and upsampled (bilinear): the field is smooth at
-    that scale anyway, and a full-resolution filter with sigma ~ size/8 dominates the paper profile.
-    """
-    factor = int(sigma // 3) if sigma > 6 else 1
-    if factor > 1:
-        small_shape = (shape[0] // factor + 2, shape[1] // factor + 2)
-        small = ndimage.gaussian_filter(rng.standard_normal(small_shape).astype(np.float32), sigma / factor, mode="wrap")
-        n = ndimage.zoom(small, factor, order=1)[: shape[0], : shape[1]]
-    else:
-        n = ndimage.gaussian_filter(rng.standard_normal(shape).astype(np.float32), sigma=max(sigma, 0.5), mode="wrap")
-    return (n - n.mean()) / (n.std() + 1e-8)
-
-
 # ----------------------------------------------------------------------------------------------
 # family "vessel"
 # ----------------------------------------------------------------------------------------------
@@ -164,68 +125,6 @@ def _draw_vessel_anatomy(rng: np.random.Generator) -> Dict[str, Any]:
         "fov_scale": _r(rng.uniform(0.9, 1.0)),
         "fundus_rgb": [_r(rng.uniform(0.7, 0.85)), _r(rng.uniform(0.28, 0.42)), _r(rng.uniform(0.08, 0.2))],
     }
-
-
-def _grow_trees(
-    draw: ImageDraw.ImageDraw,
-    rng: np.random.Generator,
-    k: int,
-    start: Tuple[float, float],
-    fov: Tuple[float, float, float],
-    size: int,
-    anatomy: Dict[str, Any],
-    area_budget: float,
-    n_trunks: int,
-) -> float:
-    """Grow ``n_trunks`` branching vessel trees from ``start`` and draw them at ``k``x resolution.
-
-    Each branch is a random walk whose heading turns by N(0, tortuosity) per step and whose width
-    tapers geometrically down to a floor; it spawns a thinner, shorter child with probability
-    ``branch_prob`` per step and ends at its drawn length or the FOV edge. Growth is breadth-first
-    (trunks before capillaries) and stops once ``sum(step * width)`` — the drawn area in px^2 —
-    reaches ``area_budget``, which is what keeps the vessel fraction in band.
-
-    Coordinates are pixels of the ``size`` x ``size`` output; ``fov = (cx, cy, radius)``.
-    Returns the area budget left (<= 0 when exhausted).
-    """
-    cx, cy, radius = fov
-    step = max(0.75, size / 64.0)
-    w0 = max(1.5, 0.015 * size * anatomy["vessel_width_scale"])
-    w_min = max(1.1, 0.004 * size * anatomy["vessel_width_scale"])
-    taper = 0.985
-    base_angle = rng.uniform(0.0, 2.0 * math.pi)
-    queue = deque()
-    for t in range(n_trunks):
-        angle = base_angle + 2.0 * math.pi * t / n_trunks + rng.normal(0.0, 0.3)
-        length = rng.uniform(1.3, 2.0) * radius
-        queue.append((start[0], start[1], angle, w0 * rng.uniform(0.8, 1.1), length, 0))
-    while queue and area_budget > 0:
-        x, y, angle, width, length, depth = queue.popleft()
-        n_steps = max(1, int(length / step))
-        turns = rng.normal(0.0, anatomy["tortuosity"], size=n_steps)
-        branch_u = rng.random(n_steps)
-        aux = rng.random((n_steps, 3))
-        for i in range(n_steps):
-            angle += turns[i]
-            nx, ny = x + step * math.cos(angle), y + step * math.sin(angle)
-            if (nx - cx) ** 2 + (ny - cy) ** 2 > (0.97 * radius) ** 2:
-                break
-            w = max(1, int(round(width * k)))
-            draw.line([(x * k, y * k), (nx * k, ny * k)], fill=255, width=w)
-            if w > 2:  # round joints so bends do not show notches
-                draw.ellipse([nx * k - w / 2, ny * k - w / 2, nx * k + w / 2, ny * k + w / 2], fill=255)
-            area_budget -= step * width
-            if area_budget <= 0:
-                break
-            x, y = nx, ny
-            if branch_u[i] < anatomy["branch_prob"] and depth < 6:
-                side = 1.0 if aux[i, 0] < 0.5 else -1.0
-                child_angle = angle + side * (0.4 + 0.7 * aux[i, 1])
-                child_w = max(w_min, width * (0.5 + 0.3 * aux[i, 2]))
-                child_len = (n_steps - i) * step * (0.3 + 0.5 * aux[i, 1])
-                queue.append((x, y, child_angle, child_w, child_len, depth + 1))
-            width = max(w_min, width * taper)
-    return area_budget
 
 
 def _vessel_image(rng: np.random.Generator, size: int, anatomy: Dict[str, Any], style: Dict[str, Any]):
@@ -437,50 +336,16 @@ _RENDERERS: Dict[str, _Family] = {
 # ----------------------------------------------------------------------------------------------
 
 
-def _save_png_atomic(arr: np.ndarray, path: Path) -> None:
-    """Save a uint8 array as PNG via temp file + ``os.replace`` (no half-written PNG is visible)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    Image.fromarray(arr).save(tmp, format="PNG")
-    os.replace(tmp, path)
 
 
-def _split_counts(n: int, fractions: Sequence[float]) -> Tuple[int, int, int]:
-    """(train, val, test) sizes with at least one image in each split."""
-    if len(fractions) != 3 or any(f < 0 for f in fractions) or not math.isclose(sum(fractions), 1.0, abs_tol=1e-6):
-        raise ValueError(f"split_fractions must be three non-negative numbers summing to 1, got {fractions}")
-    if n < 3:
-        raise ValueError(f"need at least 3 images for non-empty training/validation/test splits, got {n}")
-    n_val = max(1, int(round(fractions[1] * n)))
-    n_test = max(1, int(round(fractions[2] * n)))
-    n_train = n - n_val - n_test
-    if n_train < 1:
-        n_train, n_val, n_test = 1, max(1, (n - 1) // 2), n - 1 - max(1, (n - 1) // 2)
-    return n_train, n_val, n_test
 
 
-def _check_site_name(site: str) -> None:
-    """The site name becomes a folder name: any text without path separators works."""
-    if not isinstance(site, str) or not site or site in (".", "..") or "/" in site or "\\" in site or "\0" in site:
-        raise ValueError(f"invalid site name {site!r}: must be a non-empty name without path separators")
 
 
-def _existing_datalist(path: Path, fingerprint: Dict[str, Any]) -> bool:
-    """True when ``path`` is a complete datalist from the same generator fingerprint."""
-    if not path.is_file():
-        return False
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return False
-    if not isinstance(data, dict) or data.get("fingerprint") != fingerprint:
-        return False
-    for split in ("training", "validation", "test"):
-        for entry in data.get(split, []):
-            for key in ("image", "label"):
-                if not (path.parent / entry[key]).is_file():
-                    return False
-    return True
+
+
+
+
 
 
 def generate_site_data(
@@ -522,7 +387,7 @@ def generate_site_data(
         raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES + VOLUME_FAMILIES}")
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; expected one of {tuple(PROFILES)}")
-    _check_site_name(site)
+    check_site_name(site)
     spec = _RENDERERS[family]
     default_size = (spec.image_sizes or {}).get(profile, PROFILES[profile]["image_size"])
     size = int(image_size if image_size is not None else default_size)
@@ -535,7 +400,7 @@ def generate_site_data(
     lo, hi = PROFILES[profile]["num_images"]
     drawn = int(site_rng.integers(lo, hi + 1))
     n = int(num_images) if num_images is not None else drawn
-    n_train, n_val, n_test = _split_counts(n, split_fractions)
+    n_train, n_val, n_test = split_counts(n, split_fractions)
     style = _draw_style(site_rng, spec.style_size or size)
     anatomy = spec.draw_anatomy(site_rng)
 
@@ -551,31 +416,18 @@ def generate_site_data(
         "num_images": n,
         "split_fractions": [float(f) for f in split_fractions],
     }
-    if _existing_datalist(datalist_path, fingerprint):
+    if existing_datalist(datalist_path, fingerprint):
         return datalist_path
 
-    # a stale datalist must not vouch for a folder that is being rewritten
-    if datalist_path.exists():
-        datalist_path.unlink()
-    (site_dir / "images").mkdir(parents=True, exist_ok=True)
-    (site_dir / "labels").mkdir(parents=True, exist_ok=True)
-    width = max(3, len(str(n - 1)))
-    names = [f"{i:0{width}d}.png" for i in range(n)]
+    prepare_site_folder(site_dir)
+    names = numbered_names(n, ".png")
     for i, name in enumerate(names):
         # one RNG stream per image: image i is the same whatever n is
         image, label = spec.render(np.random.default_rng([base_seed, 1, i]), size, anatomy, style)
-        _save_png_atomic(image, site_dir / "images" / name)
-        _save_png_atomic(label, site_dir / "labels" / name)
-    # remove numbered files left over from an earlier, larger generation
-    keep = set(names)
-    for sub in ("images", "labels"):
-        for p in (site_dir / sub).iterdir():
-            if re.fullmatch(r"\d+\.png", p.name) and p.name not in keep:
-                p.unlink()
+        save_png_atomic(image, site_dir / "images" / name)
+        save_png_atomic(label, site_dir / "labels" / name)
+    remove_stale_files(site_dir, names, ".png")
 
-    order = np.random.default_rng([base_seed, 2]).permutation(n)
-    entries = [{"image": f"images/{names[i]}", "label": f"labels/{names[i]}"} for i in range(n)]
-    pick = lambda idx: [entries[i] for i in sorted(idx.tolist())]  # noqa: E731 - keep file order
     datalist = {
         "name": f"fedseg-synthetic-{family}-{site}",
         # the generator settings, readable at the top level (and once more as the cache fingerprint)
@@ -585,9 +437,7 @@ def generate_site_data(
         "anatomy": anatomy,
         **(spec.label_space or {"labels": {"0": "background", "1": spec.label}}),
         "spatial_mode": spec.spatial_mode,
-        "training": pick(order[:n_train]),
-        "validation": pick(order[n_train : n_train + n_val]),
-        "test": pick(order[n_train + n_val :]),
+        **seeded_splits(names, base_seed, (n_train, n_val, n_test)),
     }
     return write_json_atomic(datalist_path, datalist)
 
@@ -627,11 +477,8 @@ def generate_federation(
 
 
 # ----------------------------------------------------------------------------------------------
-# family "nuclei" (its own module; it uses the shared helpers above, so it is registered last)
+# family "nuclei" (its own module, drawing with synthetic_drawing's helpers)
 # ----------------------------------------------------------------------------------------------
-
-# NUCLEI_FRACTION_BAND is re-exported next to the other families' bands
-from .synthetic_nuclei import NUCLEI_FRACTION_BAND, draw_nuclei_anatomy, nuclei_image  # noqa: E402, F401
 
 _RENDERERS["nuclei"] = _Family(
     draw_nuclei_anatomy, nuclei_image, label="nucleus", spatial_mode="patch", style_size=96
@@ -639,10 +486,8 @@ _RENDERERS["nuclei"] = _Family(
 
 
 # ----------------------------------------------------------------------------------------------
-# family "xray" (its own module, registered last for the same reason)
+# family "xray" (its own module, likewise)
 # ----------------------------------------------------------------------------------------------
-
-from .synthetic_xray import XRAY_IMAGE_SIZES, draw_xray_anatomy, xray_image  # noqa: E402
 
 # devices are one to a few pixels wide: native-resolution patches, larger frames than the generic profiles
 _RENDERERS["xray"] = _Family(

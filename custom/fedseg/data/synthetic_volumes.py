@@ -56,7 +56,9 @@ import numpy as np
 from scipy import ndimage
 
 from .datalist import write_json_atomic
-from .synthetic import _check_site_name, _existing_datalist, _r, _split_counts, site_seed
+from .synthetic_drawing import _r
+from .synthetic_files import (check_site_name, existing_datalist, numbered_names, prepare_site_folder,
+                              remove_stale_files, seeded_splits, site_seed, split_counts)
 
 __all__ = [
     "VOLUME_GENERATOR_VERSION",
@@ -495,7 +497,7 @@ def generate_volume_site(
         raise ValueError(f"unknown volume family {family!r}; expected one of {VOLUME_FAMILIES}")
     if profile not in VOLUME_PROFILES:
         raise ValueError(f"unknown profile {profile!r}; expected one of {tuple(VOLUME_PROFILES)}")
-    _check_site_name(site)
+    check_site_name(site)
     prof = VOLUME_PROFILES[profile]
 
     base_seed = site_seed(family, site, seed)
@@ -507,7 +509,7 @@ def generate_volume_site(
     n = int(num_volumes) if num_volumes is not None else drawn
     if n < 3:
         raise ValueError(f"num_volumes must be >= 3 (one volume per split at least), got {n}")
-    n_train, n_val, n_test = _split_counts(n, split_fractions)
+    n_train, n_val, n_test = split_counts(n, split_fractions)
     geometry = _draw_geometry(site_rng, prof)
     style = _draw_style(site_rng)
     anatomy = _draw_prostate_anatomy(site_rng)
@@ -523,16 +525,11 @@ def generate_volume_site(
         "num_volumes": n,
         "split_fractions": [float(f) for f in split_fractions],
     }
-    if _existing_datalist(datalist_path, fingerprint):
+    if existing_datalist(datalist_path, fingerprint):
         return datalist_path
 
-    # a stale datalist must not vouch for a folder that is being rewritten
-    if datalist_path.exists():
-        datalist_path.unlink()
-    (site_dir / "images").mkdir(parents=True, exist_ok=True)
-    (site_dir / "labels").mkdir(parents=True, exist_ok=True)
-    width = max(3, len(str(n - 1)))
-    names = [f"{i:0{width}d}.nii.gz" for i in range(n)]
+    prepare_site_folder(site_dir)
+    names = numbered_names(n, ".nii.gz")
     stored_affine, stored_shape = None, None
     for i, name in enumerate(names):
         # one RNG stream per volume: volume i is the same whatever n is
@@ -541,17 +538,10 @@ def generate_volume_site(
         _save_nifti_atomic(image_nii, site_dir / "images" / name)
         _save_nifti_atomic(_nifti(label, affine, geometry["orientation"]), site_dir / "labels" / name)
         stored_affine, stored_shape = image_nii.affine, image_nii.shape
-    keep = set(names)
-    for sub in ("images", "labels"):
-        for p in (site_dir / sub).iterdir():
-            if re.fullmatch(r"\d+\.nii\.gz", p.name) and p.name not in keep:
-                p.unlink()
+    remove_stale_files(site_dir, names, ".nii.gz")
 
     import nibabel as nib
 
-    order = np.random.default_rng([base_seed, 2]).permutation(n)
-    entries = [{"image": f"images/{names[i]}", "label": f"labels/{names[i]}"} for i in range(n)]
-    pick = lambda idx: [entries[i] for i in sorted(idx.tolist())]  # noqa: E731 - keep file order
     datalist = {
         "name": f"fedseg-synthetic-{family}-{site}",
         **{k: v for k, v in fingerprint.items() if k != "split_fractions"},
@@ -567,9 +557,7 @@ def generate_volume_site(
         },
         "style": style,
         "anatomy": anatomy,
-        "training": pick(order[:n_train]),
-        "validation": pick(order[n_train : n_train + n_val]),
-        "test": pick(order[n_train + n_val :]),
+        **seeded_splits(names, base_seed, (n_train, n_val, n_test)),
     }
     return write_json_atomic(datalist_path, datalist)
 

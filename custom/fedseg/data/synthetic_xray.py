@@ -37,7 +37,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from scipy import ndimage, special
 
-from .synthetic import _grow_trees, _r, _smooth_noise, _to_uint8
+from .synthetic_drawing import _grow_trees, _r, _smooth_noise, _to_uint8
 
 __all__ = ["DEVICES", "SEGMENTATION_DEVICES", "TARGETS", "XRAY_IMAGE_SIZES", "draw_xray_anatomy", "xray_frame", "xray_image"]
 

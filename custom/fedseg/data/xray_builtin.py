@@ -47,7 +47,8 @@ import numpy as np
 
 from .datalist import SPLITS, write_json_atomic
 from .silos import assign_classes, classification_datalist
-from .synthetic import GENERATOR_VERSION, _check_site_name, _save_png_atomic, _split_counts, site_seed
+from .synthetic import GENERATOR_VERSION
+from .synthetic_files import check_site_name, save_png_atomic, site_seed, split_counts
 from .synthetic_xray import DEVICES, SEGMENTATION_DEVICES, TARGETS, XRAY_IMAGE_SIZES, draw_xray_anatomy, xray_frame
 
 __all__ = [
@@ -114,7 +115,7 @@ def _check_sites(sites: Sequence[str]) -> List[str]:
     if len(set(sites)) != len(sites):
         raise ValueError(f"duplicate site names in {sites}")
     for s in sites:
-        _check_site_name(s)
+        check_site_name(s)
     return sites
 
 
@@ -161,13 +162,13 @@ def _classification_site(
     if _complete(datalist_path, fingerprint, ("image",)):
         return datalist_path
     _prepare(folder, datalist_path)
-    n_train, n_val, _ = _split_counts(n_per_class, split_fractions)
+    n_train, n_val, _ = split_counts(n_per_class, split_fractions)
     splits: Dict[str, List[Dict[str, Any]]] = {s: [] for s in SPLITS}
     for cls in classes:
         ci = label_space.index(cls)
         for i in range(n_per_class):
             rel = f"images/c{ci:02d}_{i:03d}.png"
-            _save_png_atomic(render(cls, i), folder / rel)
+            save_png_atomic(render(cls, i), folder / rel)
             split = "training" if i < n_train else "validation" if i < n_train + n_val else "test"
             splits[split].append({"image": rel, "label": ci})
     datalist = classification_datalist(
@@ -255,7 +256,7 @@ def builtin_foundation_silos(
     n = int(n_per_class if n_per_class is not None else _profile_value(FOUNDATION_PER_CLASS, profile, "images per class"))
     if n < 3:
         raise ValueError(f"n_per_class must be >= 3 (one image per split), got {n}")
-    _split_counts(n, split_fractions)  # validates the fractions before any file is written
+    split_counts(n, split_fractions)  # validates the fractions before any file is written
     label_space = builtin_label_space(n_scanners if n_scanners is not None else len(sites))
     assignment = dict(zip(sites, assign_classes(label_space, len(sites), unseen, seed)))
     common = {
@@ -319,7 +320,7 @@ def builtin_downstream_sites(
     if size < 16:
         raise ValueError(f"image_size must be >= 16, got {size}")
     n = int(num_images if num_images is not None else _profile_value(DOWNSTREAM_NUM_IMAGES, profile, "image count"))
-    n_train, n_val, n_test = _split_counts(n, split_fractions)
+    n_train, n_val, n_test = split_counts(n, split_fractions)
     out = Path(out_dir)
     paths: Dict[str, Path] = {}
     for site in [only_site] if only_site is not None else sites:
@@ -349,8 +350,8 @@ def builtin_downstream_sites(
             device = devices[int(rng.integers(len(devices)))]
             image, masks = xray_frame(rng, size, anatomy, device)
             name = f"{i:03d}.png"
-            _save_png_atomic(image, folder / "images" / name)
-            _save_png_atomic(masks[target].astype(np.uint8) * 255, folder / "labels" / name)
+            save_png_atomic(image, folder / "images" / name)
+            save_png_atomic(masks[target].astype(np.uint8) * 255, folder / "labels" / name)
             entries.append({"image": f"images/{name}", "label": f"labels/{name}"})
         order = np.random.default_rng([base, 2]).permutation(n)
         pick = lambda idx: [entries[i] for i in sorted(idx.tolist())]  # noqa: E731 - keep file order
@@ -403,7 +404,7 @@ def builtin_probe_sites(
     n = int(n_per_class if n_per_class is not None else _profile_value(FOUNDATION_PER_CLASS, profile, "images per class"))
     if n < 3:
         raise ValueError(f"n_per_class must be >= 3 (one image per split), got {n}")
-    _split_counts(n, split_fractions)
+    split_counts(n, split_fractions)
     space = probe_label_space()
     out = Path(out_dir)
     paths: Dict[str, Path] = {}

@@ -35,7 +35,7 @@ from fedseg.engine.factory import build_engine, resolve_task
 from fedseg.engine.site_state import SiteState, job_key
 from fedseg.fl.faults import FAULT_ENV, apply_faults, faults_for
 from fedseg.fl.payload import from_wire, payload_dtype, to_wire
-from fedseg.fl.protocol import BASE_STATISTICS, EVALUATE_TASK, META_KEY, TRAIN_TASK, pack_models, unpack_models
+from fedseg.fl.protocol import BASE_STATISTICS, EVALUATE_TASK, META_KEY, SPATIAL_KEY, TRAIN_TASK, pack_models, unpack_models
 from fedseg.fl.site_data import resolve_site_datalist
 from fedseg.fl.task_clock import TASK_CLOCK_KEY
 from fedseg.objectives.base import RoundContext, UnknownTaskError
@@ -85,6 +85,7 @@ class SiteRunner:
         site_cfg = {**cfg, "foundation_ckpt": None}
         self.engine = build_engine(self.site, datalist, site_cfg, bundle_dir=self.args.bundle_dir)
         self.model = self.engine.build_network()
+        logger.info("%s: engine on device %s", self.site, self.engine.device)
         self.objective = build_objective(job["objective"], **job["objective_args"])
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.site_state = SiteState(self.state_dir, job_key(job["objective"], job["objective_args"], cfg))
@@ -157,7 +158,14 @@ class SiteRunner:
         metrics["compute_time"] = time.perf_counter() - started
         # peak resident memory of this site process so far (MiB; Linux reports KiB) for the benchmarks
         metrics["peak_memory_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        return {"params": params, "metrics": metrics, "meta": {"n_samples": self.engine.n_train, "round": ctx.round, **statistics}}
+        meta = {"n_samples": self.engine.n_train, "round": ctx.round, **self._spatial(), **statistics}
+        return {"params": params, "metrics": metrics, "meta": meta}
+
+    def _spatial(self) -> Dict[str, Any]:
+        """``{SPATIAL_KEY: [patch?, rescale]}`` of a segmentation engine (the mode its datalist or the job chose)."""
+        if getattr(self.engine, "spatial_mode", None) is None:
+            return {}
+        return {SPATIAL_KEY: [1.0 if self.engine.spatial_mode == "patch" else 0.0, float(self.engine.train_config["rescale"])]}
 
     def _evaluate(self, model_name: str, round_: Optional[int] = None) -> Dict[str, Any]:
         metrics, rows = self.engine.evaluate(self.model, "test", per_image=True)

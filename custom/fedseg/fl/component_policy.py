@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Iterable, List
+from typing import Iterable, List, Optional
 
 from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 
@@ -94,6 +94,30 @@ def prepare_simulator_workspace(workspace: os.PathLike) -> Path:
     path = Path(workspace) / "local" / RESOURCES_FILE
     add_to_resources(path)
     return path
+
+
+#: what NVFlare logs when a participant refuses to build a job component (``ComponentPathAuthorizer``)
+REFUSAL_MARKERS = ("is not in allow_list", "ComponentNotAuthorized")
+
+
+def refused_components_hint(workspace: os.PathLike) -> Optional[str]:
+    """If NVFlare's logs under a simulator ``workspace`` show that a fedseg component was refused (the workspace
+    has no allow list: ``nvflare simulator`` reads only ``WS/local/resources.json``), the one step that fixes it;
+    else None."""
+    root = Path(workspace)
+    for log in sorted(root.rglob("log*.txt")) if root.is_dir() else []:
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            continue
+        if "fedseg." in text and any(marker in text for marker in REFUSAL_MARKERS):
+            return (
+                f"NVFlare refused to build fedseg's components ({log}): jobs carry no code, so a site builds only the "
+                f"classes its allow list names, and this simulator workspace has none. Run once\n"
+                f"  python -m fedseg.fl.component_policy --simulator {root}\n"
+                f"then the same nvflare simulator command again (jobs/README.md)."
+            )
+    return None
 
 
 def main(argv=None) -> None:

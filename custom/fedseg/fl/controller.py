@@ -22,7 +22,7 @@ from fedseg.bundle import build_network
 from fedseg.config import default_task_timeout
 from fedseg.fl.checkpoint import load_checkpoint, save_checkpoint
 from fedseg.fl.payload import payload_dtype, to_wire
-from fedseg.fl.protocol import BASE_STATISTICS, META_KEY, EVALUATE_TASK, TRAIN_TASK, unpack_models
+from fedseg.fl.protocol import BASE_STATISTICS, EVALUATE_TASK, META_KEY, SPATIAL_KEY, TRAIN_TASK, unpack_models
 from fedseg.fl.report import RunReport
 from fedseg.fl.task_clock import TaskClock
 from fedseg.fl.screening import (
@@ -124,6 +124,8 @@ class FedSegController(ModelController):
         self._bytes: Dict[str, int] = {"sent": 0, "received": 0}
         # wire dtype of the weights this server sends (sites cast theirs themselves); fails here if unknown
         self._payload_dtype = payload_dtype(self.train_config)
+        #: each segmentation site's [patch?, rescale] (protocol.SPATIAL_KEY), from its train results
+        self._site_spatial: Dict[str, List[float]] = {}
 
     # ---------------------------------------------------------------------------------- workflow
     def run(self) -> None:
@@ -158,6 +160,7 @@ class FedSegController(ModelController):
             self._geometry = {}
             payloads = {site: self._strategy.payload(site, round_) for site in clients}
             updates = self._exchange(TRAIN_TASK, payloads, round_)
+            self._attach_train_config()  # now with the spatial settings the sites reported
             fields = self._strategy.aggregate(
                 round_, updates, lambda task, p, r=round_: self._exchange(task, p, r, require_params=task in self._weight_tasks)
             )
@@ -241,11 +244,27 @@ class FedSegController(ModelController):
 
     # ---------------------------------------------------------------------------------- helpers
     def _attach_train_config(self) -> None:
-        """Make the persistor write ``train_config`` next to ``model`` in ``FL_global_model.pt``, so that
-        ``fedseg infer`` builds the network the job trained (image size, channels, ...)."""
+        """Make the persistor write :meth:`saved_train_config` next to ``model`` in ``FL_global_model.pt``, so
+        that ``fedseg infer`` builds the network the job trained and runs it the way it was trained."""
         manager = getattr(self.persistor, "persistence_manager", None)
         if manager is not None and isinstance(getattr(manager, "other_props", None), dict):
-            manager.other_props["train_config"] = dict(self.train_config)
+            manager.other_props["train_config"] = self.saved_train_config()
+
+    def saved_train_config(self) -> Dict[str, Any]:
+        """The job's ``train_config`` as stored with its models: where the job left ``spatial_mode`` / ``rescale``
+        to the sites' datalists, the value every site reported (``protocol.SPATIAL_KEY``); left unset where
+        the sites differ (``fedseg infer`` then asks for it)."""
+        cfg = dict(self.train_config)
+        reported = list(self._site_spatial.values())
+        if not reported:
+            return cfg
+        modes = {"patch" if v[0] >= 0.5 else "resize" for v in reported}
+        rescales = {float(v[1]) for v in reported}
+        if cfg.get("spatial_mode") is None and len(modes) == 1:
+            cfg["spatial_mode"] = modes.pop()
+        if cfg.get("rescale") is None and len(rescales) == 1:
+            cfg["rescale"] = rescales.pop()
+        return cfg
 
     def _effective_config(self, clients: List[str]) -> Dict[str, Any]:
         return {
@@ -283,7 +302,7 @@ class FedSegController(ModelController):
         paths = {}
         for site, params in models.items():
             path = out / f"{site}.pt"
-            torch.save({"model": {k: v.detach().cpu() for k, v in params.items()}, "train_config": dict(self.train_config)}, path)
+            torch.save({"model": {k: v.detach().cpu() for k, v in params.items()}, "train_config": self.saved_train_config()}, path)
             paths[site] = str(path.relative_to(self.get_run_dir()))
         return paths
 
@@ -405,6 +424,9 @@ class FedSegController(ModelController):
         n_samples = int(meta.get("n_samples", 0))
         if require_params and n_samples <= 0:
             raise InvalidUpdateError(f"{site}: result does not say how many training images it used")
+        spatial = base.get(SPATIAL_KEY)
+        if require_params and isinstance(spatial, (list, tuple)) and len(spatial) == 2:
+            self._site_spatial[site] = [float(x) for x in spatial]
         return ClientUpdate(site=site, params=params, n_samples=n_samples, metrics=metrics, meta=statistics, models=models)
 
 

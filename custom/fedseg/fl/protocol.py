@@ -4,10 +4,15 @@ TRAIN_TASK = "train"
 EVALUATE_TASK = "evaluate"
 #: FLModel.meta key holding the job's settings for the site (method, objective, train_config, round)
 META_KEY = "fedseg"
+#: a segmentation site's spatial settings, sent with its trained weights: ``[1.0 if patch mode else 0.0, rescale]``.
+#: A job leaves them to each site's datalist by default; the server records them with the saved models so that
+#: ``fedseg infer`` runs a model the way it was trained (two numbers about the data's declared geometry, no data)
+SPATIAL_KEY = "spatial"
 #: what a site may always send besides the objective's declared statistics: its number of training images and
 #: the round its result is for (NVFlare stamps the task's round on every result itself, so a site that sends
-#: a result it computed for an earlier round is only seen through this echo; ``fedseg.fl.screening``)
-BASE_STATISTICS = ("n_samples", "round")
+#: a result it computed for an earlier round is only seen through this echo; ``fedseg.fl.screening``), and
+#: :data:`SPATIAL_KEY`
+BASE_STATISTICS = ("n_samples", "round", SPATIAL_KEY)
 
 #: key prefix of the extra models a task carries besides the main weights (FedEFM's overseas experts
 #: and neighbours): ``"__model__/<name>/<parameter>"``

@@ -81,7 +81,7 @@ class RunReport:
         if plots:
             from fedseg.plots.report_plots import plot_report
 
-            figures = plot_report(data, out / "plots")
+            figures = plot_report(data, out / "plots", validation_metric(data))
             (out / SUMMARY_NAME).write_text(summarise(data, figures, base=out))
         return out / REPORT_NAME
 

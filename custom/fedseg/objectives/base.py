@@ -28,13 +28,14 @@ other shape.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fedseg.engine.base import LocalEngine
+#: the site's engine, which calls the objective (``fedseg.engine.base.LocalEngine``; what an objective may call on
+#: it: ``fedseg/engine/api.md``). Named, not imported: the engine imports this module, the interface it drives.
+SiteEngine = Any
 
 
 class UnknownTaskError(ValueError):
@@ -147,7 +148,7 @@ class ClientObjective:
         :meth:`loss`, which must equal ``data_loss + parameter_loss``."""
         return None
 
-    def end_round(self, ctx: RoundContext, model: nn.Module, engine: "LocalEngine") -> Dict[str, Any]:
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: SiteEngine) -> Dict[str, Any]:
         """Declared statistics to send with the trained weights (keys from ``declared_statistics``)."""
         return {}
 
@@ -158,13 +159,13 @@ class ClientObjective:
         """
 
     def handle_task(
-        self, task_name: str, ctx: RoundContext, model: nn.Module, engine: "LocalEngine"
+        self, task_name: str, ctx: RoundContext, model: nn.Module, engine: SiteEngine
     ) -> Dict[str, Any]:
         """Run a task of ``statistic_tasks`` on ``model`` (already loaded with the received weights)."""
         raise UnknownTaskError(f"objective {self.name!r} does not handle task {task_name!r}")
 
     def handle_weight_task(
-        self, task_name: str, ctx: RoundContext, model: nn.Module, engine: "LocalEngine"
+        self, task_name: str, ctx: RoundContext, model: nn.Module, engine: SiteEngine
     ) -> Tuple[Dict[str, torch.Tensor], Dict[str, Dict[str, torch.Tensor]], Dict[str, Any]]:
         """Run a task of ``weight_tasks``. Returns ``(main weights or {}, {name: extra weights},
         declared statistics)``; the site packs the weights with ``fedseg.fl.protocol.pack_models``."""

@@ -12,14 +12,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def plot_report(data: Dict[str, Any], out_dir: Path) -> List[Path]:
-    """Write every figure the report supports into ``out_dir``; return their paths."""
+def plot_report(data: Dict[str, Any], out_dir: Path, val_metric: str) -> List[Path]:
+    """Write every figure the report supports into ``out_dir``; return their paths.
+
+    ``val_metric`` is the per-round validation metric the sites sent (``fedseg.fl.report.validation_metric``:
+    ``val_dice``, or ``val_accuracy`` for a classification run)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from fedseg.fl.report import validation_metric
-
-    val = validation_metric(data)  # val_dice, or val_accuracy for a classification run
-    figures = [plot_metric_over_rounds(data, val, out_dir / f"{val}.png")]
+    figures = [plot_metric_over_rounds(data, val_metric, out_dir / f"{val_metric}.png")]
     rounds = data.get("rounds") or []
     if rounds and "graph" in rounds[-1]:
         figures.append(plot_graph_heatmaps(data, out_dir / "graph_heatmaps.png"))

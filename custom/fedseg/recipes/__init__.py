@@ -1,4 +1,5 @@
-"""One recipe per method. ``RECIPES[name]`` is the class; ``fedseg export`` writes ``jobs/<name>``."""
+"""One recipe per method. ``RECIPES[name]`` is the class; ``fedseg export`` writes ``jobs/<name>``
+(:func:`fedseg.recipes.export.export_job`)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,260 @@
+"""The GPU check: one command that tests the CUDA paths and measures a GPU, then writes JSON + Markdown.
+
+    python benchmarks/gpu_check.py --out gpu_check/            # on a CUDA machine: sized for under 8 minutes on one GPU
+    python benchmarks/gpu_check.py --out /tmp/x --quick        # dry run of the script on CPU (tiny sizes)
+
+Steps (each bounded in time; a failing step is recorded and the next one still runs):
+
+1. ``pytest -m cuda``: the tests marked ``cuda`` (``tests/test_cuda.py``: engine training and evaluation on CUDA,
+   float16 autocast with the gradient scaler, DP-SGD, a 2-site simulator job with ``-gpu 0``, a GPU checkpoint
+   read on CPU). Without CUDA they skip, each with its reason; skips are not failures.
+2. Engine throughput: ``SegEngine.train`` against a plain PyTorch loop, images/s, at 256 and 512 px, float32 and
+   AMP (float16 with a gradient scaler on CUDA; bfloat16 on CPU, which has no float16 autocast), through
+   ``benchmarks/engine_throughput.py``'s :func:`bench_mode` (same model, loss, optimiser and in-memory batches).
+3. One federated round on one GPU: FedAvg, 4 sites, ``nvflare simulator -n 4 -t 4 -gpu 0`` (default profile,
+   64 px), round time and each site's compute from ``report.json``.
+
+Writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` (device named, date, command, every number) and
+``OUT/cuda_tests.xml`` (pytest's JUnit report). Exit status: 0 when every step ran and no test failed, else 1.
+``--quick`` shrinks every step (32 px, one repeat, tiny profile, one round) so that the script itself can be
+checked on a CPU-only machine in a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # engine_throughput, next to this file
+
+#: seconds each step may take before it is abandoned (the whole check must fit in 8 minutes on one GPU)
+TEST_TIMEOUT_S = 300
+SIM_TIMEOUT_S = 240
+
+
+def device_info() -> Dict[str, Any]:
+    """What the numbers were measured on."""
+    info: Dict[str, Any] = {
+        "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+        "cpu_count": os.cpu_count(), "cuda": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update({
+            "device": torch.cuda.get_device_name(0), "cuda_version": torch.version.cuda,
+            "gpu_memory_gib": round(props.total_memory / 2**30, 1), "gpu_count": torch.cuda.device_count(),
+            "cudnn": torch.backends.cudnn.version(),
+        })
+    else:
+        info["device"] = f"CPU ({platform.processor() or platform.machine()})"
+    return info
+
+
+def _step(results: Dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
+    """Run one step; its result or its error (type, message, traceback tail) goes into ``results[name]``."""
+    started = time.perf_counter()
+    print(f"\n== {name}", flush=True)
+    try:
+        results[name] = {"ok": True, "result": fn()}
+    except BaseException as e:  # noqa: BLE001 - one broken step must not hide the others' numbers
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        results[name] = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+        print(f"   FAILED: {results[name]['error']}", flush=True)
+    results[name]["seconds"] = round(time.perf_counter() - started, 1)
+
+
+# ---------------------------------------------------------------------------------------------- 1. tests
+def _run_group(cmd: List[str], timeout: int) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in the repository in its own process group; on timeout the whole group (pytest and the
+    simulator processes it started) is killed and TimeoutExpired raised."""
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def run_cuda_tests(out: Path, timeout: int) -> Dict[str, Any]:
+    """``pytest -m cuda`` in a subprocess; returns counts and every test's outcome (skip reasons included)."""
+    xml = out / "cuda_tests.xml"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}", "tests"]
+    proc = _run_group(cmd, timeout)
+    (out / "cuda_tests.log").write_text(proc.stdout + proc.stderr)
+    cases = []
+    if xml.is_file():
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            outcome, detail = "passed", ""
+            for kind in ("failure", "error", "skipped"):
+                node = case.find(kind)
+                if node is not None:
+                    outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[kind]
+                    detail = (node.get("message") or "")[:300]
+            cases.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
+                          "seconds": float(case.get("time") or 0), "detail": detail})
+    counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "error", "skipped")}
+    # pytest exits 5 when nothing was collected; 0 = all passed or skipped
+    if proc.returncode not in (0,) or counts["failed"] or counts["error"] or not cases:
+        raise RuntimeError(f"pytest -m cuda exited {proc.returncode} ({counts}); see {out / 'cuda_tests.log'}:\n"
+                           f"{(proc.stdout + proc.stderr)[-2000:]}")
+    return {"command": " ".join(cmd), "counts": counts, "cases": cases}
+
+
+# ---------------------------------------------------------------------------------------------- 2. engine
+def measure_engine(sizes: List[int], amp: Optional[str], data_profile: str, repeats: int, epochs: int,
+                   batch_size: int) -> List[Dict[str, Any]]:
+    """Engine vs plain loop images/s per (size, precision), in memory (data loading not measured)."""
+    from engine_throughput import bench_mode
+
+    from fedseg.data.synthetic import generate_federation
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fedseg_gpu_check_") as tmp:
+        datalist = generate_federation("polyp", ["site-1"], tmp, profile=data_profile)["site-1"]
+        for size in sizes:
+            for precision in (None, amp):
+                args = SimpleNamespace(image_size=size, batch_size=batch_size, epochs=epochs, repeats=repeats,
+                                       control=False, amp=precision)
+                if torch.cuda.is_available():
+                    torch.cuda.reset_peak_memory_stats()
+                r = bench_mode("memory", Path(datalist), args)
+                e, p = r["paths"]["engine"], r["paths"]["plain"]
+                row = {
+                    "image_size": size, "precision": precision or "float32", "device": r["device"],
+                    "images_per_call": r["images_per_call"],
+                    "engine_images_per_s": e["median_images_per_s"], "plain_images_per_s": p["median_images_per_s"],
+                    "ratio_engine_to_plain": r["ratio_images_per_s"],
+                    "peak_gpu_memory_mib": (round(torch.cuda.max_memory_allocated() / 2**20) if torch.cuda.is_available() else None),
+                }
+                print(f"   {size} px {row['precision']}: engine {row['engine_images_per_s']:.1f} img/s, "
+                      f"plain {row['plain_images_per_s']:.1f} img/s (x{row['ratio_engine_to_plain']:.2f})", flush=True)
+                rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- 3. simulator
+def measure_simulator_round(out: Path, quick: bool, timeout: int) -> Dict[str, Any]:
+    """FedAvg, 4 sites on one GPU (``-gpu 0``; no ``-gpu`` without CUDA): per-round wall time and site compute."""
+    from fedseg.bench.simulator import round_timings, run_simulator
+    from fedseg.recipes.export import export_job
+
+    if shutil.which("nvflare") is None:
+        raise RuntimeError("the nvflare command is not on PATH (pip install -e . installs it with its dependencies)")
+    sites = [f"site-{i}" for i in range(1, 5)]
+    profile, rounds = ("tiny", 1) if quick else ("default", 2)
+    gpu = "0" if torch.cuda.is_available() else None
+    job = export_job("fedavg", out / "sim" / "jobs", profile=profile, num_rounds=rounds)
+    run = run_simulator(job, out / "sim" / "ws", sites, omp_threads="1", fedseg_threads="1", timeout=timeout,
+                        log_path=out / "sim" / "simulator.log", gpu=gpu)
+    report = run["report"]
+    logs = "".join((out / "sim" / "ws" / s / "log.txt").read_text() for s in sites)
+    return {
+        "command": run["command"], "profile": profile, "rounds": rounds, "sites": len(sites),
+        "sites_on_cuda": logs.count("engine on device cuda"),
+        "job_total_s": round(run["total_wall_s"], 1), "per_round": round_timings(report),
+        "task_breakdown": [r.get("task_breakdown") for r in report["rounds"]],
+        "final_mean_dice": sum(v["dice"] for v in report["final"]["global"].values()) / len(report["final"]["global"]),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- report
+def to_markdown(result: Dict[str, Any]) -> str:
+    info, steps = result["device"], result["steps"]
+    lines = [f"# GPU check — {info['device']}", "",
+             f"{result['date']}, `{result['command']}`; torch {info['torch']}"
+             + (f", CUDA {info.get('cuda_version')}, {info.get('gpu_memory_gib')} GiB" if info["cuda"] else ", no CUDA")
+             + f"; status **{'OK' if result['ok'] else 'FAILED'}**.", ""]
+    tests = steps.get("cuda_tests", {})
+    lines += ["## CUDA tests (`pytest -m cuda`)", ""]
+    if tests.get("ok"):
+        c = tests["result"]["counts"]
+        lines += [f"{c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped "
+                  f"({tests['seconds']} s).", "", "| test | outcome | s | detail |", "|---|---|---|---|"]
+        lines += [f"| `{t['test']}` | {t['outcome']} | {t['seconds']:.1f} | {t['detail']} |" for t in tests["result"]["cases"]]
+    else:
+        lines += [f"**failed**: {tests.get('error')}"]
+    eng = steps.get("engine_throughput", {})
+    lines += ["", "## Engine vs plain PyTorch loop (training images/s, in-memory batches)", ""]
+    if eng.get("ok"):
+        lines += ["| size (px) | precision | device | engine img/s | plain img/s | engine / plain | peak GPU memory (MiB) |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['image_size']} | {r['precision']} | {r['device']} | {r['engine_images_per_s']:.1f} | "
+                  f"{r['plain_images_per_s']:.1f} | {r['ratio_engine_to_plain']:.2f} | {r['peak_gpu_memory_mib'] or '—'} |"
+                  for r in eng["result"]]
+    else:
+        lines += [f"**failed**: {eng.get('error')}"]
+    sim = steps.get("simulator_round", {})
+    lines += ["", "## One FedAvg round, 4 sites on one device (NVFlare simulator)", ""]
+    if sim.get("ok"):
+        s = sim["result"]
+        lines += [f"`{s['command']}` — {s['profile']} profile, {s['rounds']} round(s); sites on CUDA: "
+                  f"{s['sites_on_cuda']} of {s['sites']}; whole job {s['job_total_s']} s; final mean Dice "
+                  f"{s['final_mean_dice']:.3f}.", "",
+                  "| round | wall (s) | max site compute (s) | sum site compute (s) | overhead = wall - max (s) |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {i} | {r['wall']:.2f} | {r['max_compute']:.2f} | {r['sum_compute']:.2f} | {r['overhead']:.2f} |"
+                  for i, r in enumerate(s["per_round"])]
+        lines += ["", "(round 0 includes each site's set-up: engine, data cache, CUDA context)"]
+    else:
+        lines += [f"**failed**: {sim.get('error')}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="folder for gpu_check.json / gpu_check.md (created)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a dry run of the script (CPU is fine)")
+    parser.add_argument("--skip-tests", action="store_true", help="measure only (the tests already ran)")
+    args = parser.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.quick:
+        print("gpu_check: no CUDA device: the CUDA tests will skip and the numbers are CPU numbers "
+              "(use --quick for a short dry run)", flush=True)
+
+    result: Dict[str, Any] = {
+        "benchmark": "gpu_check", "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": "python " + " ".join([os.path.relpath(__file__, REPO)] + (argv if argv is not None else sys.argv[1:])),
+        "device": device_info(), "quick": args.quick, "steps": {},
+    }
+    steps = result["steps"]
+    if not args.skip_tests:
+        _step(steps, "cuda_tests", lambda: run_cuda_tests(out, TEST_TIMEOUT_S))
+    amp = "float16" if cuda else "bfloat16"
+    if args.quick:
+        _step(steps, "engine_throughput", lambda: measure_engine([32], amp, "tiny", repeats=1, epochs=1, batch_size=2))
+    else:
+        _step(steps, "engine_throughput", lambda: measure_engine([256, 512], amp, "default", repeats=5, epochs=5, batch_size=8))
+    _step(steps, "simulator_round", lambda: measure_simulator_round(out, args.quick, SIM_TIMEOUT_S))
+
+    result["ok"] = all(s["ok"] for s in steps.values())
+    (out / "gpu_check.json").write_text(json.dumps(result, indent=1))
+    (out / "gpu_check.md").write_text(to_markdown(result))
+    print(f"\n{to_markdown(result)}\nwrote {out / 'gpu_check.json'} and {out / 'gpu_check.md'}", flush=True)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
