@@ -2,6 +2,9 @@
 
 TRAIN_TASK = "train"
 EVALUATE_TASK = "evaluate"
+#: after training, a site sends its personalised model (NVFlare's cross-site evaluation convention): Ditto's
+#: personal model, FedBN's / FedRep's model with its local layers (``ServerStrategy.personalized_at_sites``)
+SUBMIT_MODEL_TASK = "submit_model"
 #: FLModel.meta key holding the job's settings for the site (method, objective, train_config, round)
 META_KEY = "fedseg"
 #: what a site may always send besides the objective's declared statistics: its number of training images and
