@@ -3,6 +3,7 @@
     fedseg data synth   --family polyp --sites site-1 site-2 site-3 --out DIR
     fedseg data retina  --src ../shared/data/retina_vessels --out DIR
     fedseg data nuclei  --src ../shared/data/nuclei_he --out DIR --layout source|organ
+    fedseg data odoc    --src ../shared/data/odoc_prostate_samples --out DIR [--task fundus|prostate]
     fedseg data dca1    --src ../shared/data/xray_angio --out DIR [--sites DCA1]
     fedseg data foundation --out DIR [--retina DIR --nuclei DIR --arcade DIR] --unseen 1.0 --sites 3
     fedseg export       [--method fedavg | --all] [--profile default] [--out jobs] [--checkpoint-dir ABS] [--task-timeout S]
@@ -29,7 +30,7 @@ from typing import List, Optional
 
 #: built-in synthetic families (== fedseg.data.synthetic.FAMILIES, checked by a test; kept literal so that
 #: building the parser does not import numpy/scipy)
-FAMILY_CHOICES = ("polyp", "vessel", "nuclei", "xray")
+FAMILY_CHOICES = ("polyp", "vessel", "nuclei", "xray", "fundus")
 
 
 def find_reports(path: os.PathLike) -> List[Path]:
@@ -85,7 +86,7 @@ def _check_data(args: argparse.Namespace) -> None:
     for path in args.datalists:
         out = check_datalist(path, allow_external_paths=True if args.allow_external_paths else None, decode=not args.headers_only)
         counts = ", ".join(f"{s} {n}" for s, n in out["counts"].items())
-        print(f"OK {out['datalist']}: {counts}; {out['files']} files checked")
+        print(f"OK {out['datalist']}: {counts}; {out['files']} files checked; label space {out['label_space'].describe()}")
 
 
 def _import_data(args: argparse.Namespace) -> None:
@@ -100,6 +101,11 @@ def _import_data(args: argparse.Namespace) -> None:
             args.src, args.out, layout=args.layout, seed=args.seed, val_fraction=args.val_fraction,
             test_fraction=args.test_fraction, organs=args.organs, min_images=args.min_images, log=print,
         )
+    elif args.data_cmd == "odoc":
+        from fedseg.data.odoc import import_odoc
+
+        paths = import_odoc(args.src, args.out, task=args.task, sites=args.sites, seed=args.seed,
+                            val_fraction=args.val_fraction, log=print)
     elif args.data_cmd == "dca1":
         from fedseg.data.xray_angio import import_dca1
 
@@ -188,8 +194,10 @@ def _cmd_run(args: argparse.Namespace) -> None:
         overrides["seed"] = args.seed
     script_args = f"--site_datalists {Path(args.site_datalists).resolve()}" if args.site_datalists else ""
     sites = None
+    mapping = None
     if args.site_datalists:
-        mapping = json.loads(Path(args.site_datalists).read_text())
+        src = Path(args.site_datalists).resolve()
+        mapping = {s: str((src.parent / p).resolve()) for s, p in json.loads(src.read_text()).items()}
         sites = sorted(mapping)
         if "spatial_mode" not in overrides:
             from fedseg.data.datalist import common_spatial_mode
@@ -197,6 +205,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
             mode = common_spatial_mode(mapping.values())
             if mode:  # recorded in the job's train_config, so the checkpoint says how to run the model
                 overrides["spatial_mode"] = mode
+    overrides.update(_preflight(mapping, overrides.get("data_family"), overrides, "run"))
     with tempfile.TemporaryDirectory(prefix="fedseg_job_") as tmp:
         job = export_job(
             args.method, tmp, args.profile, num_rounds=args.rounds, script_args=script_args,
@@ -219,8 +228,26 @@ def _cmd_run(args: argparse.Namespace) -> None:
     _print_summary(reports[-1])
 
 
+def _preflight(mapping: Optional[dict], family: Optional[str], overrides: dict, command: str) -> dict:
+    """Check every site's datalist (or the built-in family) before a job starts; the label-space ``train_config``
+    fields the job needs (``fedseg.data.checks.check_federation``). Exits with every problem named."""
+    from fedseg.data.checks import check_federation
+    from fedseg.data.datalist import DatalistError
+
+    try:
+        if mapping:
+            from fedseg.bench.runs import federation_task
+
+            if federation_task(mapping) != "segmentation":
+                return {}
+        fields = check_federation(mapping, family=None if mapping else (family or "polyp"), explicit=overrides)
+    except DatalistError as e:
+        raise SystemExit(f"fedseg {command}: {e}") from None
+    return {k: v for k, v in fields.items() if overrides.get(k) is None}
+
+
 def _print_summary(report_path: Path) -> None:
-    from fedseg.fl.report import METRIC_HEADERS, final_table, metric_columns, summarise
+    from fedseg.fl.report import METRIC_HEADERS, final_table, metric_columns, metric_header, structure_columns, summarise
     from fedseg.plots.report_plots import plot_report
 
     data = json.loads(Path(report_path).read_text())
@@ -234,6 +261,12 @@ def _print_summary(report_path: Path) -> None:
             print(f"{'site':<14}" + "".join(f"{METRIC_HEADERS[n]:>19}" for n in metric_columns(data, which)))
             for row in rows:
                 print(f"{row[0].strip('*'):<14}" + "".join(f"{c:>19}" for c in row[1:]))
+            structures = structure_columns(data, which)
+            if structures:
+                print(f"\nper class and region ({which} model)")
+                print(f"{'site':<14}" + "".join(f"{metric_header(n):>19}" for n in structures))
+                for row in final_table(data, which, structures):
+                    print(f"{row[0].strip('*'):<14}" + "".join(f"{c:>19}" for c in row[1:]))
     print(f"\nreport:  {report_path}\nsummary: {out / 'summary.md'}\nplots:   {out / 'plots'}")
 
 
@@ -246,6 +279,11 @@ def _cmd_bench(args: argparse.Namespace) -> None:
         sets["image_size"] = args.image_size
     if not args.site_datalists and not args.family:
         args.family = "polyp"
+    if args.site_datalists or args.family != "xray_foundation":
+        from fedseg.bench.bench import read_site_datalists
+
+        mapping = read_site_datalists(args.site_datalists) if args.site_datalists else None
+        sets.update(_preflight(mapping, args.family, sets, "bench"))
     budget = Budget(profile=args.profile, rounds=args.rounds, local_epochs=args.local_epochs, sets=sets,
                     task_check_period=args.task_check_period, task_request_interval=args.task_request_interval,
                     omp_threads=args.omp_threads)
@@ -269,10 +307,16 @@ def _cmd_summarise(args: argparse.Namespace) -> None:
 def _cmd_infer(args: argparse.Namespace) -> None:
     from fedseg.inference import run_inference
 
+    from fedseg.data.labels import LabelSpaceError, parse_label_values_option
+
     overrides = json.loads(args.overrides) if args.overrides else None
+    try:
+        label_values = parse_label_values_option(args.label_values)
+    except LabelSpaceError as e:
+        raise SystemExit(f"fedseg infer: {e}") from None
     written = run_inference(
         args.checkpoint, args.output, input_dir=args.input, datalist=args.datalist, split=args.split, overrides=overrides,
-        bundle_dir=args.bundle,
+        bundle_dir=args.bundle, label_values=label_values, class_indices=args.class_indices,
     )
     print(f"wrote {len(written)} masks to {args.output}")
 
@@ -316,6 +360,17 @@ def build_parser() -> argparse.ArgumentParser:
     nuclei.add_argument("--min-images", type=int, default=6,
                         help="organ layout without --organs: least images for an organ to become a site (default 6: "
                              "breast, kidney, liver, prostate)")
+    odoc = data_sub.add_parser(
+        "odoc", help="fundus optic disc/cup (multi-class) or prostate MRI slice samples, one site per domain (read in place)",
+        description="Write one datalist per domain pointing at the original files and site_datalists.json, with the "
+                    "label space declared: fundus masks store 0 = cup, 128 = rim, 255 = background (regions disc = "
+                    "rim + cup, cup); prostate masks 0 / 255. Every mask is decoded and checked against the manifest.")
+    odoc.add_argument("--src", required=True, help="folder with manifest.csv (e.g. ../shared/data/odoc_prostate_samples)")
+    odoc.add_argument("--out", required=True)
+    odoc.add_argument("--task", default="fundus", choices=["fundus", "prostate"])
+    odoc.add_argument("--sites", nargs="+", default=None, help="domains to import (default: all of the task)")
+    odoc.add_argument("--seed", type=int, default=0)
+    odoc.add_argument("--val-fraction", type=float, default=0.34, help="share of a domain's training rows for validation")
     dca1 = data_sub.add_parser(
         "dca1", help="DCA1 coronary angiograms + vessel masks as segmentation site(s) (read in place)",
         description="Write one datalist per site pointing at the original files and site_datalists.json. Masks are "
@@ -442,6 +497,12 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--datalist", default=None)
     infer.add_argument("--split", default="test")
     infer.add_argument("--overrides", default=None, help='bundle overrides as JSON, e.g. \'{"image_size": 64}\'')
+    infer.add_argument(
+        "--label-values", default=None,
+        help='stored mask encoding to write, JSON {"stored value": class}, e.g. \'{"255": 0, "128": 1, "0": 2}\' '
+             "(default: the --datalist's own, else the one the checkpoint's job recorded, else class indices; 0/255 "
+             "for a binary model)")
+    infer.add_argument("--class-indices", action="store_true", help="write class indices 0..C-1 instead")
     infer.add_argument(
         "--bundle", default=None,
         help="segmentation bundle folder (default bundles/unet2d_seg; bundles/unetr_seg for a fine-tuned FedEFM UNETR)",

@@ -36,7 +36,15 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     # network / optimisation (bundle variables)
     "image_size": 64,
     "in_channels": 3,
+    # label space (fedseg.data.labels): num_classes C (softmax head of C channels, background = class 0); labels
+    # {name: index} and regions {region: [class names]} where the job has more than one foreground class or regions
+    # (None = binary); fedseg run / bench fill them from the sites' datalists (or the built-in family) and every
+    # site checks its datalist against them. label_values: the stored mask encoding every site's datalist shares
+    # ({"255": 0, ...}), recorded so fedseg infer writes masks in it; each site decodes its own datalist's
     "num_classes": 2,
+    "labels": None,
+    "regions": None,
+    "label_values": None,
     "channels": [16, 32, 64, 128, 256],
     "dropout": 0.0,
     # "instance" or "batch" (MONAI norm names)
@@ -66,6 +74,10 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     "patch_samples": 4,
     "patch_pos": 1.0,
     "patch_neg": 1.0,
+    # patch centres: "posneg" (RandCropByPosNegLabeld) or "classes" (RandCropByLabelClassesd, patch_ratios per class,
+    # None = equal); None = "classes" with more than one foreground class, else "posneg"
+    "patch_sampler": None,
+    "patch_ratios": None,
     # one fixed rescale factor applied in patch mode before patching; None = the datalist's "rescale", else 1
     "rescale": None,
     "sw_batch_size": 4,

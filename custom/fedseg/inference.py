@@ -105,6 +105,27 @@ def datalist_images(datalist: str | os.PathLike, split: str = "test") -> List[st
     return files
 
 
+def mask_dtype(num_classes: int, label_values: Optional[Mapping[str, int]] = None, class_indices: bool = False):
+    """The numpy dtype written masks are saved in: uint8 when every value written (class indices, or the stored
+    values of ``label_values``; 0 / 255 for a binary space) is an integer in 0..255, uint16 up to 65535, else float32."""
+    import numpy as np
+
+    from .data.labels import BINARY, LabelSpace, _parse_values
+
+    if class_indices:
+        values = np.arange(int(num_classes))
+    else:
+        names = BINARY.names if int(num_classes) == 2 else ("background",) + tuple(f"class{i}" for i in range(1, int(num_classes)))
+        space = LabelSpace(names=names, values=_parse_values(label_values, "label_values") if label_values else None)
+        values = space.output_values()
+    integral = bool(np.all(np.mod(values, 1) == 0)) and values.min() >= 0
+    if integral and values.max() <= 255:
+        return np.uint8
+    if integral and values.max() <= 65535:
+        return np.uint16
+    return np.float32
+
+
 # ----------------------------------------------------------------------------------------------
 # checkpoints
 # ----------------------------------------------------------------------------------------------
@@ -271,13 +292,15 @@ def run_inference(
     split: str = "test",
     bundle_dir: Optional[os.PathLike] = None,
     overrides: Optional[Mapping[str, Any]] = None,
+    label_values: Optional[Mapping[str, int]] = None,
+    class_indices: bool = False,
 ) -> List[Path]:
     """Segment new images with ``checkpoint`` through the bundle's ``inference.json``.
 
     Args:
         checkpoint: NVFlare ``FL_global_model.pt``, a ``{"model": state_dict}`` file or a plain state_dict.
         output_dir: folder for the masks (created); one ``<input name>_seg.png`` per image, single
-            channel, 0/255, the input's size and orientation.
+            channel, the input's size and orientation, in the stored encoding (below).
         input_dir: folder of images (png/jpg/jpeg/tif/tiff/nii.gz); takes precedence over ``datalist``.
         datalist: decathlon-style datalist whose ``split`` entries' ``image`` files are segmented.
         split: datalist split to use.
@@ -288,6 +311,11 @@ def run_inference(
             or other config ids. Masks have the input's size in both spatial modes. Defaults come from
             the ``train_config`` stored in the checkpoint (:func:`checkpoint_train_config`); explicit
             overrides win.
+        label_values: the stored mask encoding to write (``{"255": 0, "128": 1, "0": 2}``: the first value listed
+            for a class is written). Default: the ``datalist``'s own ``label_values`` when segmenting a datalist,
+            else the encoding the checkpoint's job recorded (every site shared it), else class indices — and
+            0 / 255 for a binary model, as always.
+        class_indices: write class indices ``0..C-1`` instead of any stored encoding.
 
     Returns:
         The written mask paths, in input order.
@@ -306,7 +334,13 @@ def run_inference(
         "input_dir": str(Path(input_dir).absolute()) if input_dir else "",
         "datalist": str(Path(datalist).absolute()) if datalist else "",
         "split": split,
+        "output_class_indices": bool(class_indices),
     }
+    if label_values is None and datalist and not input_dir:
+        # masks go back to the site in the datalist's own encoding, so its tools read them
+        label_values = read_datalist_json(datalist)[1].get("label_values")
+    if label_values is not None:
+        settings["label_values"] = dict(label_values)
     workflow = _workflow("inference.json", bundle_dir, settings, _merged_overrides(checkpoint, overrides))
     _check_ckpt_against(workflow, checkpoint)
 

@@ -34,9 +34,7 @@ def prepare_federation(out: Path, site_datalists: Optional[str] = None, family: 
     :data:`fedseg.config.BASE_TRAIN_CONFIG`), i.e. the silos a site process would generate itself."""
     out.mkdir(parents=True, exist_ok=True)
     if site_datalists:
-        src = Path(site_datalists).resolve()
-        raw = json.loads(src.read_text())
-        mapping = {s: str((src.parent / p).resolve()) for s, p in raw.items()}
+        mapping = read_site_datalists(site_datalists)
     elif family == FOUNDATION_FAMILY:
         from fedseg.config import BASE_TRAIN_CONFIG
         from fedseg.data.xray_builtin import builtin_foundation_silos
@@ -57,6 +55,13 @@ def prepare_federation(out: Path, site_datalists: Optional[str] = None, family: 
     if not target.is_file() or target.read_text() != text:
         target.write_text(text)
     return mapping
+
+
+def read_site_datalists(path: str) -> Dict[str, str]:
+    """``{site: absolute datalist path}`` of a site -> datalist map file (relative paths against its folder)."""
+    src = Path(path).resolve()
+    raw = json.loads(src.read_text())
+    return {s: str((src.parent / p).resolve()) for s, p in raw.items()}
 
 
 def data_summary(mapping: Dict[str, str]) -> Dict[str, Dict[str, Any]]:

@@ -7,8 +7,9 @@ import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from fedseg.bench.runs import VAL_METRIC, record_task, task_metrics
-from fedseg.fl.report import CLASSIFICATION_NOTE, METRIC_HEADERS, METRIC_NOTE
+from fedseg.bench.runs import VAL_METRIC, record_task, task_metrics, with_structures
+from fedseg.data.labels import split_metric_key
+from fedseg.fl.report import CLASSIFICATION_NOTE, METRIC_HEADERS, METRIC_NOTE, STRUCTURE_NOTE, metric_header
 from fedseg.bench.stats import compare, compare_correct, seed_spread, summarise_seeds
 
 #: the approach every other is tested against, unless the bench names another (``--baseline``)
@@ -71,7 +72,10 @@ def build_results(records: Sequence[Dict[str, Any]], sites: Sequence[str], heade
         ``methods`` / ``references`` with seed-mean per-site metrics.
     """
     task = bench_task(records)
-    metrics = task_metrics(task)
+    # the task's metrics, each followed by its per-class / per-region keys where the runs report them
+    metrics = with_structures(task_metrics(task), [k for r in records for finals in r["final"].values()
+                                                   for m in finals.values() for k in (m or {})],
+                              next((r.get("train_config") for r in records if r.get("train_config")), None))
     base_label = resolve_baseline(list(dict.fromkeys(r["label"] for r in records)), baseline)
     approaches: Dict[str, Dict[str, Any]] = {}
     for rec in records:
@@ -229,14 +233,23 @@ def markdown(results: Dict[str, Any]) -> str:
     shown = [m for m in metrics if any(
         (entry["summary"].get(site) or {}).get(m, {}).get("mean") is not None
         for entry in results["approaches"].values() for site in sites)]
-    for metric in shown:
+    # per-site tables: the headline metrics and the Dice of each class / region; other per-class / per-region
+    # metrics get one compact table of their site means below
+    compact = [m for m in shown if split_metric_key(m)[1] is not None and split_metric_key(m)[0] != "dice"]
+    for metric in [m for m in shown if m not in compact]:
         digits = 3 if metric.startswith("dice") or "iou" in metric or "accuracy" in metric else 2
-        lines += [f"## {METRIC_HEADERS[metric]}", "",
+        lines += [f"## {metric_header(metric)}", "",
                   "| approach | " + " | ".join(sites) + " | mean |", "|---" * (len(sites) + 2) + "|"]
         for name, entry in results["approaches"].items():
             s = entry["summary"]
             lines.append(f"| {name} | " + " | ".join(_pm(s[site][metric], digits) for site in sites)
                          + f" | {_pm(s['mean'][metric], digits)} |")
+        lines.append("")
+    if compact:
+        lines += ["## Per class and region: distances (mean over sites)", "", STRUCTURE_NOTE + ".", "",
+                  "| approach | " + " | ".join(metric_header(m) for m in compact) + " |", "|---" * (len(compact) + 1) + "|"]
+        for name, entry in results["approaches"].items():
+            lines.append(f"| {name} | " + " | ".join(_pm(entry["summary"]["mean"][m], 2) for m in compact) + " |")
         lines.append("")
     if results.get("comparisons") and task == "classification":
         lines += _mcnemar_lines(results["comparisons"], sites, base_name)
@@ -254,6 +267,19 @@ def markdown(results: Dict[str, Any]) -> str:
             lines.append(f"| {name} | {a['n']} | {diff} | {_p(a['wilcoxon_p'])} | {_p(a['ttest_p'])} | "
                          + " | ".join(_p(d["per_site"][s]["wilcoxon_p"]) for s in sites) + " |")
         lines.append("")
+        regions = [m for m in metrics if split_metric_key(m)[0] == "dice" and split_metric_key(m)[1] is not None]
+        if regions:
+            lines += ["Per class and region, per-image Dice (same pairs):", "",
+                      "| approach | " + " | ".join(f"{split_metric_key(m)[1]}: diff / Wilcoxon p" for m in regions) + " |",
+                      "|---" * (len(regions) + 1) + "|"]
+            for name, comp in results["comparisons"].items():
+                cells = []
+                for m in regions:
+                    a = (comp["metrics"].get(m) or {}).get("all") or {}
+                    diff = "-" if a.get("mean_diff") is None else f"{a['mean_diff']:+.3f}"
+                    cells.append(f"{diff} / {_p(a.get('wilcoxon_p'))}")
+                lines.append(f"| {name} | " + " | ".join(cells) + " |")
+            lines.append("")
         fov = {name: comp["metrics"]["dice_fov"]["all"] for name, comp in results["comparisons"].items() if "dice_fov" in comp["metrics"]}
         if fov:
             lines += ["Inside the field of view (sites whose datalist has FOV masks), per-image `dice_fov`:", "",

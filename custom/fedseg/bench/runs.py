@@ -38,6 +38,20 @@ VAL_METRIC = {"segmentation": "val_dice", "classification": "val_accuracy"}
 REFERENCES = ("local", "pooled")
 
 
+def with_structures(metrics: Sequence[str], keys: Sequence[str], train_config: Optional[Mapping[str, Any]] = None) -> Tuple[str, ...]:
+    """``metrics`` followed, each, by its per-class / per-region variants among ``keys`` (``dice``, ``dice:rim``,
+    ``dice:cup``, ``dice:disc``, ``hd95``, ...; ``fedseg.data.labels.metric_key``), classes in label order
+    (``train_config``'s ``labels`` / ``regions``; :func:`fedseg.data.labels.order_structure_keys`)."""
+    from fedseg.data.labels import order_structure_keys, split_metric_key
+
+    structures = order_structure_keys([k for k in keys if split_metric_key(k)[1] is not None], train_config)
+    out = []
+    for m in metrics:
+        out.append(m)
+        out += [k for k in structures if split_metric_key(k)[0] == m]
+    return tuple(out)
+
+
 def task_metrics(task: str) -> Tuple[str, ...]:
     """The final test metrics reported for ``task`` ("segmentation" or "classification")."""
     if task not in TASK_METRICS:
@@ -295,7 +309,9 @@ def method_record(spec: RunSpec, mapping: Mapping[str, str], workspace: Path, re
         final = (report.get("final") or {}).get(model)
         if not final:
             continue
-        record["final"][model] = {s: {k: clean(final[s].get(k)) for k in metrics} for s in sites if s in final}
+        names = with_structures(metrics, [k for s in sites if s in final for k in final[s]],
+                                report.get("config", {}).get("train_config"))
+        record["final"][model] = {s: {k: clean(final[s].get(k)) for k in names} for s in sites if s in final}
         # site-local files, read here because every site of the bench runs on this machine
         record["per_image"][model] = {s: read_site_per_image(workspace, s, model) for s in sites if s in final}
     return record
@@ -328,8 +344,13 @@ def pooled_datalist(mapping: Mapping[str, str], path: Path) -> Path:
         for split, entries in load_datalist(p, check_files=False).items():
             # image + label (+ the data set's rescale factor) only: extra keys that only some sites
             # have (e.g. retina "fov") break collation
-            union[split] += [{"image": e["image"], "label": e["label"], "rescale": float(e.get("rescale", rescale))} for e in entries]
+            # and each site's stored mask encoding (label_values), which may differ from site to site
+            union[split] += [{"image": e["image"], "label": e["label"], "rescale": float(e.get("rescale", rescale)),
+                              **({"label_values": e["label_values"]} if "label_values" in e else {})} for e in entries]
     header = {"name": "pooled", "sites": list(mapping), "allow_external_paths": True}  # the sites' own files
+    # the classes and regions every site declares (fedseg bench checked they agree before any run)
+    _, first = read_datalist_json(next(iter(mapping.values())))
+    header.update({k: first[k] for k in ("labels", "regions", "num_classes") if k in first})
     mode = common_spatial_mode(mapping.values())
     if mode:
         header["spatial_mode"] = mode
@@ -433,7 +454,7 @@ def run_reference(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out
         for site, p in mapping.items():
             engine, model, secs, loss, val = _train(site, p, cfg, rounds, {site: engines[site]})
             summary, rows = engine.evaluate(model, "test", per_image=True)
-            final[site], per_image[site] = {k: clean(summary.get(k)) for k in metrics}, rows
+            final[site], per_image[site] = {k: clean(summary.get(k)) for k in with_structures(metrics, list(summary), cfg)}, rows
             seconds[site], losses[site], val_curves[site] = secs, [loss[0], loss[-1]], val
         val_curve = [_mean([c[r] for c in val_curves.values()]) for r in range(rounds)]
     elif spec.method == "pooled":
@@ -441,7 +462,7 @@ def run_reference(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out
         _, model, secs, loss, val_curve = _train("pooled", str(path), cfg, rounds, engines)
         for site in mapping:
             summary, rows = engines[site].evaluate(model, "test", per_image=True)
-            final[site], per_image[site] = {k: clean(summary.get(k)) for k in metrics}, rows
+            final[site], per_image[site] = {k: clean(summary.get(k)) for k in with_structures(metrics, list(summary), cfg)}, rows
         seconds, losses = {"pooled": secs}, {"pooled": [loss[0], loss[-1]]}
     else:
         raise ValueError(f"unknown reference {spec.method!r}; choose from {REFERENCES}")

@@ -9,8 +9,13 @@ a federation cannot afford to discover an hour into a round, checked in this ord
 2. **the header only** (PIL's lazy open, nibabel's header): a 3-D NIfTI volume given to the 2-D pipeline, an
    image of a few pixels (a side below ``min_side``), an absurdly large one (more than ``max_pixels``: refused
    before any pixel is decoded, so a 20000 x 20000 file costs nothing), a pixel mode the pipeline cannot read;
-3. **the pixels** (as the pipeline reads them): corrupt or truncated files, mask values other than {0,1} /
-   {0,255} (e.g. {0,2}: a multi-class mask is refused, not guessed at), image/mask size mismatch.
+3. **the pixels** (as the pipeline reads them): corrupt or truncated files, mask values the datalist's label
+   space does not declare (:mod:`fedseg.data.labels`: without ``labels`` / ``label_values`` only {0,1} /
+   {0,255}, so a {0,2} mask is refused, not guessed at), RGB masks whose channels differ, image/mask size
+   mismatch.
+
+The label space fields themselves (``labels``, ``label_values``, ``regions``, ``num_classes``) are checked
+first: a datalist whose ``labels`` and ``num_classes`` disagree stops here, before any file is opened.
 
 Every problem names its file (and split[index]); all are collected, then one :class:`DatalistError` lists them.
 The message stays at the site (its log): a site that fails here answers the server with the error *type* only
@@ -30,6 +35,8 @@ from .datalist import (
     _check_disjoint,
     _check_split_structure,
     _resolve_entry,
+    datalist_label_space,
+    entry_label_space,
     _read_json,
     _resolve_datalist_path,
     _validate_fov,
@@ -45,7 +52,7 @@ MAX_PIXELS = 150_000_000
 #: stop listing problems after this many (the rest are counted)
 MAX_LISTED = 20
 
-__all__ = ["check_datalist", "check_image_header", "MIN_SIDE", "MAX_PIXELS"]
+__all__ = ["check_datalist", "check_federation", "check_image_header", "MIN_SIDE", "MAX_PIXELS"]
 
 
 def check_datalist(
@@ -66,7 +73,7 @@ def check_datalist(
         splits: splits that must be present and non-empty.
         decode: also decode the pixels (step 3); ``False`` checks paths and headers only.
     Returns:
-        ``{"datalist": path, "counts": {split: n}, "files": n files checked}``.
+        ``{"datalist": path, "counts": {split: n}, "files": n files checked, "label_space": LabelSpace}``.
     Raises:
         DatalistError: naming each offending file (and its split/index).
     """
@@ -80,6 +87,7 @@ def check_datalist(
             problems.append(str(e))
     if problems:
         raise DatalistError(_summary(path, problems))
+    space = datalist_label_space(data, path)  # labels / label_values / regions / num_classes: DatalistError naming the file
     try:  # the same image in two splits (a train/test leak)
         _check_disjoint({s: [_resolve_entry(dict(e), path.parent) for e in data[s]] for s in splits}, path)
     except DatalistError as e:
@@ -104,7 +112,7 @@ def check_datalist(
                     problems.append(f"{e} ({where})")
             if decode and len(resolved) == len(files):
                 try:
-                    info = validate_pair(resolved["image"], resolved["label"])
+                    info = validate_pair(resolved["image"], resolved["label"], entry_label_space(space, entry, where))
                     if "fov" in resolved:
                         _validate_fov(resolved["fov"], info["spatial_shape"])
                 except DatalistError as e:
@@ -113,7 +121,47 @@ def check_datalist(
                     problems.append(f"cannot read {files['image']} / {files['label']}: {type(e).__name__}: {e} ({where})")
     if problems:
         raise DatalistError(_summary(path, problems))
-    return {"datalist": str(path), "counts": {s: len(data[s]) for s in splits}, "files": n_files}
+    return {"datalist": str(path), "counts": {s: len(data[s]) for s in splits}, "files": n_files, "label_space": space}
+
+
+def check_federation(
+    datalists: Optional[Dict[str, Any]] = None,
+    family: Optional[str] = None,
+    explicit: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
+    """What ``fedseg run`` / ``fedseg bench`` check before a job starts: every site's segmentation datalist (paths,
+    ``allow_external_paths``, headers and label-space fields: :func:`check_datalist` without decoding pixels, which
+    each site does at its start) and that all sites share one label space.
+
+    Args:
+        datalists: ``{site: datalist path}``, or None when the sites generate built-in ``family`` data.
+        family: built-in data family (its label space is the family's).
+        explicit: the user's ``train_config`` overrides (``num_classes`` / ``labels`` / ``regions`` must agree).
+
+    Returns:
+        The label-space ``train_config`` fields to add to the job (:func:`fedseg.data.labels.federation_label_config`;
+        ``{}`` for a binary federation).
+
+    Raises:
+        DatalistError: every problem of every datalist, each naming its site and file; or the two label spaces
+            that differ.
+    """
+    from .labels import federation_label_config
+    from .synthetic import FAMILIES
+
+    if datalists:
+        problems = []
+        for site, path in datalists.items():
+            try:
+                check_datalist(path, decode=False)
+            except DatalistError as e:
+                problems.append(f"site {site}: {e}")
+        if problems:
+            raise DatalistError("\n".join(problems))
+        return federation_label_config(datalists, explicit=explicit)
+    if family in FAMILIES:
+        return federation_label_config(family=family, explicit=explicit)
+    return {}
 
 
 def _check_location(key: str, value: Any, base: Path, root: Path, allow_external: bool) -> Path:

@@ -24,15 +24,21 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .labels import LabelSpace
 
 __all__ = [
     "DatalistError",
     "SPLITS",
     "load_datalist",
     "validate_pair",
+    "decode_mask",
+    "datalist_label_space",
+    "entry_label_space",
     "summarise_datalist",
     "read_array",
     "monai_reader_name",
@@ -110,53 +116,70 @@ def read_array(path: str | os.PathLike, what: str = "image") -> np.ndarray:
     return arr
 
 
-def _label_spatial_shape(label: np.ndarray, path: Path) -> Tuple[int, ...]:
+def _label_spatial_shape(label: np.ndarray, path: Path, label_space: Optional["LabelSpace"] = None) -> Tuple[int, ...]:
     """Spatial shape of a mask; a trailing singleton channel is dropped.
 
-    A raster mask must then be 2D: fedseg masks are single-channel, and an RGB(A) mask is refused
-    rather than guessed at (which channel? any-nonzero?).
+    A raster mask must then be 2D: fedseg masks are single-channel, and an RGB(A) mask is refused rather than
+    guessed at (which channel? any-nonzero?) — unless the datalist declares its ``label_values`` (a stored
+    encoding), where an RGB(A) mask whose colour channels are identical is read as one channel
+    (:meth:`fedseg.data.labels.LabelSpace.single_channel`).
     """
     shape = tuple(int(s) for s in label.shape)
     if len(shape) >= 3 and shape[-1] == 1:
         shape = shape[:-1]
     if monai_reader_name(path) == "PILReader" and len(shape) != 2:
+        if label_space is not None and label_space.values is not None and len(shape) == 3 and shape[-1] in (3, 4):
+            return shape[:2]
         raise DatalistError(f"label {path} must be a single-channel 2D mask, got shape {tuple(label.shape)}")
     return shape
 
 
+def decode_mask(label: np.ndarray, path: Path, label_space: Optional["LabelSpace"] = None) -> np.ndarray:
+    """A mask as read from ``path`` -> class indices ``(*spatial)`` int64 under ``label_space`` (default: the binary
+    {0,1} / {0,255} space); an RGB(A) raster mask is reduced to one channel first when the space allows it.
+
+    Raises:
+        DatalistError: naming the file — undeclared values (listed), RGB channels that differ, a non-binary mask
+            where no label space is declared.
+    """
+    from .labels import BINARY
+
+    space = label_space or BINARY
+    spatial = _label_spatial_shape(label, path, space)
+    if label.ndim == len(spatial) + 1 and label.shape[-1] in (3, 4):
+        label = space.single_channel(label, str(path))
+    return space.decode(label.reshape(spatial), str(path))
+
+
 def _check_binary(label: np.ndarray, path: Path) -> None:
     """Masks must be {0,1} or {0,255} (or all zero)."""
-    values = np.unique(label)
-    if values.size == 1 and values[0] == 0:
-        return
-    if set(values.tolist()) <= {0, 1} or set(values.tolist()) <= {0, 255}:
-        return
-    shown = ", ".join(str(v) for v in values[:8].tolist()) + (" ..." if values.size > 8 else "")
-    raise DatalistError(
-        f"label {path} is not a binary mask: found {values.size} distinct values {{{shown}}}; "
-        "expected values in {0,1} or {0,255}"
-    )
+    decode_mask(label, path)
 
 
-def validate_pair(image_path: str | os.PathLike, label_path: str | os.PathLike) -> Dict[str, Any]:
-    """Check that an image and its mask are readable, spatially aligned and the mask is binary.
+def validate_pair(
+    image_path: str | os.PathLike, label_path: str | os.PathLike, label_space: Optional["LabelSpace"] = None
+) -> Dict[str, Any]:
+    """Check that an image and its mask are readable, spatially aligned and that the mask decodes under the label space.
 
     Args:
         image_path: 2D raster (PNG/JPEG/TIFF/GIF/BMP/PPM) or NIfTI image.
-        label_path: single-channel mask with values in {0,1} or {0,255} (all-zero is allowed).
+        label_path: mask; without ``label_space`` single-channel with values in {0,1} or {0,255} (all-zero is
+            allowed); with one, values its ``label_values`` (or class indices) declare, RGB(A) allowed when
+            ``label_values`` are declared and the channels agree (:mod:`fedseg.data.labels`).
+        label_space: the datalist's :class:`fedseg.data.labels.LabelSpace` (None = binary).
 
     Returns:
-        ``{"spatial_shape": tuple, "channels": int, "foreground_fraction": float}`` where
-        ``spatial_shape`` is ``(H, W)`` for raster images (``(X, Y[, Z])`` for NIfTI), ``channels``
-        is the image's channel count (1 for grey) and ``foreground_fraction`` the mean of ``mask > 0``.
+        ``{"spatial_shape": tuple, "channels": int, "foreground_fraction": float}`` where ``spatial_shape`` is
+        ``(H, W)`` for raster images (``(X, Y[, Z])`` for NIfTI), ``channels`` is the image's channel count (1 for
+        grey) and ``foreground_fraction`` the fraction of non-background pixels.
 
     Raises:
-        DatalistError: naming the file that is missing, unreadable, mis-sized or non-binary.
+        DatalistError: naming the file that is missing, unreadable, mis-sized or holds undeclared mask values.
     """
     image_path, label_path = Path(image_path), Path(label_path)
     image = read_array(image_path, "image")
     label = read_array(label_path, "label")
-    spatial = _label_spatial_shape(label, label_path)
+    spatial = _label_spatial_shape(label, label_path, label_space)
     img_spatial = tuple(int(s) for s in image.shape[: len(spatial)])
     extra = image.ndim - len(spatial)
     if img_spatial != spatial or extra not in (0, 1):
@@ -164,12 +187,12 @@ def validate_pair(image_path: str | os.PathLike, label_path: str | os.PathLike) 
             f"size mismatch: image {image_path} has shape {tuple(image.shape)} but label {label_path} "
             f"has shape {tuple(label.shape)}"
         )
-    _check_binary(label, label_path)
+    classes = decode_mask(label, label_path, label_space)
     channels = 1 if extra == 0 else int(image.shape[-1])
     return {
         "spatial_shape": spatial,
         "channels": channels,
-        "foreground_fraction": float(np.mean(label > 0)),
+        "foreground_fraction": float(np.mean(classes > 0)),
     }
 
 
@@ -263,13 +286,16 @@ def load_datalist(
     Args:
         path: the datalist JSON file (or the folder holding ``datalist.json``).
         check_files: also open every image/label (and fov) to check readability, size agreement
-            and binary masks. Without it only the JSON structure and file existence are checked.
+            and that every mask decodes under the datalist's label space (:mod:`fedseg.data.labels`; binary
+            {0,1} / {0,255} when it declares none). Without it only the JSON structure, the label space
+            fields and file existence are checked.
         splits: splits that must be present and non-empty.
 
     Returns:
         ``{split: [entry, ...]}`` for each requested split; ``entry["image"]``/``["label"]``
         (and ``["fov"]`` when present) are absolute path strings; other string values are resolved
-        only where the joined path exists (MONAI's rule), e.g. ``"id"`` stays as it is.
+        only where the joined path exists (MONAI's rule), e.g. ``"id"`` stays as it is. Where the datalist
+        declares ``label_values``, every entry without its own carries them (``entry["label_values"]``).
 
     Raises:
         DatalistError: missing/invalid file, missing or empty split, missing or bad image/label,
@@ -284,6 +310,13 @@ def load_datalist(
         split: [_resolve_entry(dict(entry), path.parent) for entry in data[split]] for split in splits
     }
     _check_disjoint(out, path)
+    space = datalist_label_space(data, path)
+    if space.values is not None:
+        # every entry carries the stored mask encoding it is decoded with (the bundle's LabelsToClassesd reads it
+        # per item), so entries pooled from several datalists keep their own
+        for entries in out.values():
+            for entry in entries:
+                entry.setdefault("label_values", data["label_values"])
     for split, entries in out.items():
         for i, entry in enumerate(entries):
             where = f"{split}[{i}] of {path}"
@@ -293,12 +326,31 @@ def load_datalist(
                         raise DatalistError(f"{key} file not found: {entry[key]} ({where})")
                 continue
             try:
-                info = validate_pair(entry["image"], entry["label"])
+                info = validate_pair(entry["image"], entry["label"], entry_label_space(space, entry, where))
                 if "fov" in entry:
                     _validate_fov(Path(entry["fov"]), info["spatial_shape"])
             except DatalistError as exc:
                 raise DatalistError(f"{exc} ({where})") from exc
     return out
+
+
+def datalist_label_space(data: Mapping[str, Any], path: Path | str = "<datalist>") -> "LabelSpace":
+    """The :class:`fedseg.data.labels.LabelSpace` a datalist's top-level fields declare (binary when none)."""
+    from .labels import LabelSpace
+
+    return LabelSpace.from_datalist(data, str(path))
+
+
+def entry_label_space(space: "LabelSpace", entry: Mapping[str, Any], where: str = "<entry>") -> "LabelSpace":
+    """``space`` with the entry's own ``"label_values"`` where it has them (a pooled datalist mixes data sets,
+    each with its own stored encoding), else ``space`` itself."""
+    if "label_values" not in entry:
+        return space
+    from dataclasses import replace
+
+    from .labels import _parse_values
+
+    return replace(space, values=_parse_values(entry["label_values"], where), declared=True)
 
 
 def _check_disjoint(splits: Mapping[str, List[Dict[str, Any]]], path: Path) -> None:
@@ -331,11 +383,12 @@ def summarise_datalist(path: str | os.PathLike) -> Dict[str, Any]:
     if not present:
         raise DatalistError(f"datalist {path} has none of the splits {SPLITS}")
     loaded = load_datalist(path, check_files=False, splits=present)
+    space = datalist_label_space(data, path)
     sizes, channels, fractions = set(), set(), []
     for split, entries in loaded.items():
         for i, entry in enumerate(entries):
             try:
-                info = validate_pair(entry["image"], entry["label"])
+                info = validate_pair(entry["image"], entry["label"], entry_label_space(space, entry))
             except DatalistError as exc:
                 raise DatalistError(f"{exc} ({split}[{i}] of {path})") from exc
             sizes.add(info["spatial_shape"])

@@ -10,6 +10,10 @@ Three families stand in for the benchmark domains when the licensed data is not 
 * ``"nuclei"`` — H&E-histology-like images (:mod:`fedseg.data.synthetic_nuclei`): pink fibrous stroma
   and purple-blue nuclei of varied size, shape and clustering, rendered with a per-site stain colour
   (Beer-Lambert hematoxylin/eosin optical densities) and magnification; nuclei cover 10-35 %.
+* ``"fundus"`` — optic-disc crops with a three-class label (:mod:`fedseg.data.synthetic_fundus`): background,
+  neuroretinal rim and optic cup inside the disc, stored 255 / 128 / 0 as the public OD/OC sets store them;
+  per-site colour, illumination, disc size and cup-to-disc ratio. The datalist declares the label space
+  (``labels``, ``label_values``, ``regions``: disc = rim + cup).
 * ``"xray"`` — endovascular fluoroscopy-like grey frames (:mod:`fedseg.data.synthetic_xray`): tissue
   gradient, bones, dark contrast-filled vessel trees and a catheter and/or guidewire; the mask is the
   device. Per-site contrast, dose (noise) and device thickness; larger native frames (64/256/512 px).
@@ -28,7 +32,7 @@ byte-identical files independently.
 Layout written by :func:`generate_site_data`::
 
     out_dir/<family>/<site>/images/000.png   RGB uint8, (H, W, 3); grey (H, W) for "xray"
-    out_dir/<family>/<site>/labels/000.png   single-channel uint8, values {0, 255}, (H, W)
+    out_dir/<family>/<site>/labels/000.png   single-channel uint8, values {0, 255}, (H, W) (fundus: {0, 128, 255})
     out_dir/<family>/<site>/datalist.json    written last; its presence marks a complete folder
 """
 
@@ -57,12 +61,13 @@ __all__ = [
     "generate_site_data",
     "generate_federation",
     "site_seed",
+    "family_label_space",
 ]
 
 #: bump whenever the generated pixels or the datalist layout change; part of the cache fingerprint
 GENERATOR_VERSION = 1
 
-FAMILIES: Tuple[str, ...] = ("vessel", "polyp", "nuclei", "xray")
+FAMILIES: Tuple[str, ...] = ("vessel", "polyp", "nuclei", "xray", "fundus")
 
 #: image_size (square, divisible by 16 for a 5-level U-Net) and the per-site image-count range
 PROFILES: Dict[str, Dict[str, Any]] = {
@@ -405,6 +410,8 @@ class _Family:
     more native pixels than the generic profile sizes, e.g. guidewires one or two pixels wide).
     ``uses_style=False``: the family's acquisition chain is part of its anatomy (grey X-ray); the generic
     style is still drawn (so the anatomy draws stay in place) but not recorded in the datalist.
+    ``label_space``: the datalist fields of a multi-class family (``labels``, ``label_values``, ``regions``;
+    :mod:`fedseg.data.labels`); ``None`` = binary, ``{"labels": {"0": "background", "1": label}}``.
     """
 
     draw_anatomy: Callable[[np.random.Generator], Dict[str, Any]]
@@ -414,6 +421,7 @@ class _Family:
     style_size: Optional[int] = None
     image_sizes: Optional[Dict[str, int]] = None
     uses_style: bool = True
+    label_space: Optional[Dict[str, Any]] = None
 
 
 # thin vessels (and tiny nuclei, registered at the end of this module) are trained on native-resolution
@@ -568,13 +576,23 @@ def generate_site_data(
         "fingerprint": fingerprint,
         "style": style if spec.uses_style else None,
         "anatomy": anatomy,
-        "labels": {"0": "background", "1": spec.label},
+        **(spec.label_space or {"labels": {"0": "background", "1": spec.label}}),
         "spatial_mode": spec.spatial_mode,
         "training": pick(order[:n_train]),
         "validation": pick(order[n_train : n_train + n_val]),
         "test": pick(order[n_train + n_val :]),
     }
     return write_json_atomic(datalist_path, datalist)
+
+
+def family_label_space(family: str):
+    """The :class:`fedseg.data.labels.LabelSpace` every site of a built-in family declares."""
+    from .labels import LabelSpace
+
+    if family not in _RENDERERS:
+        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    spec = _RENDERERS[family]
+    return LabelSpace.from_datalist(spec.label_space or {"labels": {"0": "background", "1": spec.label}}, f"built-in family {family!r}")
 
 
 def generate_federation(
@@ -620,4 +638,16 @@ from .synthetic_xray import XRAY_IMAGE_SIZES, draw_xray_anatomy, xray_image  # n
 _RENDERERS["xray"] = _Family(
     draw_xray_anatomy, xray_image, label="device", spatial_mode="patch", image_sizes=XRAY_IMAGE_SIZES,
     uses_style=False,
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# family "fundus" (its own module, registered last for the same reason)
+# ----------------------------------------------------------------------------------------------
+
+from .synthetic_fundus import FUNDUS_LABEL_SPACE, draw_fundus_anatomy, fundus_image  # noqa: E402
+
+# disc and cup are blobs: resized like polyps (the OD/OC papers resize their crops too)
+_RENDERERS["fundus"] = _Family(
+    draw_fundus_anatomy, fundus_image, label="disc", spatial_mode="resize", label_space=FUNDUS_LABEL_SPACE,
 )

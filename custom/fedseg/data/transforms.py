@@ -7,7 +7,7 @@ does (loading, resizing, intensity scaling, flips, rotations) is not re-implemen
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Hashable, Mapping, Sequence, Union
+from typing import Any, Dict, Hashable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -104,6 +104,83 @@ class BinarizeMaskd(MapTransform):
                 found = values.tolist()[:8]
                 raise ValueError(f"non-binary mask {src}: values {found} (expected 0/1 or 0/255)")
             d[key] = (mask > 0).to(torch.float32) if isinstance(mask, torch.Tensor) else (mask > 0).astype(np.float32)
+        return d
+
+
+class LabelsToClassesd(MapTransform):
+    """Decode a stored mask into class indices: ``(c, *spatial)`` stored values -> ``(1, *spatial)`` float32 in ``0..C-1``.
+
+    The stored encoding is the item's ``values_key`` entry (``{"255": 0, "128": 1, "0": 2}``: the datalist's
+    ``label_values``, which :class:`fedseg.engine.SegEngine` copies into each item, per entry where a pooled
+    datalist mixes encodings) and is removed from the item. Without one, masks store class indices, and a binary
+    space (``num_classes`` 2) keeps the historic {0,1} / {0,255} rule — exactly :class:`BinarizeMaskd`.
+    ``c > 1`` (an RGB mask) is accepted only with a declared encoding and identical colour channels
+    (:mod:`fedseg.data.labels`). Any undeclared value is an error naming the file and the values: a mask is never
+    thresholded or guessed at.
+    """
+
+    def __init__(self, keys: KeysCollection = "label", num_classes: int = 2, values_key: str = "label_values",
+                 allow_missing_keys: bool = False):
+        super().__init__(keys, allow_missing_keys)
+        self.num_classes = int(num_classes)
+        self.values_key = values_key
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
+        from dataclasses import replace
+
+        from fedseg.data.labels import BINARY, LabelSpace, _parse_values
+
+        d = dict(data)
+        values = d.pop(self.values_key, None)
+        names = BINARY.names if self.num_classes == 2 else ("background",) + tuple(f"class{i}" for i in range(1, self.num_classes))
+        space = LabelSpace(names=names)
+        if values is not None:
+            space = replace(space, values=_parse_values(values, self.values_key))
+        for key in self.key_iterator(d):
+            mask = d[key]
+            source = _source_name(mask)
+            if values is None and mask.shape[0] > 1:
+                mask = mask[:1]  # the historic behaviour: the first channel (RGB masks are refused by the datalist check)
+            array = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
+            classes = space.decode_channel_first(array, source).astype(np.float32)
+            if isinstance(mask, torch.Tensor):
+                # float32 like BinarizeMaskd; .to keeps MONAI's metadata (file name, affine) on the decoded mask
+                d[key] = mask[:1].to(torch.float32).copy_(torch.as_tensor(classes))
+            else:
+                d[key] = classes
+        return d
+
+
+class ClassesToLabelValuesd(MapTransform):
+    """Class indices -> stored mask values, for writing predictions in a site's own encoding:
+    ``(1, *spatial)`` indices ``0..C-1`` -> ``(1, *spatial)`` float32 values.
+
+    ``label_values``: the datalist's ``{"stored value": class}`` (the first value listed for a class is written);
+    ``None`` = class indices, and 0 / 255 for two classes (the historic binary masks). ``indices=True`` writes the
+    class indices whatever the encoding (``fedseg infer --class-indices``).
+    """
+
+    def __init__(self, keys: KeysCollection = "pred", num_classes: int = 2, label_values: Optional[Mapping[str, int]] = None,
+                 indices: bool = False, allow_missing_keys: bool = False):
+        super().__init__(keys, allow_missing_keys)
+        from dataclasses import replace
+
+        from fedseg.data.labels import BINARY, LabelSpace, _parse_values
+
+        names = BINARY.names if int(num_classes) == 2 else ("background",) + tuple(f"class{i}" for i in range(1, int(num_classes)))
+        space = LabelSpace(names=names)
+        if label_values is not None and not indices:
+            space = replace(space, values=_parse_values(label_values, "label_values"))
+        self.table = torch.as_tensor(space.output_values() if not indices else np.arange(len(names)), dtype=torch.float32)
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            pred = d[key]
+            index = torch.as_tensor(pred).round().long().clamp(0, len(self.table) - 1).as_subclass(torch.Tensor)
+            values = self.table.to(index.device)[index]
+            # .to keeps MONAI's metadata (the input's file name and affine, for SaveImaged)
+            d[key] = pred.to(torch.float32).copy_(values) if isinstance(pred, torch.Tensor) else values.numpy()
         return d
 
 

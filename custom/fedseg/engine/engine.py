@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from monai.data import CacheDataset
@@ -48,6 +48,7 @@ from torch import nn
 
 from fedseg.bundle import bundle_for_task, load_bundle
 from fedseg.data.datalist import load_datalist
+from fedseg.data.labels import resolve_patch_sampler, site_label_space
 from fedseg.data.transforms import resize_scores
 from fedseg.engine.base import SPLITS, LocalEngine, default_device
 from fedseg.engine.cache import CacheBudget
@@ -100,6 +101,10 @@ class SegEngine(LocalEngine):
         super().__init__(site, datalist, train_config, device=device, dp_seed=dp_seed)
         self.data = load_datalist(datalist)
         self.train_config.update(resolve_spatial_settings(self.train_config, self.datalist_info, f"({site}: {datalist})"))
+        # the site's classes must be the job's (fedseg.data.labels); the stored encoding is the site's own
+        self.label_space = site_label_space(self.train_config, self.datalist_info, f"site {site}'s datalist {self.datalist_path}")
+        self.train_config["num_classes"] = self.label_space.num_classes
+        self.train_config["patch_sampler"] = resolve_patch_sampler(self.train_config, self.label_space)
         if self.dp_enabled and self.train_config["spatial_mode"] == "patch" and int(self.train_config.get("patch_samples", 1)) != 1:
             # DP-SGD clips per sample: with k patches per image one image would be k "samples" and the
             # accounted epsilon would be wrong. One patch per Poisson-drawn image keeps the unit the image.
@@ -148,7 +153,7 @@ class SegEngine(LocalEngine):
             # only image/label (and, for evaluation, a FOV every entry of the split has) go through the
             # transforms: optional extras differ between datalists and would break pooled collation
             keys = ("image", "label") + (("fov",) if not train and all("fov" in e for e in entries) else ())
-            items = [{k: e[k] for k in keys} for e in entries]
+            items = self._items(entries, keys)
             if self.spatial_mode == "patch" and any("rescale" in e for e in entries):
                 # a pooled datalist states each data set's factor per entry (fedseg.data.transforms.Rescaled)
                 for item, e in zip(items, entries):
@@ -159,6 +164,12 @@ class SegEngine(LocalEngine):
             cache_num = self.cache.reserve(items, self.train_config, train)
             self._datasets[key] = CacheDataset(items, transform=transform, cache_num=cache_num, progress=False, num_workers=0)
         return self._datasets[key]
+
+    def _items(self, entries: Sequence[Dict[str, Any]], keys: Sequence[str]) -> List[Dict[str, Any]]:
+        """The transform inputs of datalist entries: their ``keys``, plus the stored mask encoding each label is
+        decoded with (``label_values``, which ``load_datalist`` puts in every entry of a datalist that declares
+        them; absent for class-index and binary masks)."""
+        return [{k: e[k] for k in tuple(keys) + (("label_values",) if "label_values" in e else ())} for e in entries]
 
     def loader(self, split: str, shuffle: bool = False, train: bool = False, batch_size: Optional[int] = None):
         """``train=True``: the training pipeline (random patches in patch mode, augmentation when
@@ -280,7 +291,7 @@ class SegEngine(LocalEngine):
             raise ValueError(f"{self.site}: split {split!r} is empty")
         total = total_sq = None
         count = 0
-        for item in Dataset([{k: e[k] for k in ("image", "label")} for e in entries], transform=self._eval_transform):
+        for item in Dataset(self._items(entries, ("image", "label")), transform=self._eval_transform):
             x = torch.as_tensor(item["image"], dtype=torch.float64).flatten(1)
             total = x.sum(1) if total is None else total + x.sum(1)
             total_sq = (x * x).sum(1) if total_sq is None else total_sq + (x * x).sum(1)
@@ -334,7 +345,7 @@ class SegEngine(LocalEngine):
         and ASSD. With ``per_image`` returns ``(means, rows)``, one row per image in datalist order:
         ``{"id": image file name, <metric>: value, ...}``."""
         metrics = metrics or self.train_config.get("eval_metrics") or DEFAULT_EVAL_METRICS
-        meter = SegmentationMetrics(self.num_classes, metrics)
+        meter = SegmentationMetrics(self.num_classes, metrics, label_space=self.label_space)
         entries = self.data[split]
         for i, (batch, logits, _) in enumerate(self._iterate(model, split, False)):
             fov = batch.get("fov")

@@ -102,11 +102,42 @@ CLASSIFICATION_NOTE = (
     "test metrics per site over its test images on the global label space: accuracy, balanced_accuracy (mean "
     "over the classes present at the site) and accuracy_class_<k> (k indexes the datalists' label_space)"
 )
+STRUCTURE_NOTE = (
+    "Each foreground class scored on its own (one class against the rest) and each region as the union of its classes "
+    "(e.g. optic disc = rim + cup); Dice, HD95 and ASSD above are the means over the foreground classes. A class absent "
+    "from both truth and prediction scores Dice 1 and distance 0 (MONAI's ignore_empty=False), so no mean is NaN"
+)
 METRIC_NOTE = (
     "test metrics per site are means over its test images, each scored at the image's own size against its mask on "
     "disk (distances in pixels of the original image); *_fov: prediction and truth restricted to the image's "
     "field-of-view mask; *_mm: distances in millimetres from the datalist's pixel spacing"
 )
+
+
+def metric_header(key: str) -> str:
+    """Column header of a metric key: ``"dice" -> "Dice"``, ``"dice:cup" -> "Dice cup"``, ``"hd95_mm:disc" ->
+    "HD95 disc (mm)"`` (per-class / per-region keys: ``fedseg.data.labels.metric_key``)."""
+    from fedseg.data.labels import split_metric_key
+
+    base, name = split_metric_key(key)
+    header = METRIC_HEADERS.get(base, base)
+    if name is None:
+        return header
+    head, sep, unit = header.partition(" (")
+    return f"{head} {name}" + (f" ({unit}" if sep else "")
+
+
+def structure_columns(data: Dict[str, Any], which: str = "global") -> List[str]:
+    """The per-class / per-region final metrics (``dice:cup``, ...) any site reported for ``which``: by base metric
+    in :data:`METRIC_ORDER`, then in the order the sites reported the classes and regions."""
+    from fedseg.data.labels import split_metric_key
+
+    from fedseg.data.labels import order_structure_keys
+
+    final = (data.get("final") or {}).get(which) or {}
+    keys = order_structure_keys([k for m in final.values() for k in (m or {}) if split_metric_key(k)[1] is not None],
+                                (data.get("config") or {}).get("train_config"))
+    return [k for base in METRIC_ORDER for k in keys if split_metric_key(k)[0] == base]
 
 
 def validation_metric(data: Dict[str, Any]) -> str:
@@ -127,13 +158,13 @@ def metric_columns(data: Dict[str, Any], which: str = "global") -> List[str]:
     return [n for n in METRIC_ORDER if n in present] or ["dice", "hd95", "assd"]
 
 
-def final_table(data: Dict[str, Any], which: str = "global") -> Optional[List[List[str]]]:
-    """Rows ``[site, <metric_columns>...]`` (dice, hd95, assd, then FOV / mm metrics where sites reported
-    them) plus a mean row, or None if the run has no such results."""
+def final_table(data: Dict[str, Any], which: str = "global", names: Optional[List[str]] = None) -> Optional[List[List[str]]]:
+    """Rows ``[site, <names>...]`` (default :func:`metric_columns`: dice, hd95, assd, then FOV / mm metrics where
+    sites reported them) plus a mean row, or None if the run has no such results."""
     final = (data.get("final") or {}).get(which)
     if not final:
         return None
-    names = metric_columns(data, which)
+    names = names or metric_columns(data, which)
     rows = []
     for site in data["clients"]:
         if site in final:
@@ -173,6 +204,12 @@ def summarise(data: Dict[str, Any], figures: Optional[List[Path]] = None, base: 
             lines += ["| site | " + " | ".join(METRIC_HEADERS[n] for n in names) + " |", "|---" * (len(names) + 1) + "|"]
             lines += ["| " + " | ".join(r) + " |" for r in rows]
             lines.append("")
+            structures = structure_columns(data, which)
+            if structures:
+                lines += [f"### Per class and region ({which} model)", "", STRUCTURE_NOTE, ""]
+                lines += ["| site | " + " | ".join(metric_header(n) for n in structures) + " |", "|---" * (len(structures) + 1) + "|"]
+                lines += ["| " + " | ".join(r) + " |" for r in final_table(data, which, structures)]
+                lines.append("")
     if figures:
         lines += ["## Figures", ""]
         for fig in figures:

@@ -13,8 +13,17 @@ On request (``metrics=`` or ``train_config["eval_metrics"]``; FedEFM's downstrea
   * ``iou``: foreground Jaccard index ``|P & T| / |P | T|``;
   * ``miou``: mean IoU over all classes, background included (the segmentation-benchmark mIoU).
 
-Empty-mask policy (MONAI returns NaN/Inf there, which would poison averages):
-  * Dice, IoU: prediction and truth both empty -> 1 (``ignore_empty=False``).
+Multi-class (a label space with more than one foreground class, or with regions; :mod:`fedseg.data.labels`):
+  * ``dice`` / ``hd95`` / ``assd`` (and ``iou``) are the mean over the foreground classes of each class's value
+    (the headline; with one foreground class it is that class, so binary numbers are unchanged);
+  * ``<metric>:<class>`` for every foreground class (one-vs-rest: the class's pixels against all others), and
+    ``<metric>:<region>`` for every region, scored as a binary problem on the union of its classes (REFUGE's
+    optic disc = rim + cup); FOV and mm variants likewise, e.g. ``dice_fov:cup``, ``hd95_mm:disc``.
+
+Empty-mask policy (MONAI returns NaN/Inf there, which would poison averages), applied to each class and region
+on its own, before any mean over classes:
+  * Dice, IoU: prediction and truth both empty -> 1 (MONAI's ``ignore_empty=False``: a class absent from an
+    image and correctly not predicted is a perfect score, so a mean over classes is never NaN).
   * HD95 / ASSD: both empty -> 0; exactly one empty -> the image diagonal, the largest distance
     possible on that grid, so a missed lesion is penalised instead of silently dropped.
 """
@@ -22,7 +31,7 @@ Empty-mask policy (MONAI returns NaN/Inf there, which would poison averages):
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from monai.metrics import DiceMetric, HausdorffDistanceMetric, MeanIoU, SurfaceDistanceMetric
@@ -41,14 +50,24 @@ class SegmentationMetrics:
     ``update(pred_labels, labels, fov=None, spacing=None)`` takes integer label maps ``(B, 1, H, W)``
     (argmax of the logits), the ground truth ``(B, 1, H, W)``, optionally a field-of-view mask
     ``(B, 1, H, W)`` and a pixel spacing ``(row_mm, col_mm)`` shared by the batch (module docstring).
+
+    With a multi-class ``label_space`` (:class:`fedseg.data.labels.LabelSpace`: more than one foreground class,
+    or regions), each row also holds ``<metric>:<name>`` for every foreground class and every region (module
+    docstring); the headline ``dice`` / ``hd95`` / ``assd`` stay the mean over the foreground classes.
     """
 
-    def __init__(self, num_classes: int = 2, metrics: Sequence[str] = ALL_METRICS):
+    def __init__(self, num_classes: int = 2, metrics: Sequence[str] = ALL_METRICS, label_space=None):
         unknown = set(metrics) - set(AVAILABLE_METRICS)
         if unknown:
             raise ValueError(f"unknown metrics {sorted(unknown)}; choose from {AVAILABLE_METRICS}")
+        if label_space is not None and label_space.num_classes != num_classes:
+            raise ValueError(f"label space {label_space.describe()} does not have num_classes={num_classes}")
         self.num_classes = num_classes
         self.metrics = tuple(metrics)
+        #: ``{name: class indices}`` scored on their own (per class / per region); empty for a binary space
+        self.structures: Dict[str, Tuple[int, ...]] = (
+            label_space.evaluated_structures() if label_space is not None and label_space.multi_class else {}
+        )
         self._dice = DiceMetric(include_background=False, reduction="none", ignore_empty=False)
         self._hd95 = HausdorffDistanceMetric(include_background=False, percentile=95, reduction="none")
         self._assd = SurfaceDistanceMetric(include_background=False, symmetric=True, reduction="none")
@@ -84,28 +103,49 @@ class SegmentationMetrics:
         pred = one_hot(pred_labels.long(), self.num_classes)
         truth = one_hot(labels.long(), self.num_classes)
         diagonal = math.sqrt(sum((s * (1.0 if spacing is None else float(spacing[i]))) ** 2 for i, s in enumerate(labels.shape[2:])))
-        pred_empty = pred[:, 1:].flatten(1).sum(1) == 0
-        truth_empty = truth[:, 1:].flatten(1).sum(1) == 0
+        per_class = self._per_channel(pred, truth, spacing, diagonal, distances_only)  # {metric: (B, C-1)}
+        for name, values in per_class.items():
+            for row, v in zip(rows, values.mean(dim=1).tolist()):
+                row[name + suffix] = v
+        if "miou" in self.metrics and not distances_only:
+            for row, v in zip(rows, self._miou(pred, truth).mean(dim=1).tolist()):
+                row["miou" + suffix] = v
+            self._miou.reset()
+        for structure, classes in self.structures.items():
+            if len(classes) == 1:  # a class: its column of the per-class values
+                values = {name: v[:, classes[0] - 1] for name, v in per_class.items()}
+            else:  # a region: the union of its classes against the rest, as a binary problem
+                inside_pred = _member(pred_labels, classes)
+                inside_truth = _member(labels, classes)
+                values = {name: v[:, 0] for name, v in self._per_channel(
+                    one_hot(inside_pred, 2), one_hot(inside_truth, 2), spacing, diagonal, distances_only).items()}
+            for name, v in values.items():
+                for row, x in zip(rows, v.tolist()):
+                    row[f"{name}{suffix}:{structure}"] = x
+
+    def _per_channel(self, pred, truth, spacing, diagonal: float, distances_only: bool) -> Dict[str, torch.Tensor]:
+        """``{metric: (B, K)}`` for the K foreground channels of one-hot ``pred`` / ``truth`` ``(B, K + 1, *spatial)``,
+        with the empty-mask policy of the module docstring applied channel by channel."""
+        out: Dict[str, torch.Tensor] = {}
         if "dice" in self.metrics and not distances_only:
-            for row, v in zip(rows, self._dice(pred, truth).mean(dim=1).tolist()):
-                row["dice" + suffix] = v
+            out["dice"] = self._dice(pred, truth)
             self._dice.reset()
-        for name, metric in (("iou", self._iou), ("miou", self._miou)):
-            if name in self.metrics and not distances_only:
-                for row, v in zip(rows, metric(pred, truth).mean(dim=1).tolist()):
-                    row[name + suffix] = v
-                metric.reset()
+        if "iou" in self.metrics and not distances_only:
+            out["iou"] = self._iou(pred, truth)
+            self._iou.reset()
+        pred_empty = pred[:, 1:].flatten(2).sum(2) == 0  # (B, K)
+        truth_empty = truth[:, 1:].flatten(2).sum(2) == 0
         kwargs = {} if spacing is None else {"spacing": [float(s) for s in spacing]}
         for name, metric in (("hd95", self._hd95), ("assd", self._assd)):
             if name not in self.metrics:
                 continue
             with _quiet():
-                value = metric(pred, truth, **kwargs).mean(dim=1)
+                value = metric(pred, truth, **kwargs)
             metric.reset()
             value = torch.where(pred_empty & truth_empty, torch.zeros_like(value), value)
             value = torch.where(pred_empty ^ truth_empty, torch.full_like(value, diagonal), value)
-            for row, v in zip(rows, value.tolist()):
-                row[name + suffix] = v
+            out[name] = value
+        return out
 
     def per_image(self) -> List[Dict[str, float]]:
         """One dict per image (update order) with every metric computed for it."""
@@ -120,6 +160,14 @@ class SegmentationMetrics:
 
     def reset(self) -> None:
         self._rows = []
+
+
+def _member(label_map: torch.Tensor, classes: Sequence[int]) -> torch.Tensor:
+    """``(B, 1, *spatial)`` class indices -> ``(B, 1, *spatial)`` long, 1 where the class is one of ``classes``."""
+    inside = torch.zeros_like(label_map, dtype=torch.bool)
+    for c in classes:
+        inside |= label_map.long() == int(c)
+    return inside.long()
 
 
 class _quiet:

@@ -21,7 +21,7 @@ from torch import nn
 from fedseg.uncertainty.morphology import as_class_index, pixel_uncertainty, pixel_weight_map
 
 from .base import BatchOutput, ClientObjective, RoundContext
-from .fvac_losses import fmug_loss, fvda_loss
+from .fvac_losses import FVDA_FOREGROUND, fmug_loss, fvda_loss
 
 
 class FVACObjective(ClientObjective):
@@ -41,6 +41,9 @@ class FVACObjective(ClientObjective):
         mix: weight of the global uncertainty in ``alpha = mix * U_g + (1 - mix) * U_k`` (paper: 0.5).
         keep_weight_maps: how many (image, label, alpha) triples to keep for the site-local Fig. 4
             figure — one image (the first) from each of the most recent batches. 0 keeps none.
+        fvda_foreground: how FVDA splits a multi-class mask: ``"union"`` (foreground = every non-background
+            class, the default; docs/methods.md FVAC) or ``"per_class"`` (one aligned mean feature per class).
+            Identical for binary masks.
 
     The frozen copy is taken in :meth:`begin_round` in eval mode with ``requires_grad=False``: eval mode
     so it never updates normalisation running statistics and its dropout (if any) is off, making ``U_g``
@@ -62,6 +65,7 @@ class FVACObjective(ClientObjective):
         feature_layer: str = "decoder_last",
         mix: float = 0.5,
         keep_weight_maps: int = 4,
+        fvda_foreground: str = "union",
         **kwargs: Any,
     ):
         super().__init__(seg_loss=seg_loss, **kwargs)
@@ -71,6 +75,9 @@ class FVACObjective(ClientObjective):
             raise ValueError(f"mix must be in [0, 1], got {mix}")
         if keep_weight_maps < 0:
             raise ValueError(f"keep_weight_maps must be >= 0, got {keep_weight_maps}")
+        if fvda_foreground not in FVDA_FOREGROUND:
+            raise ValueError(f"fvda_foreground must be one of {FVDA_FOREGROUND}, got {fvda_foreground!r}")
+        self.fvda_foreground = fvda_foreground
         self.beta = float(beta)
         self.use_fmug = bool(use_fmug)
         self.use_fvda = bool(use_fvda)
@@ -137,7 +144,7 @@ class FVACObjective(ClientObjective):
 
         if self.use_fvda and self.beta > 0:
             feat_local, feat_global = self._layer(out.features, "local"), self._layer(feats_g, "global")
-            total = total + self.beta * fvda_loss(feat_local, feat_global, labels)
+            total = total + self.beta * fvda_loss(feat_local, feat_global, labels, self.fvda_foreground, logits.shape[1])
         return total
 
     def _weight_map(self, logits: torch.Tensor, logits_g: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -44,17 +44,23 @@ def resize_mask_nearest(labels: torch.Tensor, size: Tuple[int, ...]) -> torch.Te
     return F.interpolate(labels.float(), size=tuple(size), mode="nearest")
 
 
+#: how FVDA splits a multi-class mask (identical for a binary mask): foreground = every non-background class
+#: together ("union", the default), or one mean feature per class, background included ("per_class")
+FVDA_FOREGROUND = ("union", "per_class")
+
+
 def foreground_background_means(features: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Eq. 10: foreground and background feature vectors of each image.
 
     ``S`` = ``labels`` resized to the feature map's size (nearest, :func:`resize_mask_nearest`);
-    ``F_fg = (1 / (H' W')) sum_{h,w} F[:, h, w] * [S(h, w) = 1]``, ``F_bg`` likewise with ``[S = 0]``.
+    ``F_fg = (1 / (H' W')) sum_{h,w} F[:, h, w] * [S(h, w) > 0]``, ``F_bg`` likewise with ``[S = 0]``.
 
     The sum is divided by ``H' W'`` — all pixels of the map — not by the number of foreground
     (background) pixels, exactly as printed in the paper. ``F_fg`` is therefore the foreground mean
-    scaled by the foreground fraction, and ``F_fg + F_bg`` is the mean of the whole map for binary
-    masks. A mask with no foreground gives ``F_fg = 0`` rather than a division by zero. As printed,
-    the foreground is class 1 only: in a multi-class mask, pixels of classes >= 2 fall in neither term.
+    scaled by the foreground fraction, and ``F_fg + F_bg`` is the mean of the whole map. A mask with no
+    foreground gives ``F_fg = 0`` rather than a division by zero. In a multi-class mask the foreground is the
+    union of the non-background classes (the paper's masks are binary; ``per_class`` in :func:`fvda_loss` is the
+    other reading).
 
     Args:
         features: ``(B, C, H', W')``.
@@ -63,15 +69,30 @@ def foreground_background_means(features: torch.Tensor, labels: torch.Tensor) ->
     Returns:
         ``(F_fg, F_bg)``, each ``(B, C)``.
     """
+    means = class_means(features, labels, 2, union_foreground=True)
+    return means[:, 1], means[:, 0]
+
+
+def class_means(features: torch.Tensor, labels: torch.Tensor, num_classes: int, union_foreground: bool = False) -> torch.Tensor:
+    """Eq. 10 for every class: ``F_k = (1 / (H' W')) sum_{h,w} F[:, h, w] * [S(h, w) = k]``, ``(B, K, C)``.
+
+    Args:
+        features: ``(B, C, H', W')``.
+        labels: integer-valued ``(B, 1, H, W)``, resized to ``(H', W')`` by nearest neighbour.
+        num_classes: K; labels >= K are counted in class K - 1 when ``union_foreground`` (K = 2: background and
+            the union of every other class), never otherwise (they must not occur).
+    """
     mask = as_class_index(resize_mask_nearest(labels, tuple(features.shape[2:])))
+    if union_foreground:
+        mask = mask.clamp(max=num_classes - 1)
     n_pixels = features[0, 0].numel()
     feats = features.flatten(2)  # (B, C, N)
-    fg = (mask == 1).flatten(2).to(feats.dtype)  # (B, 1, N)
-    bg = (mask == 0).flatten(2).to(feats.dtype)
-    return (feats * fg).sum(dim=2) / n_pixels, (feats * bg).sum(dim=2) / n_pixels
+    onehot = F.one_hot(mask.flatten(1), num_classes).to(feats.dtype)  # (B, N, K)
+    return torch.einsum("bcn,bnk->bkc", feats, onehot) / n_pixels
 
 
-def fvda_loss(feat_local: torch.Tensor, feat_global: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def fvda_loss(feat_local: torch.Tensor, feat_global: torch.Tensor, labels: torch.Tensor, foreground: str = "union",
+              num_classes: int = 2) -> torch.Tensor:
     """Eq. 11: ``(1/C)||F_fg^k - F_fg^g||^2 + (1/C)||F_bg^k - F_bg^g||^2`` per image, mean over the batch.
 
     Args:
@@ -79,13 +100,20 @@ def fvda_loss(feat_local: torch.Tensor, feat_global: torch.Tensor, labels: torch
         feat_global: frozen global model's map at the same layer, same shape; detached here so the
             global side is a fixed target.
         labels: integer-valued ``(B, 1, H, W)``.
+        foreground: ``"union"`` (the two terms of Eq. 11, foreground = every non-background class) or
+            ``"per_class"`` (one term per class of ``num_classes``, background included:
+            ``sum_k (1/C)||F_k^k - F_k^g||^2``). Both equal Eq. 11 for a binary mask.
+        num_classes: the segmentation classes (``per_class`` only).
 
     Returns:
-        scalar (mean over batch and channels of the squared differences, summed over fg and bg).
+        scalar (mean over batch and channels of the squared differences, summed over the terms).
     """
     if feat_local.shape != feat_global.shape:
         raise ValueError(f"feature maps differ in shape: {tuple(feat_local.shape)} vs {tuple(feat_global.shape)}")
-    fg_k, bg_k = foreground_background_means(feat_local, labels)
-    fg_g, bg_g = foreground_background_means(feat_global.detach(), labels)
-    # mean over (B, C) == batch mean of (1/C) * squared L2 norm
-    return ((fg_k - fg_g) ** 2).mean() + ((bg_k - bg_g) ** 2).mean()
+    if foreground not in FVDA_FOREGROUND:
+        raise ValueError(f"foreground must be one of {FVDA_FOREGROUND}, got {foreground!r}")
+    k = 2 if foreground == "union" else int(num_classes)
+    local = class_means(feat_local, labels, k, union_foreground=foreground == "union")
+    target = class_means(feat_global.detach(), labels, k, union_foreground=foreground == "union")
+    # mean over (B, C) of each term == batch mean of (1/C) * squared L2 norm; summed over the terms
+    return ((local - target) ** 2).mean(dim=(0, 2)).sum()

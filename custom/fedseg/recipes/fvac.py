@@ -43,6 +43,7 @@ class FVACRecipe(FedSegRecipe):
         use_fmug: bool = True,
         use_fvda: bool = True,
         feature_layer: str = "decoder_last",
+        fvda_foreground: str = "union",
         **options: Any,
     ):
         job_options, train_overrides = split_options(options)
@@ -56,7 +57,8 @@ class FVACRecipe(FedSegRecipe):
             strategy="fedavg",
             strategy_args={"weighting": "uniform"},
             objective="fvac",
-            objective_args={"beta": beta, "use_fmug": use_fmug, "use_fvda": use_fvda, "feature_layer": feature_layer},
+            objective_args={"beta": beta, "use_fmug": use_fmug, "use_fvda": use_fvda, "feature_layer": feature_layer,
+                            "fvda_foreground": fvda_foreground},
             num_rounds=resolved["num_rounds"],
             train_config=resolved["train_config"],
             **job_options,
