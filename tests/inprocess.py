@@ -31,20 +31,28 @@ def controller_args(method: str, tmp: Path, **recipe_args) -> Dict:
 class InProcessController(FedSegController):
     """``FedSegController`` whose tasks are answered by in-process ``SiteService`` objects (one per site)."""
 
-    def __init__(self, sites: Dict[str, str], run_dir: Path, workspace: Path, **kwargs):
+    def __init__(self, sites: Dict[str, str], run_dir: Path, workspace: Path, restart_before: Optional[int] = None,
+                 forget: Optional[str] = None, **kwargs):
+        """``restart_before``: every site process is replaced by a fresh one (same workspace) before the train task
+        of that round; ``forget``: and the named state file (``fedseg_state/<site>/<forget>``) is deleted first."""
         kwargs.setdefault("min_clients", len(sites))
         super().__init__(**kwargs)
         self.sites = sites
         self.run_dir = Path(run_dir)
-        self.services = {
-            s: SiteService(s, argparse.Namespace(datalist=str(p), site_datalists=None, data_root=None, bundle_dir=None),
-                           workspace=str(Path(workspace) / s))
-            for s, p in sites.items()
-        }
+        self.workspace = Path(workspace)
+        self.restart_before, self.forget, self.restarted = restart_before, forget, False
+        self.services = self._start_sites()
         self.saved: List[Dict] = []
         self.sent: List[Dict] = []  # (task, targets, params keys) of every task
         self.abort_signal = SimpleNamespace(triggered=False)
         self.log = logging.getLogger("inprocess")
+
+    def _start_sites(self) -> Dict[str, SiteService]:
+        return {
+            s: SiteService(s, argparse.Namespace(datalist=str(p), site_datalists=None, data_root=None, bundle_dir=None),
+                           workspace=str(self.workspace / s))
+            for s, p in self.sites.items()
+        }
 
     # --- what NVFlare provides to a ModelController -----------------------------------------------
     def load_model(self):
@@ -65,6 +73,12 @@ class InProcessController(FedSegController):
 
     def send_model(self, task_name, data, targets=None, timeout=0, callback=None):
         self.sent.append({"task": task_name, "targets": list(targets), "keys": sorted(data.params or {}), "meta": data.meta})
+        if task_name == "train" and data.current_round == self.restart_before and not self.restarted:
+            self.restarted = True
+            if self.forget:
+                for site in self.sites:
+                    (self.workspace / site / "fedseg_state" / site / self.forget).unlink()
+            self.services = self._start_sites()  # the old site processes are gone; their workspaces stay
         for site in targets:
             out = self.services[site].answer(task_name, dict(data.params or {}), dict(data.meta or {}), data.current_round)
             result = result_model(out, data.current_round)
@@ -81,11 +95,12 @@ class InProcessController(FedSegController):
         self.log.warning(msg)
 
 
-def run_in_process(method: str, sites: Dict[str, str], tmp: Path, **recipe_args) -> Dict:
+def run_in_process(method: str, sites: Dict[str, str], tmp: Path, restart_before: Optional[int] = None,
+                   forget: Optional[str] = None, **recipe_args) -> Dict:
     """Run ``method`` (its exported controller arguments) on ``sites`` in process; returns the report dict
     plus ``_controller`` (for inspection)."""
     args = controller_args(method, tmp, **recipe_args)
-    controller = InProcessController(sites, tmp / "server", tmp / "sites", **args)
+    controller = InProcessController(sites, tmp / "server", tmp / "sites", restart_before=restart_before, forget=forget, **args)
     controller.run()
     report = json.loads((tmp / "server" / "report.json").read_text())
     return {**report, "_controller": controller}
