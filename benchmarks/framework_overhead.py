@@ -140,7 +140,9 @@ def main(argv=None) -> Dict[str, Any]:
             runs.append({"variant": v["name"], "settings": v, "repeat": rep, "total_wall_s": res["total_wall_s"],
                          "command": res["command"], "rounds": rows, "summary": summary,
                          "report_rounds": [{"task_breakdown": r.get("task_breakdown", {})} for r in res["report"]["rounds"]],
-                         "final_dice_mean": statistics.mean(m["dice"] for m in res["report"]["final"]["global"].values())})
+                         # FedBN / FedRep have no global model: their sites' own models
+                         "final_dice_mean": statistics.mean(m["dice"] for m in (res["report"]["final"].get("global")
+                                                                                or res["report"]["final"]["personalized"]).values())})
             print(f"    wall/round {summary.get('median_wall', float('nan')):.2f}s  max compute "
                   f"{summary.get('median_max_compute', float('nan')):.2f}s  overhead "
                   f"{summary.get('median_overhead', float('nan')):.2f}s  job total {res['total_wall_s']:.1f}s", flush=True)

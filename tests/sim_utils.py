@@ -252,6 +252,7 @@ ROBUSTNESS_FAULTS = "site-2:scale=100@0,site-3:zero@0,site-2:sign_flip@1,site-3:
 #: ``fedseg run`` / ``fedseg export --family`` add to a job)
 FUNDUS_FIELDS = federation_label_config(family="fundus")
 VOLUME_FIELDS = check_federation(family="prostate3d", explicit={"data_profile": "tiny"})
+BASELINES = ("fedprox", "scaffold", "fedadam", "fedbn", "ditto", "fedrep", "moon", "feddyn", "fedce")
 MULTICLASS_METHODS = ("fedavg", "fedevi", "graphfedseg", "fvac", "pathfl", "fedefm_downstream")
 #: (method, spatial mode) -> extra options; PathFL runs in slice mode (its style statistics are 2-D)
 VOLUME_RUNS = {
@@ -290,6 +291,8 @@ SHARED_RUNS: Dict[str, RunSpec] = {
     "fedavg_gpu": RunSpec("fedavg", sites(2), {"num_rounds": 1, "local_epochs": 1}, gpu="0"),
     "robustness": RunSpec("fedavg", sites(5), {"num_rounds": 3, "local_epochs": 1},
                           env={FAULT_ENV: ROBUSTNESS_FAULTS}, datalists=_bad_data_datalists),
+    # the baselines (tests/test_simulator_baselines.py): 2 sites, 2 rounds (round-to-round site state)
+    **{m: RunSpec(m, sites(2), {"num_rounds": 2, "local_epochs": 1}) for m in BASELINES},
     # every method on three-class data (built-in fundus: rim and cup, region disc; tests/test_simulator_multiclass.py)
     **{f"{m}_fundus": RunSpec(m, sites(2), {"num_rounds": 1, "local_epochs": 1, "data_family": "fundus", **FUNDUS_FIELDS})
        for m in MULTICLASS_METHODS},

@@ -378,3 +378,24 @@ def test_round_timings_reads_walls_compute_tasks_and_bytes():
     assert first == {"round": 0, "wall": 5.0, "tasks": 2, "bytes_up": 200.0, "bytes_down": 100.0,
                      "max_compute": 4.0, "sum_compute": 7.0, "overhead": 1.0}
     assert second == {"round": 1, "wall": 2.0, "tasks": 1, "bytes_up": 0.0, "bytes_down": 0.0}
+
+
+def test_results_of_a_method_without_a_global_model():
+    """FedBN / FedRep runs report only personalised models: the bench lists them as '<label> (personalised)',
+    tests them against FedAvg's global model, and keeps them in the cost table."""
+    from fedseg.bench.report import build_results, markdown
+
+    ids = ["a.png", "b.png", "c.png"]
+
+    def rec(label, model, dice):
+        rows = _rows(ids, dice)
+        final = {"s1": {m: sum(r[m] for r in rows) / len(rows) for m in ("dice", "hd95", "assd")}}
+        return {"id": f"method-{label}-seed0", "kind": "method", "label": label, "method": label, "seed": 0,
+                "final": {model: final}, "per_image": {model: {"s1": rows}}, "wall_s": 1.0, "round_walls": [1.0, 2.0],
+                "report_path": "r.json", "val_dice_per_round": [0.3]}
+
+    res = build_results([rec("fedavg", "global", [0.5, 0.6, 0.7]), rec("fedbn", "personalized", [0.6, 0.7, 0.8])], ["s1"], {})
+    assert set(res["approaches"]) == {"fedavg", "fedbn (personalised)"}
+    assert res["comparisons"]["fedbn (personalised)"]["metrics"]["dice"]["all"]["mean_diff"] == pytest.approx(0.1)
+    assert "global" not in res["methods"]["fedbn"] and res["methods"]["fedbn"]["personalized"]["s1"]["dice"] == pytest.approx(0.7)
+    assert "| fedbn | 1 |" in markdown(res)

@@ -1,5 +1,5 @@
 """The spatial settings a job leaves to the sites' datalists are recorded with its models: each segmentation site
-sends ``spatial = [patch?, rescale]`` with its weights (``fedseg.fl.protocol.SPATIAL_KEY``) and the server stores
+sends ``spatial = [mode code, rescale]`` (``protocol.SPATIAL_MODE_CODES``: resize 0, patch 1, slices 2) with its weights (``fedseg.fl.protocol.SPATIAL_KEY``) and the server stores
 what they agree on in the ``train_config`` saved next to the model, so ``fedseg infer`` runs it as trained."""
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ def _result(spatial, round_=0):
         # the retina federation: every site in patch mode, CHASE_DB1 rescaled by 0.5: the mode is recorded, no rescale
         ({"a": [1.0, 1.0], "b": [1.0, 0.5]}, {"spatial_mode": "patch", "rescale": None}),
         ({"a": [1.0, 1.0], "b": [0.0, 1.0]}, {"spatial_mode": None, "rescale": 1.0}),
+        ({"a": [2.0, 1.0], "b": [2.0, 1.0]}, {"spatial_mode": "slices", "rescale": 1.0}),  # volumes as 2-D slices
         ({}, {"spatial_mode": None, "rescale": None}),  # nothing reported (e.g. classification sites)
     ],
 )

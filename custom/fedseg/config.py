@@ -48,7 +48,7 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     "label_values": None,
     "channels": [16, 32, 64, 128, 256],
     "dropout": 0.0,
-    # "instance" or "batch" (MONAI norm names)
+    # "instance" (MONAI: not affine), "instance_affine" (learnable scale and shift) or "batch"; [name, {args}] works too
     "norm": "instance",
     # PathFL's bottleneck alignment layer (set by the PathFL recipe when AFA is on)
     "feature_alignment": False,

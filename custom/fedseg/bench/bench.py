@@ -173,7 +173,8 @@ def run_bench(
         executed += 1
         remaining = len(specs) - i - 1
         metric = task_metrics(record_task(record))[0]
-        mean_dice = [m.get(metric) for m in record["final"]["global"].values() if m.get(metric) is not None]
+        final = record["final"].get("global") or record["final"].get("personalized") or {}  # FedBN/FedRep: personalised
+        mean_dice = [m.get(metric) for m in final.values() if m.get(metric) is not None]
         eta = executed_seconds / executed * remaining
         print(f"[{i + 1}/{len(specs)}] done {spec.label} seed {spec.seed}: mean test {'Dice' if metric == 'dice' else metric} "
               f"{(sum(mean_dice) / len(mean_dice)) if mean_dice else float('nan'):.3f} in {_fmt_s(time.perf_counter() - run_started)}; "

@@ -179,7 +179,8 @@ def _compat(records, approaches, timing, sites, metrics, val_key) -> Dict[str, A
             references.setdefault(rec["label"], {"seeds": []})["seeds"].append(rec["seed"])
     for label, entry in methods.items():
         recs = [r for r in records if r["kind"] == "method" and r["label"] == label]
-        entry["global"] = _mean_over_seeds(approaches[label]["final_by_seed"], sites, metrics)
+        if label in approaches:  # FedBN / FedRep have no complete global model: personalised only
+            entry["global"] = _mean_over_seeds(approaches[label]["final_by_seed"], sites, metrics)
         pers = approaches.get(f"{label} (personalised)")
         if pers:
             entry["personalized"] = _mean_over_seeds(pers["final_by_seed"], sites, metrics)

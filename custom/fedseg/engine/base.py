@@ -238,6 +238,7 @@ class LocalEngine(ABC):
             else:
                 loss.backward()
                 optimizer.step()
+            objective.after_step(model, optimizer)  # e.g. SCAFFOLD's control-variate correction
             losses.append(float(loss.detach()))
             return {"loss": losses[-1]}
 

@@ -290,6 +290,7 @@ class SegEngine(LocalEngine):
             if not math.isfinite(total):
                 raise FloatingPointError(f"{self.site}: non-finite training loss {total} at round {ctx.round}")
             private.step(parameter_loss)
+            objective.after_step(model, private.optimizer)  # post-processing of the private step
             steps[0] += 1
             if data_loss is not None:
                 losses.append(total)

@@ -6,7 +6,9 @@ shuffles its training data. ``SiteState`` writes both into ``<site workspace>/fe
 (``RoundContext.state_dir``) after every train task, before the result is sent, and a fresh process
 loads them before its first training. Two other pieces of site state already live in the same folder
 and are restored by their owners: the DP accountant (``fedseg.engine.privacy``, ``dp_accountant.json``)
-and FedEvi's local model (``fedseg.objectives.fedevi``, ``fedevi_local_model.pt``).
+and FedEvi's local model (``fedseg.objectives.fedevi``, ``fedevi_local_model.pt``). The baselines'
+per-site state (SCAFFOLD's control, MOON's and FedCE's previous local model, FedDyn's linear term, Ditto's
+personal model, FedBN's / FedRep's local layers) is kept by :class:`RoundRecords`, with the same rules.
 
 Nothing counted twice. The file holds the state *after* each of the last :data:`KEEP` train tasks,
 keyed by round. A task of round ``r`` restores the newest record of a round ``< r``: when the server
@@ -23,7 +25,7 @@ import hashlib
 import logging
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -102,3 +104,63 @@ class SiteState:
         self.restored_round = last
         logger.info("site state restored from %s: optimiser and data order after round %d", self.path, last)
         return last
+
+
+class RoundRecords:
+    """An objective's per-round site state, in memory and in ``<state_dir>/<name>.pt``, by the rules above.
+
+    ``save(r, record)`` stores the state *after* the train task of round ``r`` (and drops any record of a
+    round ``>= r``: a re-sent round replaces what the crashed attempt wrote); ``before(r)`` returns the
+    newest record of a round ``< r``, so a round the server re-sends starts from the state before it. The
+    last :data:`KEEP` records are kept. Records written under another ``key`` (another job configuration)
+    are ignored. Without a ``state_dir`` the records live in memory only (unit tests).
+
+    Args:
+        state_dir: the site's state folder (``RoundContext.state_dir``) or None.
+        name: file stem, e.g. ``"scaffold_control"``.
+        key: the job's fingerprint (``RoundContext.job_key``).
+    """
+
+    def __init__(self, state_dir: Optional[os.PathLike], name: str, key: Optional[str]):
+        self.path = Path(state_dir) / f"{name}.pt" if state_dir else None
+        self.key = key
+        self._records: Optional[Dict[int, Dict[str, Any]]] = None
+
+    def _load(self) -> Dict[int, Dict[str, Any]]:
+        if self._records is not None:
+            return self._records
+        self._records = {}
+        if self.path is not None and self.path.is_file():
+            try:
+                state = torch.load(self.path, map_location="cpu", weights_only=True)
+            except Exception as e:  # a damaged file: start afresh rather than stop the site
+                logger.warning("site records %s unreadable (%s): starting without them", self.path, e)
+                return self._records
+            if isinstance(state, dict) and state.get("format") == FORMAT and state.get("key") == self.key:
+                self._records = {int(r): v for r, v in state.get("records", {}).items()}
+            else:
+                logger.info("site records %s belong to another job configuration: not used", self.path)
+        return self._records
+
+    def save(self, round_: int, record: Dict[str, Any]) -> None:
+        """Keep ``record`` (CPU tensors, numbers, strings, lists, dicts) as the state after round ``round_``."""
+        records = {r: v for r, v in self._load().items() if r < round_}
+        records[int(round_)] = record
+        self._records = {r: records[r] for r in sorted(records)[-KEEP:]}
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            torch.save({"format": FORMAT, "key": self.key, "records": self._records}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)  # a restart mid-write must not leave a truncated file behind
+
+    def before(self, round_: int) -> Optional[Tuple[int, Dict[str, Any]]]:
+        """``(round, record)`` of the newest record of a round ``< round_``, or None."""
+        earlier = [r for r in self._load() if r < round_]
+        if not earlier:
+            return None
+        last = max(earlier)
+        return last, self._records[last]

@@ -35,7 +35,8 @@ from fedseg.engine.factory import build_engine, resolve_task
 from fedseg.engine.site_state import SiteState, job_key
 from fedseg.fl.faults import FAULT_ENV, apply_faults, faults_for
 from fedseg.fl.payload import from_wire, payload_dtype, to_wire
-from fedseg.fl.protocol import BASE_STATISTICS, EVALUATE_TASK, META_KEY, SPATIAL_KEY, TRAIN_TASK, pack_models, unpack_models
+from fedseg.fl.protocol import (BASE_STATISTICS, EVALUATE_TASK, META_KEY, SPATIAL_KEY, SPATIAL_MODE_CODES, TRAIN_TASK,
+                                pack_models, unpack_models)
 from fedseg.fl.site_data import resolve_site_datalist
 from fedseg.fl.task_clock import TASK_CLOCK_KEY
 from fedseg.objectives.base import RoundContext, UnknownTaskError
@@ -113,7 +114,7 @@ class SiteRunner:
             raise UnknownTaskError(f"{self.site}: method {job['objective']!r} has no task {task!r} (known: {known})")
         main, extra = unpack_models(params)
         if main or not extra:  # a task may carry only extra models (FedEFM's overseas training)
-            self.model.load_state_dict({k: torch.as_tensor(v) for k, v in main.items()})
+            self._load_received({k: torch.as_tensor(v) for k, v in main.items()})
         ctx = RoundContext(
             site=self.site,
             round=int(job["round"]),
@@ -122,6 +123,7 @@ class SiteRunner:
             train_config=job["train_config"],
             state_dir=str(self.state_dir),
             models={name: {k: torch.as_tensor(v) for k, v in state.items()} for name, state in extra.items()},
+            job_key=self.site_state.key,
         )
         if task == TRAIN_TASK:
             return self._train(ctx)
@@ -143,7 +145,7 @@ class SiteRunner:
         # a restarted process: Adam moments and data order as they were after the site's last earlier round
         restored = self.site_state.restore(ctx.round, self.engine.make_optimizer(self.model), self.engine.shuffle_generator)
         self.objective.begin_round(ctx, self.model)
-        metrics = self.engine.train(self.model, self.objective, ctx)
+        metrics = self.objective.local_training(self.engine, self.model, ctx)
         self._trained = True
         if restored is not None:
             metrics["state_restored_from_round"] = float(restored)
@@ -152,8 +154,14 @@ class SiteRunner:
         statistics = self._declared(self.objective.end_round(ctx, self.model, self.engine))
         if ctx.round == ctx.total_rounds - 1:
             self.objective.save_site_figures(str(self.output_dir), ctx)
-        # a copy: the sent tensors must not alias the live model the next task trains in place
-        params = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        # a copy: the sent tensors must not alias the live model the next task trains in place; entries the
+        # objective keeps local (FedBN's norms, FedRep's head) stay here
+        local = set(self.objective.local_state_keys(self.model))
+        params = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items() if k not in local}
+        extra = self.objective.outgoing_models(ctx)  # e.g. SCAFFOLD's control delta, under its own name
+        if extra:
+            params = pack_models({n: {k: torch.as_tensor(v).detach().cpu().clone() for k, v in m.items()} for n, m in extra.items()},
+                                 main=params)
         # seconds of site compute this task (lets the benchmark separate framework overhead)
         metrics["compute_time"] = time.perf_counter() - started
         # peak resident memory of this site process so far (MiB; Linux reports KiB) for the benchmarks
@@ -162,10 +170,22 @@ class SiteRunner:
         return {"params": params, "metrics": metrics, "meta": meta}
 
     def _spatial(self) -> Dict[str, Any]:
-        """``{SPATIAL_KEY: [patch?, rescale]}`` of a segmentation engine (the mode its datalist or the job chose)."""
+        """``{SPATIAL_KEY: [mode code, rescale]}`` of a segmentation engine (the mode its datalist or the job chose;
+        codes in ``protocol.SPATIAL_MODE_CODES``)."""
         if getattr(self.engine, "spatial_mode", None) is None:
             return {}
-        return {SPATIAL_KEY: [1.0 if self.engine.spatial_mode == "patch" else 0.0, float(self.engine.train_config["rescale"])]}
+        return {SPATIAL_KEY: [SPATIAL_MODE_CODES[self.engine.spatial_mode], float(self.engine.train_config["rescale"])]}
+
+    def _load_received(self, params: Dict[str, torch.Tensor]) -> None:
+        """Load received weights; they may lack exactly the entries the objective keeps local (which then
+        keep their values here: the objective restores them from its own state)."""
+        own = self.model.state_dict()
+        missing, unexpected = sorted(set(own) - set(params)), sorted(set(params) - set(own))
+        local = set(self.objective.local_state_keys(self.model))
+        if unexpected or not set(missing) <= local:
+            raise ValueError(f"{self.site}: received weights do not fit the model: missing {[k for k in missing if k not in local][:5]}, "
+                             f"unexpected {unexpected[:5]}")
+        self.model.load_state_dict(params, strict=not missing)
 
     def _evaluate(self, model_name: str, round_: Optional[int] = None) -> Dict[str, Any]:
         metrics, rows = self.engine.evaluate(self.model, "test", per_image=True)

@@ -22,7 +22,8 @@ from fedseg.bundle import build_network
 from fedseg.config import default_task_timeout
 from fedseg.fl.checkpoint import load_checkpoint, save_checkpoint
 from fedseg.fl.payload import payload_dtype, to_wire
-from fedseg.fl.protocol import BASE_STATISTICS, EVALUATE_TASK, META_KEY, SPATIAL_KEY, TRAIN_TASK, unpack_models
+from fedseg.fl.protocol import (BASE_STATISTICS, EVALUATE_TASK, META_KEY, SPATIAL_KEY, SPATIAL_MODE_CODES,
+                                SUBMIT_MODEL_TASK, TRAIN_TASK, unpack_models)
 from fedseg.fl.report import RunReport
 from fedseg.fl.task_clock import TaskClock
 from fedseg.fl.screening import (
@@ -35,7 +36,14 @@ from fedseg.fl.screening import (
     duplicated_sites,
     screen_models,
 )
-from fedseg.fl.validation import InvalidUpdateError, to_tensor_params, validate_arrays, validate_params, validate_statistics
+from fedseg.fl.validation import (
+    InvalidUpdateError,
+    to_tensor_params,
+    validate_arrays,
+    validate_params,
+    validate_partial_params,
+    validate_statistics,
+)
 from fedseg.objectives.registry import build_objective
 from fedseg.strategies.base import ClientUpdate, SitePayload
 from fedseg.strategies.registry import build_strategy
@@ -70,6 +78,9 @@ class FedSegController(ModelController):
         checkpoint_dir: absolute path of the folder for ``round_checkpoint.pt``; None = the job's run
             directory (lost with the job's workspace: a POC or production server that must survive a
             restart points this at persistent storage).
+        cross_site_evaluation: for methods with personalised models, after the final evaluation evaluate
+            every site's personalised model on every other site's test split (NVFlare's cross-site
+            evaluation convention; ``final.cross_site`` in the report: only the mean metrics leave a site).
     """
 
     def __init__(
@@ -88,6 +99,7 @@ class FedSegController(ModelController):
         persistor_id: str = "persistor",
         screening: Optional[Dict[str, Any]] = None,
         checkpoint_dir: Optional[str] = None,
+        cross_site_evaluation: bool = True,
     ):
         super().__init__(persistor_id=persistor_id, ignore_result_error=True, task_check_period=task_check_period)
         self.task_check_period = float(task_check_period)
@@ -107,11 +119,14 @@ class FedSegController(ModelController):
             # relative to what? the server's working directory differs between POC, production and simulator
             raise ValueError(f"checkpoint_dir must be an absolute path, got {checkpoint_dir!r}")
         self.checkpoint_dir = checkpoint_dir
+        self.cross_site_evaluation = bool(cross_site_evaluation)
         # fail at job start, not after an hour of training, if a name or an option is wrong
         self._strategy = build_strategy(self.strategy, **self.strategy_args)
         objective_ = build_objective(self.objective, **self.objective_args)
         self._allowed_statistics = objective_.declared_statistics
         self._weight_tasks = tuple(objective_.weight_tasks)
+        # extra models a result may carry for only some entries of the model (SCAFFOLD's control delta)
+        self._partial_models = tuple(objective_.partial_models)
         self._declared_arrays = objective_.declared_arrays(self.train_config)
         self.screening = dict(screening or {})
         self._screening = ScreeningConfig.from_options(self.screening)
@@ -145,6 +160,9 @@ class FedSegController(ModelController):
             self._strategy.network_factory = lambda: build_network(self.train_config)
         self._strategy.total_rounds = self.num_rounds
         self._strategy.start(clients, self._reference)
+        # what a train result must hold: every entry, or the shared ones of a method with site-local layers
+        shared = self._strategy.shared_keys()
+        self._train_reference = self._reference if shared is None else {k: self._reference[k] for k in shared}
         report = RunReport(
             method=self.method,
             clients=clients,
@@ -159,7 +177,7 @@ class FedSegController(ModelController):
             self._clock = TaskClock()
             self._geometry = {}
             payloads = {site: self._strategy.payload(site, round_) for site in clients}
-            updates = self._exchange(TRAIN_TASK, payloads, round_)
+            updates = self._exchange(TRAIN_TASK, payloads, round_, reference=self._train_reference)
             self._attach_train_config()  # now with the spatial settings the sites reported
             fields = self._strategy.aggregate(
                 round_, updates, lambda task, p, r=round_: self._exchange(task, p, r, require_params=task in self._weight_tasks)
@@ -199,13 +217,60 @@ class FedSegController(ModelController):
             self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
 
         if self.final_evaluation:
-            report.final["global"] = self._evaluate({s: self._strategy.global_params() for s in clients}, "global")
-            personalised = self._strategy.personalized_params()
-            if personalised:
-                report.final["personalized"] = self._evaluate(personalised, "personalized")
-                report.final["personalized_checkpoints"] = self._save_personalised(personalised)
+            self._final_evaluation(report, clients)
         path = report.write(self.get_run_dir(), plots=True)
         self.info(f"report written to {path}")
+
+    # ---------------------------------------------------------------------------------- final phase
+    def _final_evaluation(self, report: RunReport, clients: List[str]) -> None:
+        """``final.global`` (unless the strategy has no complete global model), ``final.personalized`` (models
+        held by the strategy, or collected from the sites with ``submit_model``) and ``final.cross_site``."""
+        if self._strategy.evaluates_global:
+            report.final["global"] = self._evaluate({s: self._strategy.global_params() for s in clients}, "global")
+        personalised = self._strategy.personalized_params()
+        if personalised is None and self._strategy.personalized_at_sites:
+            personalised = self._collect_personalised(clients)
+        if personalised:
+            report.final["personalized"] = self._evaluate(personalised, "personalized")
+            report.final["personalized_checkpoints"] = self._save_personalised(personalised)
+            if self.cross_site_evaluation:
+                report.final["cross_site"] = self._cross_site(personalised, report.final, clients)
+
+    def _collect_personalised(self, clients: List[str]) -> Dict[str, Dict[str, torch.Tensor]]:
+        """Each site's personalised model (task ``submit_model``; validated and screened like a trained model
+        against what the strategy would send it). A site that does not answer has none."""
+        payloads = {s: self._strategy.payload(s, self.num_rounds) for s in clients}
+        results = self._exchange(SUBMIT_MODEL_TASK, payloads, self.num_rounds, require_params=True, min_results=0)
+        return {s: results[s].params for s in clients if s in results}
+
+    def _cross_site(self, personalised: Dict[str, Dict[str, torch.Tensor]], final: Dict[str, Any], clients: List[str]) -> Dict[str, Any]:
+        """Mean test Dice of every site's personalised model on every site's test split (NVFlare's
+        CrossSiteModelEval convention). The diagonal and the global row are the final evaluations already
+        made; each off-diagonal row is one broadcast of the owner's model to the other sites.
+
+        Returns ``{"metric", "models" (rows: whose model), "test_sites" (columns: whose test split), "dice":
+        rows x columns (None where a site did not answer), "global": the global model's row or None}``."""
+        owners = [s for s in clients if s in personalised]
+        rows = {m: {} for m in owners}
+        for m in owners:
+            rows[m][m] = (final.get("personalized", {}).get(m) or {}).get("dice")
+            others = [s for s in clients if s != m]
+            if not others:
+                continue
+            meta = {"model_name": f"cross_site_{m}"}
+            payloads = {s: SitePayload(params=personalised[m], meta=meta) for s in others}  # one shared task
+            results = self._exchange(EVALUATE_TASK, payloads, self.num_rounds, require_params=False, min_results=0)
+            rows[m].update({s: float(u.metrics["dice"]) for s, u in results.items() if "dice" in u.metrics})
+        global_row = None
+        if final.get("global"):
+            global_row = [(final["global"].get(s) or {}).get("dice") for s in clients]
+        return {
+            "metric": "dice",
+            "models": owners,
+            "test_sites": list(clients),
+            "dice": [[rows[m].get(s) for s in clients] for m in owners],
+            "global": global_row,
+        }
 
     # ---------------------------------------------------------------------------------- restart
     def _checkpoint_folder(self) -> Path:
@@ -258,7 +323,8 @@ class FedSegController(ModelController):
         reported = list(self._site_spatial.values())
         if not reported:
             return cfg
-        modes = {"patch" if v[0] >= 0.5 else "resize" for v in reported}
+        names = {code: mode for mode, code in SPATIAL_MODE_CODES.items()}
+        modes = {names.get(round(v[0])) for v in reported} - {None}
         rescales = {float(v[1]) for v in reported}
         if cfg.get("spatial_mode") is None and len(modes) == 1:
             cfg["spatial_mode"] = modes.pop()
@@ -308,17 +374,24 @@ class FedSegController(ModelController):
 
     def _evaluate(self, models: Dict[str, Dict[str, torch.Tensor]], model_name: str) -> Dict[str, Dict[str, float]]:
         payloads = {s: SitePayload(params=p, meta={"model_name": model_name}) for s, p in models.items()}
-        results = self._exchange(EVALUATE_TASK, payloads, self.num_rounds, require_params=False)
+        # personalised models may exist for fewer sites than min_clients (a site that missed the submission)
+        minimum = None if model_name == "global" else min(self.min_clients, len(models))
+        results = self._exchange(EVALUATE_TASK, payloads, self.num_rounds, require_params=False, min_results=minimum)
         return {s: {k: float(v) for k, v in u.metrics.items()} for s, u in sorted(results.items())}
 
     def _exchange(
-        self, task_name: str, payloads: Dict[str, SitePayload], round_: int, require_params: bool = True
+        self, task_name: str, payloads: Dict[str, SitePayload], round_: int, require_params: bool = True,
+        reference: Optional[Dict[str, torch.Tensor]] = None, min_results: Optional[int] = None,
     ) -> Dict[str, ClientUpdate]:
         """Send each site its payload, wait for all answers (or the timeout), return validated results.
 
         Sites that receive the same parameter object share one task, so a broadcast costs one
-        serialisation; personalised payloads go out as one task per site.
+        serialisation; personalised payloads go out as one task per site. ``reference``: the entries a
+        returned model must hold (default: the whole global model); ``min_results``: fewest valid results
+        (default ``min_clients``) before the job stops with an error.
         """
+        reference = self._reference if reference is None else reference
+        min_results = self.min_clients if min_results is None else int(min_results)
         started, started_wall = time.perf_counter(), time.time()
         groups: Dict[int, List[str]] = {}
         for site, payload in payloads.items():
@@ -343,7 +416,7 @@ class FedSegController(ModelController):
                 return False
             self._clock.record(task_name, sent_at.get(site, started_wall), time.time(), result.meta or {})
             try:
-                results[site] = self._to_update(site, result, require_params, round_)
+                results[site] = self._to_update(site, result, require_params, round_, reference)
                 return True
             except InvalidUpdateError as e:
                 reject(site, str(e))
@@ -386,15 +459,20 @@ class FedSegController(ModelController):
             ).items():
                 results.pop(site)
                 reject(site, reason)
-        if len(results) < self.min_clients:
+        if len(results) < min_results:
             raise RuntimeError(
                 f"task {task_name} round {round_}: only {len(results)} valid results "
-                f"({sorted(results)}), fewer than min_clients={self.min_clients}"
+                f"({sorted(results)}), fewer than {min_results} (min_clients={self.min_clients})"
             )
         return results
 
-    def _to_update(self, site: str, result: FLModel, require_params: bool, round_: Optional[int] = None) -> ClientUpdate:
-        """One result checked on its own (``round_``: the task's round; ``None`` skips the stale-round check)."""
+    def _to_update(
+        self, site: str, result: FLModel, require_params: bool, round_: Optional[int] = None,
+        reference: Optional[Dict[str, torch.Tensor]] = None,
+    ) -> ClientUpdate:
+        """One result checked on its own (``round_``: the task's round; ``None`` skips the stale-round check;
+        ``reference``: the entries its main model must hold, default the whole global model)."""
+        reference = self._reference if reference is None else reference
         meta = result.meta or {}
         if meta.get("error"):
             raise InvalidUpdateError(f"{site}: the site could not run the task ({meta['error']}; details in its log)")
@@ -403,9 +481,14 @@ class FedSegController(ModelController):
         if require_params:
             main, extra = unpack_models(result.params or {})
             if main or not extra:
-                params = validate_params(site, main, self._reference)
-            # every packed model (FedEFM's overseas experts) passes the same checks as the main one
-            models = {name: validate_params(f"{site} [{name}]", state, self._reference) for name, state in extra.items()}
+                params = validate_params(site, main, reference)
+            # every packed model (FedEFM's overseas experts) passes the same checks as the main one; a declared
+            # partial one (SCAFFOLD's control delta) must hold known entries of the right shapes
+            models = {
+                name: (validate_partial_params if name in self._partial_models else validate_params)(
+                    f"{site} [{name}]", state, self._reference)
+                for name, state in extra.items()
+            }
         metrics = validate_statistics(site, result.metrics or {}, (result.metrics or {}).keys())
         statistics = validate_statistics(site, meta, self._allowed_statistics)
         statistics.update(validate_arrays(site, meta, self._declared_arrays))

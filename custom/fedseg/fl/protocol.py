@@ -2,12 +2,17 @@
 
 TRAIN_TASK = "train"
 EVALUATE_TASK = "evaluate"
+#: after training, a site sends its personalised model (NVFlare's cross-site evaluation convention): Ditto's
+#: personal model, FedBN's / FedRep's model with its local layers (``ServerStrategy.personalized_at_sites``)
+SUBMIT_MODEL_TASK = "submit_model"
 #: FLModel.meta key holding the job's settings for the site (method, objective, train_config, round)
 META_KEY = "fedseg"
 #: a segmentation site's spatial settings, sent with its trained weights: ``[1.0 if patch mode else 0.0, rescale]``.
 #: A job leaves them to each site's datalist by default; the server records them with the saved models so that
 #: ``fedseg infer`` runs a model the way it was trained (two numbers about the data's declared geometry, no data)
 SPATIAL_KEY = "spatial"
+#: the spatial modes as the numbers a site sends under :data:`SPATIAL_KEY` (metadata values are numbers)
+SPATIAL_MODE_CODES = {"resize": 0.0, "patch": 1.0, "slices": 2.0}
 #: what a site may always send besides the objective's declared statistics: its number of training images and
 #: the round its result is for (NVFlare stamps the task's round on every result itself, so a site that sends
 #: a result it computed for an earlier round is only seen through this echo; ``fedseg.fl.screening``), and

@@ -211,6 +211,7 @@ def summarise(data: Dict[str, Any], figures: Optional[List[Path]] = None, base: 
                 lines += ["| site | " + " | ".join(metric_header(n) for n in structures) + " |", "|---" * (len(structures) + 1) + "|"]
                 lines += ["| " + " | ".join(r) + " |" for r in final_table(data, which, structures)]
                 lines.append("")
+    lines += cross_site_lines(data)
     if figures:
         lines += ["## Figures", ""]
         for fig in figures:
@@ -218,3 +219,18 @@ def summarise(data: Dict[str, Any], figures: Optional[List[Path]] = None, base: 
             lines.append(f"![{fig.stem}]({rel})")
         lines.append("")
     return "\n".join(lines)
+
+
+def cross_site_lines(data: Dict[str, Any]) -> List[str]:
+    """Markdown table of ``final.cross_site`` (rows: whose model, columns: whose test split), or nothing."""
+    cross = (data.get("final") or {}).get("cross_site")
+    if not isinstance(cross, dict):
+        return []
+    rows = ([("global model", cross["global"])] if cross.get("global") else []) + [
+        (f"model {m}", r) for m, r in zip(cross["models"], cross["dice"])]
+    lines = ["## Cross-site evaluation (mean test Dice)", "",
+             "Row = whose model, column = whose test split (each site scores every model on its own test split; only "
+             "the means leave it). The diagonal is each site's personalised model at home.", "",
+             "| model | " + " | ".join(cross["test_sites"]) + " |", "|---" * (len(cross["test_sites"]) + 1) + "|"]
+    lines += [f"| {name} | " + " | ".join(_fmt(v) for v in values) + " |" for name, values in rows]
+    return lines + [""]

@@ -46,6 +46,22 @@ def validate_params(site: str, params: Mapping[str, Any], reference: Mapping[str
     return tensors
 
 
+def validate_partial_params(site: str, params: Mapping[str, Any], reference: Mapping[str, torch.Tensor]) -> Params:
+    """Like :func:`validate_params` for a result that covers only some of the model's entries (SCAFFOLD's
+    control delta: the trainable parameters): every entry must be a known name of the model, of its shape,
+    and finite.
+
+    Raises:
+        InvalidUpdateError: naming the site and the first offending entries.
+    """
+    if not params:
+        raise InvalidUpdateError(f"{site}: empty model update")
+    extra = sorted(set(params) - set(reference))
+    if extra:
+        raise InvalidUpdateError(f"{site}: names that are not entries of the global model: {extra[:5]}")
+    return validate_params(site, params, {k: reference[k] for k in params})
+
+
 def validate_arrays(site: str, meta: Mapping[str, Any], declared: Mapping[str, tuple]) -> Dict[str, torch.Tensor]:
     """Keep only declared arrays; each must have exactly its declared shape and finite float values.
 

@@ -27,6 +27,18 @@ from torch import nn
 from .feature_alignment import FeatureAlignment
 
 
+#: norm names besides MONAI's: an instance norm with learnable per-channel scale and shift (MONAI's
+#: "instance" has none), e.g. for FedBN, whose local layers are the normalisation layers' entries
+NORM_ALIASES = {"instance_affine": ("instance", {"affine": True})}
+
+
+def resolve_norm(norm):
+    """A MONAI norm spec from ``norm`` (a MONAI name, ``(name, args)`` or a name of :data:`NORM_ALIASES`)."""
+    if isinstance(norm, str) and norm in NORM_ALIASES:
+        return NORM_ALIASES[norm]
+    return tuple(norm) if isinstance(norm, list) else norm
+
+
 class _DoubleConv(nn.Sequential):
     """conv-norm-act twice; optional dropout after the first (used by MC-dropout uncertainty)."""
 
@@ -45,7 +57,8 @@ class FeatureUNet(nn.Module):
         in_channels: input channels (3 for RGB fundus/endoscopy).
         out_channels: number of classes (2 = background/foreground, softmax head).
         channels: feature widths per level, e.g. (16, 32, 64, 128, 256) — about 1.9 M parameters in 2D.
-        norm: MONAI norm name ("instance", "batch", ...).
+        norm: MONAI norm name ("instance", "batch", ...), ``[name, {args}]``, or "instance_affine"
+            (instance norm with learnable scale and shift).
         act: MONAI activation name.
         dropout: dropout rate inside the bottleneck and decoder blocks (0 disables; MC-dropout needs > 0).
         init_seed: if given, the initial weights depend only on this seed (the global RNG is left
@@ -74,6 +87,7 @@ class FeatureUNet(nn.Module):
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.norm = norm
+        norm = resolve_norm(norm)
         self.act = act
         self.dropout = dropout
         self.init_seed = init_seed

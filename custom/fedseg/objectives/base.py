@@ -13,6 +13,16 @@ The engine calls, per round:
       ``loss`` and there is no parameter term)
     end_round(ctx, model, engine) -> dict        once, after local training: declared statistics
     save_site_figures(out_dir, ctx)              after the last round's training: site-local figures
+    local_training(engine, model, ctx) -> dict   the train task's local training (default: one
+                                                 ``engine.train(model, self, ctx)``; FedRep trains head
+                                                 then body, Ditto the global then the personal model)
+    after_step(model, optimizer)                 after every optimiser step (SCAFFOLD's correction)
+    local_state_keys(model) -> keys              state-dict entries that never leave the site (FedBN's
+                                                 normalisation layers, FedRep's head): the site sends the
+                                                 rest, and a received model may lack exactly these
+    outgoing_models(ctx) -> {name: state}        extra named tensors sent with the trained weights
+                                                 (SCAFFOLD's control delta; names in ``partial_models``
+                                                 may cover a subset of the model's entries)
     handle_task(name, ctx, model, engine)        for method-specific extra tasks (e.g. FedEvi's
                                                  ``evaluate_surrogate``); returns metrics/meta scalars
     handle_weight_task(name, ctx, model, engine) for the extra tasks in ``weight_tasks`` (FedEFM's
@@ -54,7 +64,10 @@ class RoundContext:
         train_config: effective training hyper-parameters sent by the server.
         state_dir: a folder in this site's workspace for state that must survive a process restart.
         models: extra named models the task carried besides the main weights (``fedseg.fl.protocol``
-            ``pack_models``; FedEFM's overseas experts and gossip neighbours), ``{name: state_dict}``.
+            ``pack_models``; FedEFM's overseas experts and gossip neighbours, SCAFFOLD's global control),
+            ``{name: state_dict}``.
+        job_key: fingerprint of the job's configuration (``fedseg.engine.site_state.job_key``): state an
+            objective kept in ``state_dir`` for another configuration is not used.
     """
 
     site: str
@@ -64,6 +77,7 @@ class RoundContext:
     train_config: Dict[str, Any] = field(default_factory=dict)
     state_dir: Optional[str] = None
     models: Dict[str, Dict[str, torch.Tensor]] = field(default_factory=dict)
+    job_key: Optional[str] = None
 
 
 @dataclass
@@ -102,6 +116,10 @@ class ClientObjective:
     #: valid range ``(low, high)`` (inclusive) of each declared statistic, checked by the server for every
     #: value (or every element of a list); a result outside it is rejected (``fedseg.fl.screening``)
     statistic_ranges: Dict[str, Tuple[float, float]] = {}
+    #: names of the extra models (``outgoing_models``) that may hold a subset of the model's entries, e.g.
+    #: SCAFFOLD's control delta (trainable parameters only); each entry is still checked for name, shape and
+    #: finite values at the server
+    partial_models: Tuple[str, ...] = ()
 
     def __init__(self, seg_loss: Optional[nn.Module] = None, **kwargs: Any):
         if kwargs:
@@ -157,6 +175,24 @@ class ClientObjective:
 
         These may show images; they never leave the site.
         """
+
+    def local_training(self, engine: "LocalEngine", model: nn.Module, ctx: RoundContext) -> Dict[str, float]:
+        """The local training of a train task (after ``begin_round``, before ``end_round``); returns the
+        engine's metrics (at least ``train_loss`` and ``steps``). Default: ``local_epochs`` epochs of
+        :meth:`loss` on ``model``."""
+        return engine.train(model, self, ctx)
+
+    def after_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Called by the engine after every optimiser step of local training (default: nothing)."""
+
+    def local_state_keys(self, model: nn.Module) -> Tuple[str, ...]:
+        """State-dict keys of ``model`` that stay at the site: never sent, and absent from what the server
+        sends (default: none; every entry is shared)."""
+        return ()
+
+    def outgoing_models(self, ctx: RoundContext) -> Dict[str, Dict[str, torch.Tensor]]:
+        """Extra named tensors to send with the trained weights of a train task (default: none)."""
+        return {}
 
     def handle_task(
         self, task_name: str, ctx: RoundContext, model: nn.Module, engine: SiteEngine

@@ -16,6 +16,15 @@ _REGISTRY: Dict[str, str] = {
     "pathfl": "fedseg.objectives.pathfl:PathFLObjective",
     "fedefm": "fedseg.objectives.fedefm:FedEFMObjective",
     "cross_entropy": "fedseg.objectives.fedefm:CrossEntropyObjective",
+    # the papers' baselines
+    "fedprox": "fedseg.objectives.fedprox:FedProxObjective",
+    "scaffold": "fedseg.objectives.scaffold:ScaffoldObjective",
+    "fedbn": "fedseg.objectives.local_layers:FedBNObjective",
+    "fedrep": "fedseg.objectives.fedrep:FedRepObjective",
+    "ditto": "fedseg.objectives.ditto:DittoObjective",
+    "moon": "fedseg.objectives.moon:MOONObjective",
+    "feddyn": "fedseg.objectives.feddyn:FedDynObjective",
+    "fedce": "fedseg.objectives.fedce:FedCEObjective",
 }
 
 

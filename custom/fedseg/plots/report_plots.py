@@ -25,6 +25,8 @@ def plot_report(data: Dict[str, Any], out_dir: Path, val_metric: str) -> List[Pa
         figures.append(plot_graph_heatmaps(data, out_dir / "graph_heatmaps.png"))
     if rounds and isinstance(rounds[-1].get("ssa_similarity"), dict):
         figures.append(plot_stratum_heatmaps(data, out_dir / "ssa_similarity.png"))
+    if isinstance((data.get("final") or {}).get("cross_site"), dict):
+        figures.append(plot_cross_site(data, out_dir / "cross_site_dice.png"))
     for field in ("effective_weight", "beta", "aggregation_weight"):
         if rounds and isinstance(rounds[-1].get(field), dict):
             figures.append(plot_site_field(data, field, out_dir / f"{field}.png"))
@@ -105,6 +107,33 @@ def plot_stratum_heatmaps(data: Dict[str, Any], path: Path, field: str = "ssa_si
         ax.set_yticks(range(len(names)), names, fontsize=6)
     fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.02)
     fig.suptitle(f"{data['method']}: {field}, round {last['round'] + 1}", fontsize=9)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_cross_site(data: Dict[str, Any], path: Path):
+    """``final.cross_site`` as a heat map: row = whose model (the global model's row first when there is one),
+    column = whose test split, cell = mean test Dice (blank where a site did not answer)."""
+    cross = data["final"]["cross_site"]
+    rows = [f"model {m}" for m in cross["models"]]
+    matrix = [list(r) for r in cross["dice"]]
+    if cross.get("global"):
+        rows, matrix = ["global model"] + rows, [list(cross["global"])] + matrix
+    values = np.array([[np.nan if v is None else float(v) for v in r] for r in matrix], dtype=float)
+    cols = cross["test_sites"]
+    fig, ax = plt.subplots(figsize=(1.2 * len(cols) + 2.5, 0.6 * len(rows) + 1.8))
+    im = ax.imshow(values, vmin=0, vmax=1, cmap="viridis")
+    for i in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            if np.isfinite(values[i, j]):
+                ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if values[i, j] < 0.6 else "black")
+    ax.set_xticks(range(len(cols)), [f"test {c}" for c in cols], rotation=45, ha="right", fontsize=7)
+    ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    ax.set_title(f"{data['method']}: cross-site test {cross.get('metric', 'dice')}", fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

@@ -14,6 +14,16 @@ _RECIPES: Dict[str, str] = {
     "fvac": "fedseg.recipes.fvac:FVACRecipe",
     "graphfedseg": "fedseg.recipes.graphfedseg:GraphFedSegRecipe",
     "pathfl": "fedseg.recipes.pathfl:PathFLRecipe",
+    # the papers' baselines
+    "fedprox": "fedseg.recipes.fedprox:FedProxRecipe",
+    "scaffold": "fedseg.recipes.scaffold:ScaffoldRecipe",
+    "fedadam": "fedseg.recipes.fedadam:FedAdamRecipe",
+    "fedbn": "fedseg.recipes.fedbn:FedBNRecipe",
+    "ditto": "fedseg.recipes.ditto:DittoRecipe",
+    "fedrep": "fedseg.recipes.fedrep:FedRepRecipe",
+    "moon": "fedseg.recipes.moon:MOONRecipe",
+    "feddyn": "fedseg.recipes.feddyn:FedDynRecipe",
+    "fedce": "fedseg.recipes.fedce:FedCERecipe",
 }
 
 

@@ -5,8 +5,12 @@ The controller (``fedseg.fl.controller.FedSegController``) drives the rounds and
     payload(site, round) -> SitePayload       the model (and meta) each site trains from
     aggregate(round, updates, exchange)       after the train task; returns this round's report fields
     finish()                                  once, after the last round (e.g. FedEFM's final averaging)
-    global_params()                           the model evaluated as ``final.global``
-    personalized_params()                     per-site models evaluated as ``final.personalized`` (or None)
+    global_params()                           the model evaluated as ``final.global`` (unless
+                                              ``evaluates_global`` is False: FedBN, FedRep)
+    personalized_params()                     per-site models evaluated as ``final.personalized`` (or None;
+                                              with ``personalized_at_sites`` the controller asks the sites
+                                              for them after training: Ditto, FedBN, FedRep)
+    shared_keys()                             the state-dict entries sites send and receive (None: all)
     state_dict() / load_state_dict(state)     what a restarted server needs to continue (``fl.checkpoint``)
 
 ``exchange(task_name, {site: SitePayload}) -> {site: ClientUpdate}`` lets a strategy run a second
@@ -68,12 +72,22 @@ class ServerStrategy:
     #: ``False`` for strategies without a global model during training (FedEFM's DFL): the controller
     #: then saves no per-round global checkpoint, only the one ``finish`` produces
     has_global_model: bool = True
+    #: ``False`` where the global model is incomplete without a site's own layers (FedBN, FedRep): the
+    #: controller then evaluates only the personalised models
+    evaluates_global: bool = True
+    #: the personalised models live at the sites (Ditto, FedBN, FedRep): after training the controller asks
+    #: each site for its model (task ``submit_model``), evaluates it and runs the cross-site evaluation
+    personalized_at_sites: bool = False
+    #: set ``True`` to get ``network_factory`` (a callable building the job's network) from the controller
+    needs_network: bool = False
 
     def __init__(self) -> None:
         self.clients: List[str] = []
         self._global: Params = {}
         #: set by the controller before ``start``
         self.total_rounds: int = 0
+        #: set by the controller before ``start`` when ``needs_network``: builds the job's network (CPU)
+        self.network_factory = None
 
     def config(self) -> Dict[str, Any]:
         """Effective hyper-parameters, written into ``report.json['config']``."""
@@ -131,6 +145,17 @@ class ServerStrategy:
 
     def personalized_params(self) -> Optional[Dict[str, Params]]:
         return None
+
+    def shared_keys(self) -> Optional[List[str]]:
+        """The state-dict entries a site trains for the federation and sends back (None: every entry);
+        the server validates train results against them. Call after ``start``."""
+        return None
+
+
+def parameter_keys(network) -> List[str]:
+    """Names of the trainable parameters of ``network`` (``named_parameters``; buffers such as batch-norm
+    statistics are not among them)."""
+    return [name for name, p in network.named_parameters() if p.requires_grad]
 
 
 def clone_params(params: Params) -> Params:

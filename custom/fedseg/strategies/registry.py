@@ -13,6 +13,14 @@ _REGISTRY: Dict[str, str] = {
     "fedevi": "fedseg.strategies.fedevi:FedEviStrategy",
     "pathfl": "fedseg.strategies.pathfl:PathFLStrategy",
     "fedefm": "fedseg.strategies.fedefm:FedEFMStrategy",
+    # the papers' baselines (FedProx and MOON aggregate as FedAvg: "fedavg")
+    "scaffold": "fedseg.strategies.scaffold:ScaffoldStrategy",
+    "fedopt": "fedseg.strategies.fedopt:FedOptStrategy",
+    "fedbn": "fedseg.strategies.local_layers:FedBNStrategy",
+    "fedrep": "fedseg.strategies.local_layers:FedRepStrategy",
+    "ditto": "fedseg.strategies.ditto:DittoStrategy",
+    "feddyn": "fedseg.strategies.feddyn:FedDynStrategy",
+    "fedce": "fedseg.strategies.fedce:FedCEStrategy",
 }
 
 
