@@ -35,6 +35,7 @@ from fedseg.uncertainty.window_sample import (
     sample_generator,
     sample_windows,
     tile_cells,
+    window_cell_size,
 )
 
 PATCH = 16
@@ -62,24 +63,35 @@ def test_tiling_covers_every_pixel_exactly_once(shape):
     assert cells_in_split([shape, shape], 32) == 2 * len(tile_cells(shape, 32))
 
 
+@pytest.mark.parametrize("cell", [32, 24])
 @pytest.mark.parametrize("shape", [(70, 53), (20, 27), (32, 32), (33, 31), (5, 40)])
-def test_each_window_holds_its_cell_and_only_image_or_monai_padding(shape):
+def test_each_window_holds_its_cell_and_only_image_or_monai_padding(shape, cell):
     """The mask's pixels of a window are exactly the cell's pixels of the image (in order); the window is
-    a patch-size crop of the image padded the way MONAI's SpatialPad pads it symmetrically."""
+    a patch-size crop of the image padded the way MONAI's SpatialPad pads it symmetrically; a cell smaller
+    than the window sits (patch - cell) / 2 px from the window's border unless the image border is nearer."""
     patch = 32
+    margin = (patch - cell) // 2
     image = torch.arange(3 * shape[0] * shape[1], dtype=torch.float32).reshape(3, *shape) + 1  # unique, non-zero
-    cells = tile_cells(shape, patch)
-    windows, masks = crop_windows(image, cells, patch)
+    cells = tile_cells(shape, cell)
+    windows, masks = crop_windows(image, cells, patch, cell)
     assert windows.shape == (len(cells), 3, patch, patch) and masks.shape == (len(cells), 1, patch, patch)
     padded = SpatialPad(spatial_size=[max(s, patch) for s in shape], method="symmetric")(image)
     padded = torch.as_tensor(padded)
-    for window, mask, ((r0, r1), (c0, c1)) in zip(windows, masks, cells):
+    pads = [(max(patch - s, 0) // 2) for s in shape]
+    for window, mask, cell_bounds in zip(windows, masks, cells):
+        (r0, r1), (c0, c1) = cell_bounds
         got = window[:, mask[0]].reshape(3, r1 - r0, c1 - c0)
         torch.testing.assert_close(got, image[:, r0:r1, c0:c1], rtol=0, atol=0)
         # find the window in the padded image by brute force
         found = [(i, j) for i in range(padded.shape[1] - patch + 1) for j in range(padded.shape[2] - patch + 1)
                  if torch.equal(padded[:, i : i + patch, j : j + patch], window)]
         assert len(found) == 1
+        for axis, ((start, _), size) in enumerate(zip(cell_bounds, shape)):
+            offset = int(mask[0].nonzero()[:, axis].min())  # where the cell starts inside the window
+            origin = found[0][axis]
+            assert offset == start + pads[axis] - origin
+            if margin <= start + pads[axis] <= max(size, patch) - patch + margin:  # room on both sides
+                assert offset == margin
 
 
 # ----------------------------------------------------------------------------------------------
@@ -99,6 +111,12 @@ def test_allocation_is_as_even_as_the_images_allow(counts, num, seed):
             assert all(t >= other - 1 for other in taken)
     if num >= sum(counts):
         assert taken == counts
+
+
+def test_cell_is_the_sliding_window_stride():
+    assert [window_cell_size(64, o) for o in (0.0, 0.25, 0.5)] == [64, 48, 32]
+    with pytest.raises(ValueError, match="sw_overlap"):
+        window_cell_size(64, 1.0)
 
 
 def test_sample_is_every_cell_when_it_is_large_enough():
@@ -196,6 +214,7 @@ def test_full_sample_equals_the_whole_image_pass_where_the_tiling_is_the_sliding
     (MONAI's sliding window, overlap 0) for a real U-Net whose output depends on the whole window."""
     engine = _engine(tmp_path, TILED_SIZES, sw_overlap=0.0)
     local, surrogate = _unet(engine, 0), _unet(engine, 1)
+    assert engine.window_cell == PATCH  # overlap 0: the cells are the sliding window's own windows
     every = cells_in_split(engine.grid_shapes("training"), PATCH)
     assert every == 6 + 1 + 2 + 3
     assert _uncertainty(engine, local, every) == pytest.approx(_uncertainty(engine, local, None), rel=1e-6)
@@ -205,7 +224,8 @@ def test_full_sample_equals_the_whole_image_pass_where_the_tiling_is_the_sliding
     # not a tautology: with overlapping, blended windows (the default) the whole-image pass differs
     blended = _engine(tmp_path / "b", TILED_SIZES, sw_overlap=0.5)
     local_b = _unet(blended, 0)
-    assert abs(_uncertainty(blended, local_b, every) - _uncertainty(blended, local_b, None)) > 1e-6
+    every_b = cells_in_split(blended.grid_shapes("training"), blended.window_cell)
+    assert abs(_uncertainty(blended, local_b, every_b) - _uncertainty(blended, local_b, None)) > 1e-6
 
 
 def _pointwise_net(seed=0) -> torch.nn.Module:
@@ -271,7 +291,8 @@ def test_sampled_surrogate_statistics_against_scipy_on_the_same_cells_for_both_m
 def test_default_is_a_sample_in_patch_mode_and_the_whole_image_pass_stays_available(tmp_path):
     """The default draws ``DEFAULT_UNCERTAINTY_WINDOWS`` windows (never touching the sliding window); the
     whole-image option runs the sliding window over every training image."""
-    engine = _engine(tmp_path, [(64, 64)] * 3)  # 48 cells
+    engine = _engine(tmp_path, [(64, 64)] * 3)  # 108 cells of 12 px (the stride of 16 px windows at overlap 0.25)
+    assert engine.window_cell == 12 and cells_in_split(engine.grid_shapes("training"), 12) == 108
     calls = {"whole": 0}
     original = engine.predictor
 
@@ -285,7 +306,7 @@ def test_default_is_a_sample_in_patch_mode_and_the_whole_image_pass_stays_availa
     assert default.uncertainty_windows >= 1
     u_default = _uncertainty(engine, net, default.uncertainty_windows, round_=4)
     assert calls["whole"] == 0
-    assert u_default == pytest.approx(_uncertainty(engine, net, min(default.uncertainty_windows, 48), round_=4))
+    assert u_default == pytest.approx(_uncertainty(engine, net, min(default.uncertainty_windows, 108), round_=4))
     _uncertainty(engine, net, None)
     assert calls["whole"] == 3
     assert 0 < u_default <= 1 and math.isfinite(u_default)

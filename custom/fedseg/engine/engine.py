@@ -53,7 +53,7 @@ from fedseg.data.transforms import resize_scores
 from fedseg.engine.base import SPLITS, LocalEngine, default_device
 from fedseg.engine.cache import CacheBudget
 from fedseg.engine.spatial import WholeImagePredictor, check_patch_size, pixel_spacing, resolve_spatial_settings, tensor_spacing
-from fedseg.uncertainty.window_sample import SampledImage, crop_windows, sample_generator, sample_windows
+from fedseg.uncertainty.window_sample import SampledImage, crop_windows, sample_generator, sample_windows, window_cell_size
 from fedseg.metrics import SegmentationMetrics
 from fedseg.objectives.base import BatchOutput, ClientObjective, RoundContext
 
@@ -343,10 +343,16 @@ class SegEngine(LocalEngine):
             self._grid_shapes[split] = [tuple(int(s) for s in dataset[i]["image"].shape[1:]) for i in range(len(dataset))]
         return self._grid_shapes[split]
 
+    @property
+    def window_cell(self) -> int:
+        """Cell of a sample window: the sliding window's stride, ``patch_size * (1 - sw_overlap)``."""
+        return window_cell_size(int(self.train_config["patch_size"]), float(self.train_config["sw_overlap"]))
+
     def window_sample(self, split: str, num_windows: int, round_: int, purpose: str) -> List[SampledImage]:
-        """``num_windows`` patch-size windows over the whole images of ``split``, seeded by (``train_config``
-        seed, site, round, ``purpose``) — deterministic, different per site and round, drawn here
-        (``fedseg.uncertainty.window_sample``). Patch mode only: in resize mode an image is one forward pass.
+        """``num_windows`` cells of the ``window_cell`` tiling of the whole images of ``split``, each to be scored
+        by one patch-size window, seeded by (``train_config`` seed, site, round, ``purpose``) — deterministic,
+        different per site and round, drawn here (``fedseg.uncertainty.window_sample``). Patch mode only: in
+        resize mode an image is one forward pass.
 
         Raises:
             ValueError: resize mode, an empty split, or ``num_windows < 1``.
@@ -357,7 +363,7 @@ class SegEngine(LocalEngine):
         if not shapes:
             raise ValueError(f"{self.site}: split {split!r} is empty")
         generator = sample_generator(self.seed, self.site, round_, f"{purpose}/{split}")
-        return sample_windows(shapes, int(self.train_config["patch_size"]), int(num_windows), generator)
+        return sample_windows(shapes, self.window_cell, int(num_windows), generator)
 
     @torch.no_grad()
     def iterate_windows(self, split: str, sample: Sequence[SampledImage]) -> Iterator[Tuple[SampledImage, torch.Tensor, torch.Tensor]]:
@@ -367,7 +373,7 @@ class SegEngine(LocalEngine):
         patch = int(self.train_config["patch_size"])
         for entry in sample:
             image = torch.as_tensor(dataset[entry.index]["image"]).to(self.device)
-            windows, masks = crop_windows(image, entry.cells, patch)
+            windows, masks = crop_windows(image, entry.cells, patch, self.window_cell)
             yield entry, windows, masks
 
     @torch.no_grad()

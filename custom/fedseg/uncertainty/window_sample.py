@@ -6,13 +6,17 @@ image, which costs several times the local training. These helpers let them aver
 instead, without changing what is averaged:
 
 * Each image (on the network's grid, after the datalist's ``rescale``) is cut into a **non-overlapping
-  tiling of cells** of ``patch_size`` px; cells at the far border are smaller (the image's remainder).
-  Every pixel lies in exactly one cell.
-* A cell is scored by **one** ``patch_size`` window that contains it: the cell itself where it is
-  whole, else the window shifted inward to end at the image border (context from inside the image, as
-  MONAI's sliding window places its last window). An axis shorter than the patch is zero-padded to it
-  symmetrically, as ``SlidingWindowInferer`` pads (``floor`` of the difference before). Only the cell's
-  own pixels count (``mask``), so padding and the neighbours' context never enter a mean twice.
+  tiling of cells** of ``cell`` px, the sliding window's stride (``patch_size * (1 - sw_overlap)``, as
+  MONAI computes its scan interval; the patch itself with overlap 0); cells at the far border are
+  smaller (the image's remainder). Every pixel lies in exactly one cell.
+* A cell is scored by **one** ``patch`` window that holds it in its middle — the window reaches
+  ``(patch - cell) // 2`` px past the cell on each side, as a sliding-window position holds the pixels
+  its stride covers — moved inward where it would leave the image (context from inside the image, as
+  MONAI places its last window). An axis shorter than the patch is zero-padded to it symmetrically,
+  as ``SlidingWindowInferer`` pads (``floor`` of the difference before). Only the cell's own pixels
+  count (``mask``). So a pixel's value is that of one sliding-window position that holds it away from
+  the window's border; what is dropped is the blending of overlapping positions. With overlap 0 the
+  cells are the sliding window's own windows and every cell sampled is the whole-image pass exactly.
 * The sample draws ``num_windows`` cells per site and pass: as evenly over the images as possible
   (each image gets ``num_windows // N`` or one more, never more than it has cells; with fewer windows
   than images, that many images get one each), the images that get the extra window and each image's
@@ -47,6 +51,7 @@ __all__ = [
     "sample_generator",
     "sample_windows",
     "tile_cells",
+    "window_cell_size",
     "window_padding",
 ]
 
@@ -96,23 +101,35 @@ def window_padding(shape: Sequence[int], patch: int) -> List[Tuple[int, int]]:
     return pads
 
 
-def tile_cells(shape: Sequence[int], patch: int) -> List[Cell]:
-    """The non-overlapping tiling of an image of spatial ``shape`` into cells of ``patch`` px per axis,
-    in row-major order; the last cell of an axis holds its remainder (an axis shorter than the patch is
-    one cell). Every pixel lies in exactly one cell."""
-    if patch < 1 or any(int(s) < 1 for s in shape):
-        raise ValueError(f"cannot tile spatial shape {tuple(shape)} with patch {patch}")
-    axes = [[(start, min(start + patch, int(size))) for start in range(0, int(size), patch)] for size in shape]
-    return [tuple(cell) for cell in itertools.product(*axes)]
+def window_cell_size(patch: int, overlap: float) -> int:
+    """The cell of a patch window: the sliding window's stride ``int(patch * (1 - overlap))`` (MONAI's scan
+    interval, at least 1 px); ``patch`` itself with overlap 0."""
+    if not 0.0 <= float(overlap) < 1.0:
+        raise ValueError(f"sw_overlap must be in [0, 1), got {overlap}")
+    return max(int(int(patch) * (1.0 - float(overlap))), 1)
 
 
-def cell_window_origin(cell: Cell, shape: Sequence[int], patch: int) -> Tuple[int, ...]:
+def tile_cells(shape: Sequence[int], cell: int) -> List[Cell]:
+    """The non-overlapping tiling of an image of spatial ``shape`` into cells of ``cell`` px per axis, in
+    row-major order; the last cell of an axis holds its remainder (an axis shorter than the cell is one
+    cell). Every pixel lies in exactly one cell."""
+    if cell < 1 or any(int(s) < 1 for s in shape):
+        raise ValueError(f"cannot tile spatial shape {tuple(shape)} with cells of {cell} px")
+    axes = [[(start, min(start + cell, int(size))) for start in range(0, int(size), cell)] for size in shape]
+    return [tuple(c) for c in itertools.product(*axes)]
+
+
+def cell_window_origin(cell: Cell, shape: Sequence[int], patch: int, cell_size: Optional[int] = None) -> Tuple[int, ...]:
     """Start of the ``patch`` window that scores ``cell``, in the coordinates of the image padded by
-    :func:`window_padding`: the cell's start, moved back where the window would pass the far border."""
+    :func:`window_padding`: ``(patch - cell_size) // 2`` px before the cell (default ``cell_size`` =
+    ``patch``: the cell's start), moved inward where the window would leave the padded image."""
+    margin = (int(patch) - int(cell_size or patch)) // 2
+    if margin < 0:
+        raise ValueError(f"cell size {cell_size} is larger than the window {patch}")
     origin = []
     for (start, _), size, (before, after) in zip(cell, shape, window_padding(shape, patch)):
         padded = int(size) + before + after
-        origin.append(min(start + before, padded - patch))
+        origin.append(min(max(start + before - margin, 0), padded - patch))
     return tuple(origin)
 
 
@@ -126,8 +143,11 @@ def pad_to_window(image: torch.Tensor, patch: int) -> torch.Tensor:
     return torch.nn.functional.pad(image, flat, mode="constant", value=0.0)
 
 
-def crop_windows(image: torch.Tensor, cells: Sequence[Cell], patch: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The windows that score ``cells`` of ``image`` ``(C, *spatial)`` and which of their pixels are the cells'.
+def crop_windows(
+    image: torch.Tensor, cells: Sequence[Cell], patch: int, cell_size: Optional[int] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The windows that score ``cells`` of ``image`` ``(C, *spatial)`` (:func:`cell_window_origin`) and which
+    of their pixels are the cells'.
 
     Returns:
         ``windows (n, C, *[patch])`` and ``masks (n, 1, *[patch])`` bool, true on the cell's own pixels.
@@ -137,7 +157,7 @@ def crop_windows(image: torch.Tensor, cells: Sequence[Cell], patch: int) -> Tupl
     pads = window_padding(shape, patch)
     windows, masks = [], []
     for cell in cells:
-        origin = cell_window_origin(cell, shape, patch)
+        origin = cell_window_origin(cell, shape, patch, cell_size)
         windows.append(padded[(slice(None),) + tuple(slice(o, o + patch) for o in origin)])
         mask = torch.zeros((1,) + (patch,) * len(shape), dtype=torch.bool, device=image.device)
         mask[(slice(None),) + tuple(
@@ -177,11 +197,12 @@ def allocate_windows(cells_per_image: Sequence[int], num_windows: int, generator
 
 
 def sample_windows(
-    shapes: Sequence[Sequence[int]], patch: int, num_windows: int, generator: torch.Generator
+    shapes: Sequence[Sequence[int]], cell: int, num_windows: int, generator: torch.Generator
 ) -> List[SampledImage]:
     """The sample over a split whose images have spatial ``shapes`` (module docstring): images that got at
-    least one window, in split order, each with its cells drawn without replacement (tiling order)."""
-    tilings = [tile_cells(shape, patch) for shape in shapes]
+    least one window, in split order, each with its cells of ``cell`` px drawn without replacement (tiling
+    order)."""
+    tilings = [tile_cells(shape, cell) for shape in shapes]
     taken = allocate_windows([len(t) for t in tilings], num_windows, generator)
     sample = []
     for index, (tiling, k) in enumerate(zip(tilings, taken)):
@@ -192,6 +213,6 @@ def sample_windows(
     return sample
 
 
-def cells_in_split(shapes: Sequence[Sequence[int]], patch: int) -> int:
+def cells_in_split(shapes: Sequence[Sequence[int]], cell: int) -> int:
     """Number of cells of the split's tiling (the ``num_windows`` that covers every pixel)."""
-    return sum(math.prod(math.ceil(int(s) / patch) for s in shape) for shape in shapes)
+    return sum(math.prod(math.ceil(int(s) / cell) for s in shape) for shape in shapes)
