@@ -47,7 +47,7 @@ LOCAL_STATE_FILE = "fedevi_local_model.pt"
 #: floor on an image's mean aleatoric uncertainty before taking 1/U (keeps R_paper finite)
 MIN_ALEATORIC = 1e-12
 #: validation windows per site and round in patch mode (chosen by measurement: docs/methods.md, FedEvi)
-DEFAULT_SURROGATE_WINDOWS = 64
+DEFAULT_SURROGATE_WINDOWS = 32
 #: the window sample's ``purpose`` (part of its seed)
 SAMPLE_PURPOSE = "fedevi_surrogate"
 
