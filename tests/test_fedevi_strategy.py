@@ -212,6 +212,8 @@ class StandInEngine:
         ]
         self.splits: List[str] = []
         self.device = torch.device("cpu")
+        self.spatial_mode = "resize"  # whole images: no window sample (tests/test_window_sample.py covers patch mode)
+        self.window_sample_available = False
 
     def iterate_logits(self, model, split, with_features=False):
         self.splits.append(split)

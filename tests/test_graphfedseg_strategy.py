@@ -216,6 +216,8 @@ class FakeEngine:
     """The SegEngine methods the objective uses, over fixed in-memory training images."""
 
     device = torch.device("cpu")
+    spatial_mode = "resize"  # whole images: no window sample (tests/test_window_sample.py covers patch mode)
+    window_sample_available = False
 
     def __init__(self, images: List[torch.Tensor]):
         self.images = images

@@ -302,3 +302,12 @@ def test_pathfl_and_fedefm_downstream_refuse_3d_networks():
     get_recipe_class("pathfl")(profile="tiny", spatial_dims=3, spatial_mode="slices")  # a 2-D network on slices
     with pytest.raises(ValueError, match="downstream UNETR is 2-D only"):
         get_recipe_class("fedefm_downstream")(profile="tiny", spatial_dims=3)
+
+
+def test_volumes_keep_the_whole_volume_pass(sites):
+    """The window sample (GraphFedSeg's U_i, FedEvi's surrogate at native resolution) is 2-D: a volume job in patch
+    mode keeps the pass over every whole volume, and asking the engine for a sample says why it cannot."""
+    engine = SegEngine("ras", sites["ras"], _config("patch"))
+    assert engine.spatial_mode == "patch" and not engine.window_sample_available
+    with pytest.raises(ValueError, match="volumes"):
+        engine.window_sample("validation", 4, 0, "x")

@@ -54,6 +54,7 @@ from fedseg.engine.base import SPLITS, LocalEngine, default_device
 from fedseg.engine.cache import CacheBudget
 from fedseg.engine.spatial import WholeImagePredictor, check_patch_size, pixel_spacing, resolve_spatial_settings, tensor_spacing
 from fedseg.engine.volume import invert_to_scan, plain, scan_spacing
+from fedseg.uncertainty.window_sample import SampledImage, crop_windows, sample_generator, sample_windows, window_cell_size
 from fedseg.metrics import SegmentationMetrics
 from fedseg.objectives.base import BatchOutput, ClientObjective, RoundContext
 
@@ -141,6 +142,7 @@ class SegEngine(LocalEngine):
         self.predictor = WholeImagePredictor(self.train_config)
         self.cache = CacheBudget(self.train_config.get("cache_max_mb"), int(self.parser["in_channels"]))
         self._datasets: Dict[Tuple[str, bool], CacheDataset] = {}
+        self._grid_shapes: Dict[str, List[Tuple[int, ...]]] = {}
         self._private: Dict[int, "PrivateTraining"] = {}
 
     def _prepare_volumes(self, site: str) -> None:
@@ -374,6 +376,73 @@ class SegEngine(LocalEngine):
                 else:
                     # scores back to the image's own size before the argmax (thin structures survive)
                     yield batch, resize_scores(logits, batch["label"].shape[2:]), features
+        finally:
+            model.train(was_training)
+
+    # ------------------------------------------------------------------------------ window sample
+    def grid_shapes(self, split: str) -> List[Tuple[int, ...]]:
+        """Spatial shape of every image of ``split`` on the network's grid (after the evaluation
+        preprocessing, e.g. the datalist's ``rescale``), in datalist order; read once per process."""
+        self._check_split(split)
+        if split not in self._grid_shapes:
+            dataset = self._dataset(split, False)
+            self._grid_shapes[split] = [tuple(int(s) for s in dataset[i]["image"].shape[1:]) for i in range(len(dataset))]
+        return self._grid_shapes[split]
+
+    @property
+    def window_cell(self) -> int:
+        """Cell of a sample window: the sliding window's stride, ``patch_size * (1 - sw_overlap)``."""
+        return window_cell_size(int(self.train_config["patch_size"]), float(self.train_config["sw_overlap"]))
+
+    @property
+    def window_sample_available(self) -> bool:
+        """A window sample applies: 2-D images in patch mode. Resize mode scores a whole image in one forward pass;
+        volumes (3-D patches or slices) keep the pass over every whole volume (the sample is 2-D only)."""
+        return self.spatial_mode == "patch" and not self.volumes
+
+    def window_sample(self, split: str, num_windows: int, round_: int, purpose: str) -> List[SampledImage]:
+        """``num_windows`` cells of the ``window_cell`` tiling of the whole images of ``split``, each to be scored
+        by one patch-size window, seeded by (``train_config`` seed, site, round, ``purpose``) — deterministic,
+        different per site and round, drawn here (``fedseg.uncertainty.window_sample``). Patch mode only: in
+        resize mode an image is one forward pass.
+
+        Raises:
+            ValueError: resize mode, an empty split, or ``num_windows < 1``.
+        """
+        if not self.window_sample_available:
+            raise ValueError(f"{self.site}: a window sample needs 2-D images in spatial_mode 'patch' (this site: "
+                             f"{'volumes, ' if self.volumes else ''}spatial_mode {self.spatial_mode!r})")
+        shapes = self.grid_shapes(split)
+        if not shapes:
+            raise ValueError(f"{self.site}: split {split!r} is empty")
+        generator = sample_generator(self.seed, self.site, round_, f"{purpose}/{split}")
+        return sample_windows(shapes, self.window_cell, int(num_windows), generator)
+
+    @torch.no_grad()
+    def iterate_windows(self, split: str, sample: Sequence[SampledImage]) -> Iterator[Tuple[SampledImage, torch.Tensor, torch.Tensor]]:
+        """Yield ``(entry, windows (n, C, P, P), masks (n, 1, P, P) bool)`` on the device for each image of
+        ``sample`` (``window_sample``): the network inputs that score its cells and the cells' own pixels."""
+        dataset = self._dataset(split, False)
+        patch = int(self.train_config["patch_size"])
+        for entry in sample:
+            image = torch.as_tensor(dataset[entry.index]["image"]).to(self.device)
+            windows, masks = crop_windows(image, entry.cells, patch, self.window_cell)
+            yield entry, windows, masks
+
+    @torch.no_grad()
+    def iterate_window_logits(
+        self, model: nn.Module, split: str, sample: Sequence[SampledImage]
+    ) -> Iterator[Tuple[SampledImage, torch.Tensor, torch.Tensor]]:
+        """Yield ``(entry, logits (n, num_classes, P, P), masks (n, 1, P, P))`` for each image of ``sample``:
+        one eval-mode forward pass per window without gradients (``sw_batch_size`` windows at a time), no
+        blending — each cell's pixels are scored by the one window that holds it."""
+        step = max(int(self.train_config.get("sw_batch_size", 4)), 1)
+        was_training = model.training
+        model.eval()
+        try:
+            for entry, windows, masks in self.iterate_windows(split, sample):
+                logits = torch.cat([model(windows[i : i + step]) for i in range(0, len(windows), step)])
+                yield entry, logits, masks
         finally:
             model.train(was_training)
 

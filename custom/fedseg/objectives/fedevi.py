@@ -11,6 +11,14 @@ uncertainty and R_paper = mean over images of 1 / (pixel-mean aleatoric uncertai
 scalars leave the site. "Image-level" here follows the paper's Eqs. 6-7 (a sum over images of an
 uncertainty per image) and the reference code (pixel mean per image); a pixel-wise 1/U_ale would be
 dominated by confident pixels, whose aleatoric uncertainty is ~1e-30.
+
+At native resolution (patch mode) two sliding windows over every whole validation image cost about as
+much as the local training. ``surrogate_windows`` = M (default ``DEFAULT_SURROGATE_WINDOWS``) computes
+G, A and R_paper instead on M patch-size windows of the validation images drawn at the site, seeded per
+site and round, the same windows for both models (``fedseg.uncertainty.window_sample``): an image's
+uncertainty is the mean over its sampled cells' pixels, the three statistics the same means over the
+sampled images. ``surrogate_windows=None`` (or ``"whole_image"``) keeps the whole images. Resize mode is
+unaffected.
 """
 
 from __future__ import annotations
@@ -19,11 +27,13 @@ import math
 
 import copy
 import os
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 import torch
 from torch import nn
 
+from fedseg.uncertainty.window_sample import check_window_count
+from fedseg.uncertainty.client_uncertainty import masked_mean
 from fedseg.uncertainty.evidential import aleatoric_uncertainty, dirichlet_alpha, epistemic_uncertainty
 
 from .base import BatchOutput, ClientObjective, RoundContext
@@ -36,6 +46,10 @@ SURROGATE_TASK = "evaluate_surrogate"
 LOCAL_STATE_FILE = "fedevi_local_model.pt"
 #: floor on an image's mean aleatoric uncertainty before taking 1/U (keeps R_paper finite)
 MIN_ALEATORIC = 1e-12
+#: validation windows per site and round in patch mode (chosen by measurement: docs/methods.md, FedEvi)
+DEFAULT_SURROGATE_WINDOWS = 32
+#: the window sample's ``purpose`` (part of its seed)
+SAMPLE_PURPOSE = "fedevi_surrogate"
 
 
 def _per_image_mean(pixel_map: torch.Tensor) -> torch.Tensor:
@@ -52,6 +66,8 @@ class FedEviObjective(ClientObjective):
         dice_form: "dice" (reference code) or "bayes_risk" (expected-moment form).
         eps: Dice smoothing.
         seg_loss: accepted for the common interface; FedEvi trains with its evidential loss instead.
+        surrogate_windows: in patch mode, the number of validation windows the surrogate task draws per
+            round (module docstring); ``None`` or ``"whole_image"``: every whole validation image.
     """
 
     name = "fedevi"
@@ -67,8 +83,10 @@ class FedEviObjective(ClientObjective):
         dice_form: str = "dice",
         eps: float = 1e-5,
         seg_loss: Optional[nn.Module] = None,
+        surrogate_windows: Union[int, str, None] = DEFAULT_SURROGATE_WINDOWS,
     ):
         super().__init__(seg_loss=seg_loss)
+        self.surrogate_windows = check_window_count(surrogate_windows, "surrogate_windows")
         self.kl_weight = kl_weight
         self.anneal_rounds = anneal_rounds
         self.dice_form = dice_form
@@ -135,11 +153,14 @@ class FedEviObjective(ClientObjective):
                 f"site {ctx.site}: kept local model is from round {local['round']}, "
                 f"surrogate is for round {expected_round}"
             )
-        gap = float(self._per_image(engine, model, epistemic_uncertainty).mean())
+        sample = None  # whole images, or this round's windows for both models
+        if self.surrogate_windows is not None and engine.window_sample_available:
+            sample = engine.window_sample("validation", self.surrogate_windows, int(expected_round), SAMPLE_PURPOSE)
+        gap = float(self._per_image(engine, model, epistemic_uncertainty, sample).mean())
 
         local_model = copy.deepcopy(model)
         local_model.load_state_dict(local["state_dict"])
-        aleatoric = self._per_image(engine, local_model, aleatoric_uncertainty)
+        aleatoric = self._per_image(engine, local_model, aleatoric_uncertainty, sample)
         return {
             "G": gap,
             "A": float(aleatoric.mean()),
@@ -147,12 +168,16 @@ class FedEviObjective(ClientObjective):
         }
 
     @staticmethod
-    def _per_image(engine: "SegEngine", model: nn.Module, uncertainty) -> torch.Tensor:
-        """Pixel-mean uncertainty of every validation image, ``(N_val,)`` float64 on the CPU."""
+    def _per_image(engine: "SegEngine", model: nn.Module, uncertainty, sample: Optional[List] = None) -> torch.Tensor:
+        """Pixel-mean uncertainty of every validation image, ``(N_val,)`` float64 on the CPU; with a window
+        ``sample`` (``engine.window_sample``), of every sampled image over its sampled cells' pixels."""
         values = []
-        for _inputs, _labels, logits, _features in engine.iterate_logits(model, "validation"):
-            alpha = dirichlet_alpha(logits.float())
-            values.append(_per_image_mean(uncertainty(alpha)).cpu())
+        if sample is None:
+            for _inputs, _labels, logits, _features in engine.iterate_logits(model, "validation"):
+                values.append(_per_image_mean(uncertainty(dirichlet_alpha(logits.float()))).cpu())
+        else:
+            for _entry, logits, masks in engine.iterate_window_logits(model, "validation", sample):
+                values.append(masked_mean(uncertainty(dirichlet_alpha(logits.float())), masks).reshape(1).cpu())
         if not values:
             raise RuntimeError("the validation split is empty: FedEvi needs validation images")
         return torch.cat(values)

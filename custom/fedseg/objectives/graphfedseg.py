@@ -14,6 +14,14 @@ evidential (Eqs. 3-4, one forward pass) or MC-dropout (T passes); see
 ``fedseg.uncertainty.client_uncertainty``. The server's meta chooses the estimator; the constructor
 options are the fallback when the server sends none.
 
+At native resolution (patch mode) the pass over whole training images is a sliding window over each of
+them, several times the cost of the local training. ``uncertainty_windows`` = M (default
+``DEFAULT_UNCERTAINTY_WINDOWS``) measures U_i instead on M patch-size windows drawn at the site, seeded
+per site and round (``fedseg.uncertainty.window_sample``): the image value is the mean pixel value over the
+image's sampled cells, U_i the mean over the sampled images — the same Eqs. 3-4 on a sample of each
+image's pixels. ``uncertainty_windows=None`` (or ``"whole_image"``) keeps the sliding window over every
+whole image. Resize mode is unaffected (an image is one forward pass there).
+
 ``uncertainty_pass="last_epoch"`` (evidential only) skips that extra pass: U_i is the mean image vacuity
 of the logits the last local epoch computed for training anyway. Every training image is seen once in
 that epoch (Poisson batches under DP see each about once), but by a model that is still being updated
@@ -26,17 +34,21 @@ from __future__ import annotations
 import math
 
 import logging
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Union
 
 import torch
 from torch import nn
 
+from fedseg.uncertainty.window_sample import check_window_count
 from fedseg.strategies.collaboration_graph import similarity_regulariser
 from fedseg.uncertainty.client_uncertainty import (
     check_estimator,
     client_uncertainty,
     evidential_image_uncertainty,
+    evidential_pixel_uncertainty,
+    masked_mean,
     mc_dropout_image_uncertainty,
+    mc_dropout_pixel_uncertainty,
 )
 
 from .base import BatchOutput, ClientObjective, RoundContext
@@ -47,6 +59,10 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 META_KEY = "graphfedseg"
+#: windows per site and round for U_i in patch mode (chosen by measurement: docs/methods.md, GraphFedSeg)
+DEFAULT_UNCERTAINTY_WINDOWS = 64
+#: the window sample's ``purpose`` (part of its seed): U_i's sample differs from other statistics'
+SAMPLE_PURPOSE = "graphfedseg_uncertainty"
 #: Opacus' GradSampleModule prefixes parameter names with this
 _WRAPPER_PREFIX = "_module."
 
@@ -60,6 +76,8 @@ class GraphFedSegObjective(ClientObjective):
         mc_samples: T for "mc_dropout", used when the server's meta does not say.
         uncertainty_pass: "after_training" or "last_epoch" (module docstring), used when the server's
             meta does not say.
+        uncertainty_windows: in patch mode, the number of windows the after-training pass draws per round
+            (module docstring); ``None`` or ``"whole_image"``: a sliding window over every whole image.
     """
 
     name = "graphfedseg"
@@ -72,10 +90,12 @@ class GraphFedSegObjective(ClientObjective):
         uncertainty: str = "evidential",
         mc_samples: int = 5,
         uncertainty_pass: str = "after_training",
+        uncertainty_windows: Union[int, str, None] = DEFAULT_UNCERTAINTY_WINDOWS,
         **kwargs: Any,
     ):
         super().__init__(seg_loss=seg_loss, **kwargs)
         check_estimator(uncertainty, mc_samples, uncertainty_pass)
+        self.uncertainty_windows = check_window_count(uncertainty_windows, "uncertainty_windows")
         self.uncertainty = uncertainty
         self.mc_samples = int(mc_samples)
         self.uncertainty_pass = uncertainty_pass
@@ -135,16 +155,35 @@ class GraphFedSegObjective(ClientObjective):
         if values:  # "last_epoch": measured during training
             return {"uncertainty": client_uncertainty(values)}
         # "after_training", or a last epoch that saw no image (possible with DP's Poisson batches)
-        if self._round_uncertainty == "evidential":
-            values = [evidential_image_uncertainty(logits) for _, _, logits, _ in engine.iterate_logits(model, "training")]
+        if self._round_uncertainty == "mc_dropout" and not any(
+            isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()
+        ):
+            logger.warning("mc_dropout uncertainty on a model without active dropout: U will be 0")
+        if self.uncertainty_windows is not None and engine.window_sample_available:
+            values = self._sampled_image_values(ctx, model, engine)
         else:
-            if not any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
-                logger.warning("mc_dropout uncertainty on a model without active dropout: U will be 0")
-            values = []
-            for batch in engine.loader("training"):  # whole images (sliding window in patch mode)
-                images = batch["image"].to(engine.device)
-                values.append(mc_dropout_image_uncertainty(model, images, self._round_mc_samples, forward=engine.predictor))
+            values = self._whole_image_values(model, engine)
         return {"uncertainty": client_uncertainty(values)}
+
+    def _whole_image_values(self, model: nn.Module, engine: "SegEngine") -> List[torch.Tensor]:
+        """Eq. 3 on every whole training image (sliding window in patch mode): ``(1,)`` per image."""
+        if self._round_uncertainty == "evidential":
+            return [evidential_image_uncertainty(logits) for _, _, logits, _ in engine.iterate_logits(model, "training")]
+        values = []
+        for batch in engine.loader("training"):
+            images = batch["image"].to(engine.device)
+            values.append(mc_dropout_image_uncertainty(model, images, self._round_mc_samples, forward=engine.predictor))
+        return values
+
+    def _sampled_image_values(self, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> List[torch.Tensor]:
+        """Eq. 3 on this round's window sample: per sampled image, the mean pixel value over its sampled
+        cells (0-d float64 each)."""
+        sample = engine.window_sample("training", self.uncertainty_windows, ctx.round, SAMPLE_PURPOSE)
+        if self._round_uncertainty == "evidential":
+            return [masked_mean(evidential_pixel_uncertainty(logits), masks)
+                    for _, logits, masks in engine.iterate_window_logits(model, "training", sample)]
+        return [masked_mean(mc_dropout_pixel_uncertainty(model, windows, self._round_mc_samples).unsqueeze(1), masks)
+                for _, windows, masks in engine.iterate_windows("training", sample)]
 
 
 def _bind_direction(model: nn.Module, direction: Mapping[str, Any]) -> tuple:

@@ -5,9 +5,11 @@ Two tasks per round: ``train`` and ``evaluate_surrogate`` (each site returns two
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from fedseg.config import resolve_profile
+from fedseg.uncertainty.window_sample import check_window_count
+from fedseg.objectives.fedevi import DEFAULT_SURROGATE_WINDOWS
 from fedseg.recipes.base import FedSegRecipe, split_options
 
 # reference code defaults (spec: shared/methods/fedevi.md)
@@ -30,6 +32,17 @@ PAPER_PROFILES = {
 
 
 class FedEviRecipe(FedSegRecipe):
+    """Args (besides the shared job/train options): the strategy's ``delta``, ``weight_form``, ``beta0``,
+    ``clip``, ``use_gap``, ``use_reliability`` and the objective's ``kl_weight``, ``anneal_rounds``,
+    ``dice_form`` (docs/methods.md, FedEvi), and
+
+        surrogate_windows: at native resolution (patch mode), the surrogate task computes G, A and R_paper
+            on this many patch-size windows of the validation images, drawn at each site per round
+            (default ``DEFAULT_SURROGATE_WINDOWS``); ``"whole_image"`` (or None) evaluates both models on
+            every whole validation image (docs/methods.md). Site-side only: the server strategy does not
+            read it.
+    """
+
     def __init__(
         self,
         *,
@@ -45,6 +58,7 @@ class FedEviRecipe(FedSegRecipe):
         kl_weight: float = 0.01,
         anneal_rounds: int = 10,
         dice_form: str = "dice",
+        surrogate_windows: Union[int, str, None] = DEFAULT_SURROGATE_WINDOWS,
         **options: Any,
     ):
         job_options, train_overrides = split_options(options)
@@ -62,7 +76,12 @@ class FedEviRecipe(FedSegRecipe):
                 "use_reliability": use_reliability,
             },
             objective="fedevi",
-            objective_args={"kl_weight": kl_weight, "anneal_rounds": anneal_rounds, "dice_form": dice_form},
+            objective_args={
+                "kl_weight": kl_weight,
+                "anneal_rounds": anneal_rounds,
+                "dice_form": dice_form,
+                "surrogate_windows": check_window_count(surrogate_windows, "surrogate_windows"),
+            },
             num_rounds=resolved["num_rounds"],
             train_config=resolved["train_config"],
             **job_options,

@@ -3,9 +3,11 @@ graph (one QP per client, cvxpy) and dual-layer aggregation. The project's headl
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from fedseg.config import resolve_profile
+from fedseg.uncertainty.window_sample import check_window_count
+from fedseg.objectives.graphfedseg import DEFAULT_UNCERTAINTY_WINDOWS
 from fedseg.recipes.base import FedSegRecipe, split_options
 
 # the paper's setting: 4 polyp sites, U-Net, Adam 5e-4, batch 4, E = 2, 250 rounds, 384 x 384
@@ -40,6 +42,11 @@ class GraphFedSegRecipe(FedSegRecipe):
         uncertainty_pass: "after_training" (default: an extra forward pass over the training images with
             the trained model) or "last_epoch" (evidential only: U from the last local epoch's training
             logits, no extra pass; see docs/methods.md).
+        uncertainty_windows: at native resolution (patch mode), the after-training pass measures U_i on
+            this many patch-size windows of the training images, drawn at each site per round (default
+            ``DEFAULT_UNCERTAINTY_WINDOWS``); ``"whole_image"`` (or None) slides the window over every whole
+            training image, several times the cost of local training (docs/methods.md). Site-side only:
+            the server strategy does not read it.
     """
 
     def __init__(
@@ -57,6 +64,7 @@ class GraphFedSegRecipe(FedSegRecipe):
         uncertainty: str = "evidential",
         mc_samples: int = 5,
         uncertainty_pass: str = "after_training",
+        uncertainty_windows: Union[int, str, None] = DEFAULT_UNCERTAINTY_WINDOWS,
         **options: Any,
     ):
         job_options, train_overrides = split_options(options)
@@ -79,7 +87,12 @@ class GraphFedSegRecipe(FedSegRecipe):
                 "uncertainty_pass": uncertainty_pass,
             },
             objective="graphfedseg",
-            objective_args={"uncertainty": uncertainty, "mc_samples": mc_samples, "uncertainty_pass": uncertainty_pass},
+            objective_args={
+                "uncertainty": uncertainty,
+                "mc_samples": mc_samples,
+                "uncertainty_pass": uncertainty_pass,
+                "uncertainty_windows": check_window_count(uncertainty_windows, "uncertainty_windows"),
+            },
             num_rounds=resolved["num_rounds"],
             train_config=resolved["train_config"],
             **job_options,

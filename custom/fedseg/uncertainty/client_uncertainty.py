@@ -48,13 +48,32 @@ def check_estimator(uncertainty: str, mc_samples: int, uncertainty_pass: str = "
         raise ValueError("uncertainty_pass='last_epoch' needs uncertainty='evidential' (MC-dropout needs its own passes)")
 
 
-def evidential_image_uncertainty(logits: torch.Tensor) -> torch.Tensor:
-    """Eq. (3) with the evidential pixel value: ``(B, C, *spatial)`` logits -> ``(B,)`` float64.
+def evidential_pixel_uncertainty(logits: torch.Tensor) -> torch.Tensor:
+    """The evidential pixel value, vacuity ``C / S``: ``(B, C, *spatial)`` logits -> ``(B, 1, *spatial)`` float32.
 
     Logits are clamped at 80 before ``exp`` (``dirichlet_alpha``), so saturated outputs stay finite.
     """
-    u_pixel = vacuity(dirichlet_alpha(logits.to(torch.float32)))  # (B, 1, *spatial)
-    return u_pixel.flatten(1).to(torch.float64).mean(dim=1)
+    return vacuity(dirichlet_alpha(logits.to(torch.float32)))
+
+
+def evidential_image_uncertainty(logits: torch.Tensor) -> torch.Tensor:
+    """Eq. (3) with the evidential pixel value: ``(B, C, *spatial)`` logits -> ``(B,)`` float64."""
+    return evidential_pixel_uncertainty(logits).flatten(1).to(torch.float64).mean(dim=1)
+
+
+def masked_mean(pixel_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``pixel_values`` over the true pixels of ``mask`` (same shape, or broadcastable), as a 0-d
+    float64 tensor: one image's value from the cells of a window sample
+    (``fedseg.uncertainty.window_sample``), ``(n, 1, *patch)`` values and masks of its n windows.
+
+    Raises:
+        ValueError: an empty mask (no pixel to average).
+    """
+    mask = torch.broadcast_to(mask, pixel_values.shape)
+    count = int(mask.sum())
+    if count == 0:
+        raise ValueError("masked_mean: the mask selects no pixel")
+    return pixel_values.to(torch.float64)[mask].sum() / count
 
 
 def mc_pixel_uncertainty(probs: torch.Tensor, measure: str = "mutual_information") -> torch.Tensor:
@@ -82,14 +101,14 @@ def mc_pixel_uncertainty(probs: torch.Tensor, measure: str = "mutual_information
     return (predictive_entropy - expected_entropy).clamp_min(0.0) / math.log(num_classes)
 
 
-def mc_dropout_image_uncertainty(
+def mc_dropout_pixel_uncertainty(
     model: nn.Module,
     x: torch.Tensor,
     num_samples: int = 5,
     measure: str = "mutual_information",
     forward: Optional[Callable[[nn.Module, torch.Tensor], torch.Tensor]] = None,
 ) -> torch.Tensor:
-    """Eq. (3) with an MC-dropout pixel value: T stochastic passes over images ``x`` ``(B, C_in, *spatial)``.
+    """MC-dropout pixel values: T stochastic passes over images (or windows) ``x`` ``(B, C_in, *spatial)``.
 
     ``forward(model, x)`` gives the logits of one pass (default ``model(x)``; the engine's sliding-window
     predictor for whole images at native resolution).
@@ -98,7 +117,7 @@ def mc_dropout_image_uncertainty(
     uses its running statistics); the model's original train/eval flags are restored afterwards.
 
     Returns:
-        ``(B,)`` float64 image values.
+        ``(B, *spatial)`` float64 pixel values (:func:`mc_pixel_uncertainty`).
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
@@ -114,7 +133,19 @@ def mc_dropout_image_uncertainty(
     finally:
         for module, training in modes.items():
             module.train(training)
-    return mc_pixel_uncertainty(probs, measure).flatten(1).mean(dim=1)
+    return mc_pixel_uncertainty(probs, measure)
+
+
+def mc_dropout_image_uncertainty(
+    model: nn.Module,
+    x: torch.Tensor,
+    num_samples: int = 5,
+    measure: str = "mutual_information",
+    forward: Optional[Callable[[nn.Module, torch.Tensor], torch.Tensor]] = None,
+) -> torch.Tensor:
+    """Eq. (3) with an MC-dropout pixel value (:func:`mc_dropout_pixel_uncertainty`): ``(B,)`` float64
+    image values, the pixel mean of each image."""
+    return mc_dropout_pixel_uncertainty(model, x, num_samples, measure, forward).flatten(1).mean(dim=1)
 
 
 def client_uncertainty(image_values: Union[torch.Tensor, Iterable[torch.Tensor]]) -> float:
@@ -139,6 +170,9 @@ __all__ = [
     "check_estimator",
     "client_uncertainty",
     "evidential_image_uncertainty",
+    "evidential_pixel_uncertainty",
+    "masked_mean",
     "mc_dropout_image_uncertainty",
+    "mc_dropout_pixel_uncertainty",
     "mc_pixel_uncertainty",
 ]

@@ -1,0 +1,124 @@
+"""The cost table of docs/benchmarks.md section (f) from one ``fedseg bench`` folder: round time per method
+against FedAvg's, Dice, and paired per-image tests of each method against FedAvg and of each method's
+window-sample default against its whole-image setting (issue #28 item 2).
+
+Reads the stored runs (``<out>/runs/method-*.json``; nothing is re-run) and prints Markdown:
+
+* cost: runs, median round wall (median over every run's rounds 1..R-1, as ``results.md``), its ratio to
+  FedAvg's in the same bench, the median task times (median over runs of each run's median), wall per run;
+* Dice: mean over sites (unweighted) per seed, mean +- std over seeds, and per site;
+* paired tests (``fedseg.bench.stats.compare``: per test image, same seed, pooled over seeds and sites;
+  two-sided Wilcoxon and paired t): every label against FedAvg, and each ``--pairs SAMPLED:WHOLE``.
+
+Usage:
+    python benchmarks/cost_table.py /work/bench_out/cost/retina_bench \\
+        --pairs graphfedseg:graph_whole fedevi:fedevi_whole [--metric dice_fov]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Dict, List
+
+
+def load_runs(out: Path) -> Dict[str, List[Dict[str, Any]]]:
+    """``{label: [run record, ...]}`` of the bench's method runs, in seed order."""
+    by_label: Dict[str, List[Dict[str, Any]]] = {}
+    for path in sorted((out / "runs").glob("method-*.json")):
+        record = json.loads(path.read_text())
+        by_label.setdefault(record["label"], []).append(record)
+    if not by_label:
+        raise SystemExit(f"no method runs under {out / 'runs'}")
+    for records in by_label.values():
+        records.sort(key=lambda r: r["seed"])
+    return by_label
+
+
+def per_image(records: List[Dict[str, Any]]) -> Dict[int, Dict[str, List[Dict[str, Any]]]]:
+    return {r["seed"]: r["per_image"]["global"] for r in records}
+
+
+def median_round_wall(records: List[Dict[str, Any]]) -> float:
+    walls = [w for r in records for w in (r.get("round_walls") or [])[1:]]
+    return statistics.median(walls)
+
+
+def cost_rows(runs: Dict[str, List[Dict[str, Any]]], baseline: str) -> List[str]:
+    base = median_round_wall(runs[baseline])
+    lines = ["| approach | runs | median round wall (s) | vs FedAvg | median task times (s) | wall per run (s) |",
+             "|---|---|---|---|---|---|"]
+    for label, records in runs.items():
+        wall = median_round_wall(records)
+        tasks = sorted({t for r in records for t in (r.get("median_task_times") or {})})
+        task_text = ", ".join(f"{t} {statistics.median(r['median_task_times'][t] for r in records if t in r.get('median_task_times', {})):.2f}"
+                              for t in tasks)
+        walls = [r["wall_s"] for r in records]
+        spread = f"{statistics.fmean(walls):.0f} ± {statistics.stdev(walls):.0f}" if len(walls) > 1 else f"{walls[0]:.0f}"
+        lines.append(f"| {label} | {len(records)} | {wall:.2f} | {wall / base:.2f}x | {task_text} | {spread} |")
+    return lines
+
+
+def dice_rows(runs: Dict[str, List[Dict[str, Any]]], sites: List[str], metric: str) -> List[str]:
+    from fedseg.bench.stats import summarise_seeds
+
+    lines = [f"| approach | {' | '.join(sites)} | mean over sites (seeds {{}}) |", "|" + "---|" * (len(sites) + 2)]
+    seeds_text = None
+    for label, records in runs.items():
+        final = {r["seed"]: r["final"]["global"] for r in records}
+        summary = summarise_seeds(final, sites, metrics=(metric,))
+        cells = []
+        for key in sites + ["mean"]:
+            s = summary[key][metric]
+            cells.append("-" if s["mean"] is None else f"{s['mean']:.3f} ± {s['std']:.3f}")
+        seeds_text = seeds_text or ", ".join(str(r["seed"]) for r in records)
+        lines.append(f"| {label} | {' | '.join(cells)} |")
+    lines[0] = lines[0].format(seeds_text)
+    return lines
+
+
+def test_rows(runs: Dict[str, List[Dict[str, Any]]], pairs: List[tuple], sites: List[str], metric: str) -> List[str]:
+    from fedseg.bench.stats import compare
+
+    def p(v):
+        return "-" if v is None else (f"{v:.3f}" if v >= 1e-3 else f"{v:.1e}")
+
+    lines = [f"| {metric} of | against | pairs | mean diff | Wilcoxon p | t-test p | " + " | ".join(f"Wilcoxon p {s}" for s in sites) + " |",
+             "|" + "---|" * (6 + len(sites))]
+    for a, b in pairs:
+        tests = compare(per_image(runs[a]), per_image(runs[b]), sites, metrics=(metric,))[metric]
+        t = tests["all"]
+        per_site = [p(tests["per_site"][s]["wilcoxon_p"]) for s in sites]
+        diff = "-" if t["mean_diff"] is None else f"{t['mean_diff']:+.4f}"
+        lines.append(f"| {a} | {b} | {t['n']} | {diff} | {p(t['wilcoxon_p'])} | {p(t['ttest_p'])} | " + " | ".join(per_site) + " |")
+    return lines
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="the fedseg bench --out folder")
+    parser.add_argument("--baseline", default="fedavg")
+    parser.add_argument("--pairs", nargs="*", default=[], help="SAMPLED:WHOLE labels to test against each other")
+    parser.add_argument("--metric", default="dice", help="per-image metric of the Dice table and the tests")
+    args = parser.parse_args(argv)
+    runs = load_runs(args.out)
+    if args.baseline not in runs:
+        raise SystemExit(f"baseline {args.baseline!r} not among the runs' labels {sorted(runs)}")
+    sites = list(json.loads((args.out / "site_datalists.json").read_text()))
+    pairs = [tuple(x.split(":", 1)) for x in args.pairs]
+    for a, b in pairs:
+        for label in (a, b):
+            if label not in runs:
+                raise SystemExit(f"--pairs label {label!r} not among the runs' labels {sorted(runs)}")
+    vs_base = [(label, args.baseline) for label in runs if label != args.baseline]
+    print("\n".join(cost_rows(runs, args.baseline)))
+    print()
+    print("\n".join(dice_rows(runs, sites, args.metric)))
+    print()
+    print("\n".join(test_rows(runs, pairs + vs_base, sites, args.metric)))
+
+
+if __name__ == "__main__":
+    main()
