@@ -151,6 +151,8 @@ def test_accuracy_extra_metrics_and_single_seed(seg_records):
     # one seed: the mean alone, no ± 0.000
     assert _row(lines, "FedEvi")[0] == f"{_site_mean_per_seed(seg_records[:4], 'fedevi', 'dice')[0]:.3f}"
     assert "one seed: no spread" in accuracy_note(one) and "7 pairs" in accuracy_note(one)
+    volumes = {**one, "spatial": {s: {"spatial_mode": "patch", "spatial_dims": 3, "input_size": [64, 64, 16]} for s in SITES}}
+    assert _header(accuracy_table(volumes))[4] == "HD95 (voxels)"
 
 
 def test_classification_accuracy_table_uses_mcnemar():

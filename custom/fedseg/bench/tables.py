@@ -234,12 +234,16 @@ def seed_cell(spread: Mapping[str, Any], digits: int) -> str:
     return format_spread(dict(spread), digits)
 
 
-def _headline_header(results: Mapping[str, Any], metric: str) -> str:
-    """``Dice (mean of rim, cup)`` where a run has several foreground classes, else the metric's header."""
+def column_header(results: Mapping[str, Any], metric: str) -> str:
+    """``Dice (mean of rim, cup)`` where a run has several foreground classes; distances in voxels for volumes
+    (``results["spatial"]``); else the metric's header (:func:`fedseg.fl.report.metric_header`)."""
     space = label_space(results)
     if metric == "dice" and space is not None and space.multi_class:
         return f"Dice (mean of {', '.join(space.foreground)})"
-    return metric_header(metric)
+    header = metric_header(metric)
+    if any(s.get("spatial_dims") == 3 for s in (results.get("spatial") or {}).values()):
+        header = header.replace("(px)", "(voxels)")
+    return header
 
 
 def _test(comparison: Optional[Mapping[str, Any]], metric: str) -> Optional[Mapping[str, Any]]:
@@ -270,7 +274,7 @@ def accuracy_table(results: Mapping[str, Any], extra_metrics: Sequence[str] = ()
     base = baseline_title(results)
     classification = results.get("task") == "classification"
     p_key = "mcnemar_p" if classification else "wilcoxon_p"
-    headers = [_headline_header(results, m) for m in metrics]
+    headers = [column_header(results, m) for m in metrics]
     for m in tests:
         what = "accuracy" if m == "correct" else ("Dice" if m == "dice" else split_metric_key(m)[1])
         headers.append(f"Δ {what} vs {base} ({'McNemar' if classification else 'Wilcoxon'} p)")
