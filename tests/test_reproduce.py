@@ -234,7 +234,7 @@ def test_budget_names_per_method_local_epochs_and_sets(seg_records):
 
 # -------------------------------------------------------------------------------------------- glance
 def test_glance_rows_from_an_accuracy_run(seg_records, seg_results):
-    from fedseg.bench.tables import glance_rows, glance_table
+    from fedseg.bench.tables import accuracy_table, cost_table, glance_rows, glance_table
 
     rows = glance_rows(seg_results, "toy data", "toy-accuracy", link="docs/benchmarks.md")
     assert [r[0] for r in rows] == ["FedEvi", "GraphFedSeg", "GraphFedSeg (personalised)"]  # methods, not references
@@ -244,9 +244,14 @@ def test_glance_rows_from_an_accuracy_run(seg_records, seg_results):
     assert fedevi[2] == f"{_pm(_site_mean_per_seed(seg_records, 'fedevi', 'dice'), 3)} ({base})"
     x, y = _pairs(seg_records, "fedevi", "fedavg", "dice")
     assert fedevi[3] == f"{np.mean(x - y):+.3f} ({_fmt_p(sps.wilcoxon(x, y).pvalue)})"
-    assert fedevi[4] == _row(__import__("fedseg.bench.tables", fromlist=["cost_table"]).cost_table(seg_results), "FedEvi")[1]
+    assert fedevi[4] == _row(cost_table(seg_results), "FedEvi")[1]  # the cost table's ratio to FedAvg
     assert fedevi[5] == "[toy-accuracy](docs/benchmarks.md#toy-accuracy)"
     assert len(glance_table(rows)) == 2 + 3
+    ablation = [{**r, "label": "fp", "id": r["id"].replace("fedevi", "fp"), "variant_args": {"use_gap": False}}
+                for r in seg_records if r["label"] == "fedevi"]
+    with_ablation = build_results(seg_records + ablation, SITES, dict(HEADER))
+    assert "FedEvi (use_gap=False)" in "\n".join(accuracy_table(with_ablation))
+    assert [r[0] for r in glance_rows(with_ablation, "toy", "t")] == [r[0] for r in rows]  # ablation rows stay out
     fvac_base = build_results([{**r, "label": "fvac", "method": "fvac", "id": "x" + r["id"]} if r["label"] == "fedavg" else r
                                for r in seg_records if r["label"] in ("fedavg", "fedevi")], SITES, dict(HEADER), baseline="fvac")
     with pytest.raises(ValueError, match="baseline is 'fvac', not FedAvg"):

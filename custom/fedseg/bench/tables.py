@@ -343,8 +343,8 @@ def cost_note(results: Mapping[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------------ glance
 def glance_rows(results: Mapping[str, Any], data: str, table_id: str, link: Optional[str] = None) -> List[List[str]]:
-    """Rows of the "Results at a glance" table from one accuracy run: per federated approach other than the baseline
-    (global and personalised models): method, data, score (baseline's), Δ vs baseline (p), round time vs baseline,
+    """Rows of the "Results at a glance" table from one accuracy run: per method as shipped other than the baseline
+    (global and personalised models; not references, not ablation rows ``LABEL=METHOD:key=value``): method, data, score (baseline's), Δ vs baseline (p), round time vs baseline,
     source table.
 
     Raises:
@@ -362,8 +362,8 @@ def glance_rows(results: Mapping[str, Any], data: str, table_id: str, link: Opti
     source = f"[{table_id}]({link}#{table_id})" if link else f"`{table_id}`"
     rows = []
     for name, entry in results.get("approaches", {}).items():
-        if entry.get("kind") != "method" or name == base_label:
-            continue
+        if entry.get("kind") != "method" or name == base_label or entry.get("variant_args"):
+            continue  # the methods as shipped; references and ablation rows stay in the source table
         t = (results.get("timing") or {}).get(entry.get("label"), {})
         ratio = "-" if t.get("round_wall_ratio_to_fedavg") is None else f"{t['round_wall_ratio_to_fedavg']:.2f}x"
         score = seed_cell(entry["summary"]["mean"][metric], _digits(metric))
