@@ -201,6 +201,7 @@ def main(argv=None) -> Dict[str, Any]:
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    from fedseg.bench.bench import code_version
     from fedseg.data.synthetic import generate_federation
 
     tmp = None
@@ -216,6 +217,7 @@ def main(argv=None) -> Dict[str, Any]:
         "benchmark": "engine_throughput",
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
         "command": "python " + " ".join([sys.argv[0]] + (argv if argv is not None else sys.argv[1:])),
+        "code_version": code_version(),
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
                     "torch_threads": torch.get_num_threads(), "device": "cuda" if torch.cuda.is_available() else "cpu"},
         "settings": {"family": args.family, "image_size": args.image_size, "batch_size": args.batch_size,

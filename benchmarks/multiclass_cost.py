@@ -132,8 +132,10 @@ def main(argv=None) -> int:
     engine_cost = interleaved_engine_cost(three["site_datalists"], mapping, args.repeats)
     ratio = {k: costs["C=3"][k] / costs["C=2"][k] for k in
              ("median_round_wall_s", "median_site_compute_s", "peak_site_memory_mb", "upload_mb_per_site_round")}
+    from fedseg.bench.bench import code_version
+
     record = {"date": _dt.datetime.now().isoformat(timespec="seconds"), "command": " ".join(sys.argv),
-              "machine": three.get("machine"), "budget": three.get("budget"), "costs": costs, "ratio_c3_over_c2": ratio,
+              "code_version": code_version(), "machine": three.get("machine"), "budget": three.get("budget"), "costs": costs, "ratio_c3_over_c2": ratio,
               "interleaved_engine": engine_cost}
     (out / "multiclass_cost.json").write_text(json.dumps(record, indent=1))
     lines = ["| label space | median round wall (s) | median site compute (s) | peak site memory (MB) | upload per site per round (MB) |",

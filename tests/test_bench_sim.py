@@ -70,6 +70,15 @@ def test_outputs_and_paired_test_equal_scipy_on_site_files(bench):
     assert results["timing"]["fedavg"]["round_wall_ratio_to_fedavg"] == pytest.approx(1.0)
     assert results["timing"]["fedevi"]["round_wall_ratio_to_fedavg"] > 0
     assert "Wilcoxon" in (bench / "results.md").read_text()
+    # provenance for the results page: the commit of this code in results.json and in every run, the spatial mode
+    from fedseg.bench.bench import code_version
+    from fedseg.bench.tables import accuracy_table, caption
+
+    assert results["code_version"] == code_version()
+    assert all(json.loads(p.read_text())["code_version"] == code_version() for p in (bench / "runs").glob("*.json"))
+    assert {s["spatial_mode"] for s in results["spatial"].values()} == {"resize"}
+    assert "images resized to 32 px" in caption(results, "t")
+    assert [line.split("|")[1].strip() for line in accuracy_table(results)[2:]] == ["FedAvg", "FedEvi", "local only"]
 
 
 def test_per_image_rows_never_reach_the_server(bench):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -93,6 +94,71 @@ def plan(methods: Sequence[str], references: Sequence[str], seeds: Sequence[int]
     return specs
 
 
+def code_version(path: Optional[Path] = None) -> Dict[str, Any]:
+    """The git commit of the code that runs: ``{"commit": short hash, "dirty": bool}`` of the repository whose
+    tracked files hold ``path`` (default: this package). ``dirty``: tracked files differ from the commit (untracked
+    files, e.g. outputs, do not count). ``{"commit": None, "dirty": None}`` where the package is not a git
+    checkout (installed from a wheel, or git missing): ``git ls-files`` must list ``path``'s ``__init__.py``, so a
+    package installed inside another repository's folder is not given that repository's commit."""
+    here = Path(path) if path is not None else Path(__file__).resolve().parent
+
+    def git(*args: str) -> Optional[str]:
+        try:
+            proc = subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return proc.stdout if proc.returncode == 0 else None
+
+    commit = git("rev-parse", "--short", "HEAD") if git("ls-files", "--error-unmatch", "__init__.py") is not None else None
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    if not commit or status is None:
+        return {"commit": None, "dirty": None}
+    return {"commit": commit.strip(), "dirty": bool(status.strip())}
+
+
+def version_label(version: Optional[Dict[str, Any]]) -> str:
+    """``"3454ff5"``, ``"3454ff5+dirty"`` (uncommitted changes), ``"unknown"`` (no git checkout) or ``"not recorded"``
+    (a run stored before ``fedseg bench`` recorded its code version)."""
+    if not version:
+        return "not recorded"
+    if not version.get("commit"):
+        return "unknown"
+    return version["commit"] + ("+dirty" if version.get("dirty") else "")
+
+
+def run_code_versions(records: Sequence[Dict[str, Any]]) -> Dict[str, List[str]]:
+    """``{version label: [run ids]}`` of the code that trained each run (:func:`version_label`); a resumed bench
+    can hold runs of several versions."""
+    out: Dict[str, List[str]] = {}
+    for rec in records:
+        out.setdefault(version_label(rec.get("code_version")), []).append(rec["id"])
+    return out
+
+
+def spatial_settings(records: Sequence[Dict[str, Any]], mapping: Dict[str, str]) -> Dict[str, Dict[str, Any]]:
+    """How each site's images reached the network: ``{site: {"spatial_mode", "rescale", "spatial_dims", "input_size",
+    ...}}`` (:func:`fedseg.engine.spatial.resolve_spatial_settings` of the first run's ``train_config`` and the site's
+    datalist; every run of a bench shares the budget's spatial settings). ``input_size``: ``image_size`` in resize mode,
+    else ``patch_size``. A site whose settings cannot be resolved gets ``{"error": why}`` (the runs are already done:
+    their results are written regardless)."""
+    from fedseg.data.datalist import read_datalist_json
+    from fedseg.engine.spatial import resolve_spatial_settings
+
+    train_config = next((r["train_config"] for r in records if r.get("train_config")), None)
+    if train_config is None:
+        return {}
+    out: Dict[str, Dict[str, Any]] = {}
+    for site, path in mapping.items():
+        try:
+            settings = resolve_spatial_settings(train_config, read_datalist_json(path)[1], where=f"of site {site}")
+        except (ValueError, OSError) as e:  # DatalistError is a ValueError
+            out[site] = {"error": str(e)}
+            continue
+        size = train_config.get("image_size") if settings["spatial_mode"] == "resize" else train_config.get("patch_size")
+        out[site] = {**settings, "input_size": size}
+    return out
+
+
 def _fmt_s(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
@@ -132,12 +198,16 @@ def run_bench(
             since their models are not kept.
 
     Returns:
-        The ``results.json`` dict.
+        The ``results.json`` dict. Besides :func:`fedseg.bench.report.build_results`'s fields its header records
+        ``code_version`` (the git commit of this code, :func:`code_version`; each run's own is in its
+        ``runs/<id>.json`` and summarised in ``run_code_versions``), ``machine``, ``date`` (when the results were
+        written), ``budget`` and ``spatial`` (each site's spatial mode and input size, :func:`spatial_settings`).
     """
     budget = budget or Budget()
     if not site_datalists:
         budget.data_family = budget.data_family or family or "polyp"
     started = time.perf_counter()
+    version, machine = code_version(), machine_info()  # before the runs: the load they start under
     root = Path(out).resolve()
     specs = plan(methods, references, seeds)  # fail on a bad spec before any data or job
     if baseline is not None and baseline not in {s.label for s in specs}:
@@ -166,7 +236,7 @@ def run_bench(
             record = run_method(spec, budget, mapping, root, site_map_file)
         else:
             record = run_reference(spec, budget, mapping, root)
-        record.update(id=spec.id, run_config=config)
+        record.update(id=spec.id, run_config=config, code_version=version)
         save_run(path, record)
         records.append(record)
         executed_seconds += time.perf_counter() - run_started
@@ -184,9 +254,12 @@ def run_bench(
         "benchmark": "fedseg bench",
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
         "command": command,
-        "machine": machine_info(),
+        "code_version": version,
+        "run_code_versions": run_code_versions(records),
+        "machine": machine,
         "seeds": [int(s) for s in seeds],
         "budget": budget.to_dict(),
+        "spatial": spatial_settings(records, mapping),
         "site_datalists": mapping,
         "data": data_summary(mapping),
         "runs": {r["id"]: str(root / "runs" / f"{r['id']}.json") for r in records},

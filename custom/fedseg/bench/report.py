@@ -139,6 +139,7 @@ def _timing(records: Sequence[Dict[str, Any]], baseline: Optional[str] = BASELIN
         out[label] = {"kind": recs[0]["kind"], "runs": len(recs), "wall_s_per_run": seed_spread([r["wall_s"] for r in recs]),
                       "wall_s_total": sum(r["wall_s"] for r in recs),
                       "median_round_wall": statistics.median(walls) if walls else None,
+                      "rounds_timed": len(walls),
                       "upload_mb_per_site_round": recs[0].get("upload_mb_per_site_round"),
                       "peak_site_memory_mb": max((r["peak_site_memory_mb"] for r in recs if r.get("peak_site_memory_mb")), default=None),
                       "download_mb_per_site_round": recs[0].get("download_mb_per_site_round")}
@@ -202,14 +203,20 @@ def _mean_curve(curves: Sequence[Sequence[Optional[float]]]) -> List[Optional[fl
 
 
 # ------------------------------------------------------------------------------------------ markdown
-def _pm(spread: Dict[str, Any], digits: int) -> str:
+def format_spread(spread: Dict[str, Any], digits: int) -> str:
+    """``"0.835 ± 0.011"``: a :func:`fedseg.bench.stats.seed_spread` as mean ± sample std with ``digits``
+    decimals; ``"-"`` where there is no value."""
     if spread.get("mean") is None:
         return "-"
     return f"{spread['mean']:.{digits}f} ± {spread['std']:.{digits}f}"
 
 
-def _p(v: Optional[float]) -> str:
+def format_p(v: Optional[float]) -> str:
+    """A p-value: ``"3.43e-04"`` below 0.001, else ``"0.072"``; ``"-"`` where the test could not run."""
     return "-" if v is None else (f"{v:.2e}" if v < 1e-3 else f"{v:.3f}")
+
+
+_pm, _p = format_spread, format_p  # the short names the tables below use
 
 
 def markdown(results: Dict[str, Any]) -> str:

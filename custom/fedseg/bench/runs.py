@@ -208,7 +208,8 @@ def refresh_method(stored: Dict[str, Any], spec: RunSpec, mapping: Mapping[str, 
     report = json.loads(report_path.read_text())
     record = method_record(spec, mapping, Path(stored["workspace"]), report, stored.get("command"), str(report_path),
                            stored.get("wall_s"))
-    record.update(id=stored["id"], run_config=stored["run_config"])
+    # the code that trained it stays the run's code version (only the reading is this code's)
+    record.update(id=stored["id"], run_config=stored["run_config"], code_version=stored.get("code_version"))
     return record
 
 

@@ -119,12 +119,14 @@ def median_task_breakdown(rounds: List[Dict[str, Any]], skip_first: int = 1) -> 
 
 
 def machine_info() -> Dict[str, Any]:
-    """Platform, CPU count, Python and torch versions, load average at the call."""
+    """Platform, CPU count, Python and torch versions, the GPUs torch sees (names; empty list on a CPU-only
+    machine), load average at the call."""
     try:
         load = os.getloadavg()
     except OSError:  # pragma: no cover
         load = None
     import torch
 
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "loadavg_at_start": load}
+            "torch": torch.__version__, "gpus": gpus, "loadavg_at_start": load}

@@ -1,0 +1,480 @@
+"""Every table of the results page from one stored command: ``python benchmarks/reproduce.py TABLE [--run]``.
+
+The registry below names each table: the run that makes its data (the exact commands, run from the repository
+root; the last one writes the output, earlier ones prepare its data), the output it reads, and its renderer. A
+table is one markdown table with a one-line caption above it: data, seeds, budget, machine, date and the code
+version, all read from the output (``results.json`` of a ``fedseg bench`` run, or a benchmark script's JSON).
+
+Usage:
+    python benchmarks/reproduce.py --list                   # tables, their outputs and commands
+    python benchmarks/reproduce.py fundus-accuracy          # render from the stored output (else: the command to run)
+    python benchmarks/reproduce.py fundus-accuracy --run    # run its commands first (fedseg bench resumes)
+    python benchmarks/reproduce.py --all                    # every table whose output exists
+    python benchmarks/reproduce.py glance [--link docs/benchmarks.md]   # "Results at a glance"
+    ... --out-root DIR                                      # outputs under DIR instead of /work/bench_out
+
+Adding a table: a run in ``RUNS`` (output folder or file relative to the output root, and its commands, with
+``{out}`` for that output and ``{root}`` for the output root) if its run is new, then one entry in ``TABLES``:
+``{"run": RUN, "render": "accuracy" | "cost" | ..., "title": ...}`` (``"data"``: its row label in the glance table,
+for accuracy tables of runs whose baseline is FedAvg; ``"metrics"``: extra accuracy columns such as ``dice_fov``).
+
+A stored output made by another command than the registry's is refused (the registry or the output is stale):
+fix the registry or re-run; ``--ignore-command`` renders it anyway and says so in the caption.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+#: where this session's runs write (outputs never go into the repository)
+DEFAULT_ROOT = "/work/bench_out"
+REPO = Path(__file__).resolve().parents[1]
+
+# ------------------------------------------------------------------------------------------ registry
+#: run id -> output (folder or .json file, relative to the output root), commands; ``result``: the JSON file inside
+#: an output folder (default ``results.json``)
+RUNS: Dict[str, Dict[str, Any]] = {
+    "fundus": {"out": "fundus", "commands": [
+        "fedseg bench --family fundus --methods fedavg fedevi graphfedseg --references local pooled --seeds 0 1 2 --out {out}"]},
+    "fundus-fvac": {"out": "fundus_fvac", "commands": [
+        "fedseg bench --family fundus --methods fvac fvac_per_class=fvac:fvda_foreground=per_class --references "
+        "--baseline fvac --seeds 0 1 2 --out {out}"]},
+    "odoc-fundus-smoke": {"out": "odoc_fundus_smoke", "commands": [
+        "fedseg data odoc --src ../shared/data/odoc_prostate_samples --out {root}/odoc_data/fundus",
+        "fedseg bench --site-datalists {root}/odoc_data/fundus/site_datalists.json --methods fedavg fedevi graphfedseg "
+        "fvac pathfl fedefm_downstream --seeds 0 --rounds 2 --out {out}"]},
+    "odoc-prostate-smoke": {"out": "odoc_prostate_smoke", "commands": [
+        "fedseg data odoc --src ../shared/data/odoc_prostate_samples --out {root}/odoc_data/prostate --task prostate",
+        "fedseg bench --site-datalists {root}/odoc_data/prostate/site_datalists.json --methods fedavg fedevi graphfedseg "
+        "fvac pathfl fedefm_downstream --seeds 0 --rounds 2 --out {out}"]},
+    "multiclass-cost": {"out": "multiclass_cost", "result": "multiclass_cost.json", "commands": [
+        "python benchmarks/multiclass_cost.py --out {out} --repeats 5"]},
+    "prostate3d-3d": {"out": "prostate3d_3d", "commands": [
+        "fedseg bench --family prostate3d --methods fedavg fedevi graphfedseg --references local pooled --seeds 0 1 2 "
+        "--out {out}"]},
+    "prostate3d-slices": {"out": "prostate3d_slices", "commands": [
+        "fedseg bench --family prostate3d --methods fedavg fedevi graphfedseg --references local pooled --seeds 0 1 2 "
+        "--set spatial_mode=slices --out {out}"]},
+    "engine-prostate3d-3d": {"out": "engine_throughput_3d.json", "commands": [
+        "python benchmarks/engine_throughput.py --family prostate3d --batch-size 2 --epochs 1 --repeats 7 --data both "
+        "--threads 1 --out {out}"]},
+    "engine-prostate3d-slices": {"out": "engine_throughput_slices.json", "commands": [
+        "python benchmarks/engine_throughput.py --family prostate3d --spatial-mode slices --batch-size 4 --epochs 1 "
+        "--repeats 7 --data both --threads 1 --out {out}"]},
+    # the native-resolution cost run of issue 28 item 2 (its uncertainty_windows / surrogate_windows options come
+    # with that work)
+    "retina-native": {"out": "cost/retina_bench", "commands": [
+        "fedseg data retina --src ../shared/data/retina_vessels --out {root}/cost/retina_data",
+        "fedseg bench --site-datalists {root}/cost/retina_data/site_datalists.json --methods fedavg graphfedseg fedevi "
+        "graph_whole=graphfedseg:uncertainty_windows=whole_image fedevi_whole=fedevi:surrogate_windows=whole_image "
+        "--references --seeds 0 1 2 --rounds 20 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
+}
+
+#: table id -> run(s), renderer, title (and renderer options)
+TABLES: Dict[str, Dict[str, Any]] = {
+    "fundus-accuracy": {"run": "fundus", "render": "accuracy", "data": "built-in fundus (rim, cup), 3 sites",
+                        "title": "Accuracy on the built-in fundus family (optic disc rim and cup), 3 sites"},
+    "fundus-cost": {"run": "fundus", "render": "cost", "title": "Cost on the built-in fundus family, 3 sites"},
+    "fundus-fvac-foreground": {"run": "fundus-fvac", "render": "accuracy",
+                               "title": "FVAC's two readings of foreground on three classes (built-in fundus)"},
+    "odoc-smoke": {"run": ["odoc-fundus-smoke", "odoc-prostate-smoke"], "render": "overview",
+                   "title": "Every method on the real OD/OC and prostate samples, end to end (a smoke row, not a claim)"},
+    "multiclass-cost": {"run": "multiclass-cost", "render": "multiclass-cost",
+                        "title": "What a third class costs: FedAvg with C = 3 vs C = 2 on the same fundus images"},
+    "prostate3d-accuracy": {"run": "prostate3d-3d", "render": "accuracy", "data": "built-in prostate MR volumes (3-D), 3 sites",
+                            "title": "Accuracy on the built-in prostate MR volumes, 3-D patches, 3 sites"},
+    "prostate3d-cost": {"run": "prostate3d-3d", "render": "cost",
+                        "title": "Cost on the built-in prostate MR volumes, 3-D patches, 3 sites"},
+    "prostate3d-slices-accuracy": {"run": "prostate3d-slices", "render": "accuracy",
+                                   "data": "built-in prostate MR volumes (slices), 3 sites",
+                                   "title": "Accuracy on the built-in prostate MR volumes, 2-D slices, 3 sites"},
+    "prostate3d-slices-cost": {"run": "prostate3d-slices", "render": "cost",
+                               "title": "Cost on the built-in prostate MR volumes, 2-D slices, 3 sites"},
+    "engine-throughput-prostate3d": {"run": ["engine-prostate3d-3d", "engine-prostate3d-slices"], "render": "engine-throughput",
+                                     "title": "Engine training throughput vs a plain PyTorch loop on prostate MR volumes"},
+    "retina-native-accuracy": {"run": "retina-native", "render": "accuracy", "metrics": ["dice_fov"],
+                               "data": "real retina (DRIVE / STARE / CHASE_DB1), native resolution",
+                               "title": "Accuracy on the real retina federation at native resolution"},
+    "retina-native-cost": {"run": "retina-native", "render": "cost",
+                           "title": "Cost on the real retina federation at native resolution"},
+    "glance": {"render": "glance", "title": "Results at a glance",
+               "from": ["fundus-accuracy", "prostate3d-accuracy", "prostate3d-slices-accuracy", "retina-native-accuracy"]},
+}
+
+
+# ------------------------------------------------------------------------------------------- errors
+class ReproduceError(ValueError):
+    """A bad table id, registry entry, stored output or failed command; the message names it."""
+
+
+class MissingOutput(ReproduceError):
+    """A table's output does not exist yet; the message gives the commands that make it."""
+
+
+# ---------------------------------------------------------------------------------------- registry
+def check_registry(runs: Mapping[str, Mapping[str, Any]] = RUNS, tables: Mapping[str, Mapping[str, Any]] = TABLES) -> None:
+    """Every table names known runs, a known renderer and a title; every run has an output and commands ending in
+    the one that writes ``{out}``.
+
+    Raises:
+        ReproduceError: naming the table or run that is wrong.
+    """
+    for run_id, run in runs.items():
+        if not run.get("out") or not run.get("commands"):
+            raise ReproduceError(f"run {run_id!r}: needs 'out' and 'commands'")
+        if "{out}" not in run["commands"][-1]:
+            raise ReproduceError(f"run {run_id!r}: its last command must write the output ('{{out}}'): {run['commands'][-1]}")
+    for table_id, table in tables.items():
+        if table.get("render") not in RENDERERS:
+            raise ReproduceError(f"table {table_id!r}: unknown renderer {table.get('render')!r}; known: {sorted(RENDERERS)}")
+        if not table.get("title"):
+            raise ReproduceError(f"table {table_id!r}: needs a 'title'")
+        if table["render"] == "glance":
+            bad = [t for t in table.get("from", []) if t not in tables or tables[t].get("render") != "accuracy"]
+            if bad or not table.get("from"):
+                raise ReproduceError(f"table {table_id!r}: 'from' must list accuracy tables, got {table.get('from')} (bad: {bad})")
+            continue
+        unknown = [r for r in run_ids(table) if r not in runs]
+        if unknown or not run_ids(table):
+            raise ReproduceError(f"table {table_id!r}: unknown run(s) {unknown or table.get('run')}; known: {sorted(runs)}")
+
+
+def run_ids(table: Mapping[str, Any]) -> List[str]:
+    run = table.get("run") or []
+    return [run] if isinstance(run, str) else list(run)
+
+
+def get_table(table_id: str, tables: Mapping[str, Mapping[str, Any]] = TABLES) -> Mapping[str, Any]:
+    if table_id not in tables:
+        raise ReproduceError(f"unknown table {table_id!r}; known tables: {', '.join(sorted(tables))} (see --list)")
+    return tables[table_id]
+
+
+def output_path(run: Mapping[str, Any], root: Path) -> Path:
+    """The run's output under ``root`` (what ``{out}`` stands for)."""
+    return Path(root) / run["out"]
+
+
+def result_path(run: Mapping[str, Any], root: Path) -> Path:
+    """The JSON a table reads: ``out`` itself when it is a .json file, else ``out/<result or results.json>``."""
+    out = output_path(run, root)
+    if run.get("result"):
+        return out / run["result"]
+    return out if out.suffix == ".json" else out / "results.json"
+
+
+def commands(run: Mapping[str, Any], root: Path) -> List[str]:
+    """The run's commands with ``{out}`` and ``{root}`` filled in."""
+    return [c.format(out=output_path(run, root), root=Path(root)) for c in run["commands"]]
+
+
+def _normalise(command: str) -> List[str]:
+    """A command's words without the interpreter: ``python -m fedseg bench`` / ``python benchmarks/x.py`` ->
+    ``fedseg bench`` / ``benchmarks/x.py`` (``fedseg bench`` records ``fedseg ...``, scripts their ``sys.argv``)."""
+    words = shlex.split(command)
+    if words and Path(words[0]).name.startswith("python"):
+        words = words[1:]
+        if words[:1] == ["-m"]:
+            words = words[1:]
+    return words
+
+
+def stored_command_matches(stored: Optional[str], expected: str) -> bool:
+    return stored is not None and _normalise(stored) == _normalise(expected)
+
+
+# ------------------------------------------------------------------------------------------ loading
+def load_output(run_id: str, root: Path, runs: Mapping[str, Mapping[str, Any]] = RUNS, ignore_command: bool = False
+                ) -> Dict[str, Any]:
+    """The stored JSON of run ``run_id`` under ``root``.
+
+    Raises:
+        MissingOutput: it does not exist (the message gives the commands, and the finished runs of a bench in progress).
+        ReproduceError: it is not readable JSON, or (unless ``ignore_command``) was made by another command than the
+            registry's — its ``_command_differs`` field then holds the stored command.
+    """
+    run = runs[run_id]
+    path = result_path(run, root)
+    cmds = commands(run, root)
+    if not path.is_file():
+        finished = sorted((output_path(run, root) / "runs").glob("*.json")) if output_path(run, root).is_dir() else []
+        progress = f" ({len(finished)} finished runs in {output_path(run, root) / 'runs'}: in progress?)" if finished else ""
+        raise MissingOutput(f"run {run_id!r}: no output at {path}{progress}; make it with:\n"
+                            + "\n".join(f"  {c}" for c in cmds))
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ReproduceError(f"run {run_id!r}: {path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ReproduceError(f"run {run_id!r}: {path} holds a {type(data).__name__}, not a JSON object")
+    if not stored_command_matches(data.get("command"), cmds[-1]):
+        if not ignore_command:
+            raise ReproduceError(f"run {run_id!r}: {path} was made by\n  {data.get('command')}\nbut the registry says\n"
+                                 f"  {cmds[-1]}\nfix the registry or re-run (--run); --ignore-command renders it anyway")
+        data["_command_differs"] = data.get("command")
+    return data
+
+
+def run_commands(run_id: str, root: Path, runs: Mapping[str, Mapping[str, Any]] = RUNS) -> None:
+    """Run ``run_id``'s commands in order from the repository root (``python`` = this interpreter).
+
+    Raises:
+        ReproduceError: a command failed (its exit status is named).
+    """
+    for command in commands(runs[run_id], root):
+        words = shlex.split(command)
+        if words[0] == "python":
+            words[0] = sys.executable
+        print(f"$ {command}", file=sys.stderr, flush=True)
+        rc = subprocess.run(words, cwd=REPO).returncode
+        if rc != 0:
+            raise ReproduceError(f"run {run_id!r}: `{command}` exited with status {rc}")
+
+
+# ---------------------------------------------------------------------------------------- renderers
+def _remake(table_id: str) -> str:
+    return f"Re-make: `python benchmarks/reproduce.py {table_id} --run`."
+
+
+def _stale(results: Mapping[str, Any]) -> str:
+    return (f" NOTE: made by `{results['_command_differs']}`, not by the registry's command."
+            if results.get("_command_differs") else "")
+
+
+def render_accuracy(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
+    from fedseg.bench.tables import accuracy_note, accuracy_table, caption
+
+    results = outputs[0]
+    return [caption(results, table["title"], f"{accuracy_note(results)} {_remake(table_id)}{_stale(results)}"), "",
+            *accuracy_table(results, table.get("metrics", ()))]
+
+
+def render_cost(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
+    from fedseg.bench.tables import caption, cost_note, cost_table
+
+    results = outputs[0]
+    return [caption(results, table["title"], f"{cost_note(results)} {_remake(table_id)}{_stale(results)}"), "",
+            *cost_table(results)]
+
+
+def _other_runs(table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]]) -> str:
+    """`` Other runs: `id`: date, code ...`` for the runs after the first of a multi-run table (their budget where it
+    differs from the first's), or ``""``."""
+    from fedseg.bench.tables import budget_text, code_text
+
+    first = budget_text(outputs[0]) if outputs[0].get("budget") else ""
+    parts = []
+    for run_id, o in zip(run_ids(table)[1:], outputs[1:]):
+        budget = budget_text(o) if o.get("budget") else ""
+        parts.append(f"`{run_id}`: " + (f"budget: {budget}; " if budget != first else "")
+                     + f"{str(o.get('date', ''))[:16].replace('T', ' ')}; {code_text(o)}")
+    return f" Other runs: {'; '.join(parts)}." if parts else ""
+
+
+def render_overview(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
+    """Rows = runs (one per data set), columns = every approach any run has: the mean test score over sites (Dice or
+    accuracy; mean ± std over seeds). The caption is the first run's; the others' budget, date and code follow."""
+    from fedseg.bench.runs import task_metrics
+    from fedseg.bench.tables import approach_title, caption, data_text, seed_cell
+    from fedseg.fl.report import metric_header
+
+    names: Dict[str, str] = {}
+    for results in outputs:
+        for key, entry in results["approaches"].items():
+            names.setdefault(approach_title(entry), key)
+    lines = ["| data | sites | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
+    for results, run_id in zip(outputs, run_ids(table)):
+        metric = task_metrics(results.get("task", "segmentation"))[0]
+        by_title = {approach_title(e): e for e in results["approaches"].values()}
+        cells = [seed_cell(by_title[n]["summary"]["mean"][metric], 3) if n in by_title else "-" for n in names]
+        lines.append(f"| `{run_id}` (mean {metric_header(metric)}) | {data_text(results)} | " + " | ".join(cells) + " |")
+    note = ("Cells: unweighted mean over sites of each site's test mean (mean ± std over seeds where there are several)."
+            + _other_runs(table, outputs) + f" {_remake(table_id)}" + "".join(_stale(o) for o in outputs))
+    return [caption(outputs[0], table["title"], note), "", *lines]
+
+
+def render_multiclass_cost(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
+    """``benchmarks/multiclass_cost.py``'s JSON: one row per label space and their ratio; the in-process interleaved
+    engine timings in the last two columns."""
+    from fedseg.bench.tables import caption
+
+    data = outputs[0]
+    costs, ratio, engine = data["costs"], data["ratio_c3_over_c2"], data.get("interleaved_engine") or {}
+    lines = ["| label space | median round wall (s) | median site compute (s) | peak site memory (MB) | "
+             "upload per site per round (MB) | mean test Dice | local epoch, in process (s) | test evaluation, in process (s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, c in costs.items():
+        e = engine.get(name) or {}
+        lines.append(f"| {name} | {c['median_round_wall_s']:.2f} | {c['median_site_compute_s']:.2f} | "
+                     f"{c['peak_site_memory_mb']:.0f} | {c['upload_mb_per_site_round']:.3f} | {c['mean_test_dice']:.3f} | "
+                     + (f"{e['train']:.2f} | {e['evaluate']:.2f} |" if e else "- | - |"))
+    r, er = ratio, engine.get("ratio") or {}
+    lines.append(f"| ratio C=3 / C=2 | {r['median_round_wall_s']:.2f}x | {r['median_site_compute_s']:.2f}x | "
+                 f"{r['peak_site_memory_mb']:.2f}x | {r['upload_mb_per_site_round']:.4f}x | | "
+                 + (f"{er['train']:.2f}x | {er['evaluate']:.2f}x |" if er else "- | - |"))
+    note = ("One FedAvg bench per label space (first round left out of the medians); mean test Dice = the mean over the "
+            "foreground classes (C=3: rim, cup; C=2: disc), so the two are not comparable; in-process columns: median over "
+            f"{engine.get('repeats', '?')} interleaved repeats on site {engine.get('site', '?')}, "
+            f"{engine.get('threads', '?')} torch thread. {_remake(table_id)}{_stale(data)}")
+    return [caption(data, table["title"], note), "", *lines]
+
+
+def render_engine_throughput(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
+    """``benchmarks/engine_throughput.py``'s JSON (one or several runs): per run and data mode, median images/s of
+    the engine and of the plain loop, their ratio, the A/A control ratio and CPU seconds per call."""
+    from fedseg.bench.tables import caption
+
+    lines = ["| family | spatial mode | patch | batch | data | engine img/s | plain img/s | engine / plain | "
+             "A/A control / plain | CPU s per call engine / plain |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for data in outputs:
+        s = data["settings"]
+        for r in data["results"]:
+            e, p = r["paths"]["engine"], r["paths"]["plain"]
+            control = "-" if r.get("control_ratio_images_per_s") is None else f"{r['control_ratio_images_per_s']:.2f}"
+            patch = "×".join(map(str, r["patch"])) if r.get("patch") else f"{s.get('image_size')} px"
+            lines.append(f"| {s['family']} | {s.get('spatial_mode') or '-'} | {patch} | {s['batch_size']} | {r['mode']} | "
+                         f"{e['median_images_per_s']:.2f} | {p['median_images_per_s']:.2f} | {r['ratio_images_per_s']:.2f} | "
+                         f"{control} | {e['median_cpu_s']:.2f} / {p['median_cpu_s']:.2f} |")
+    first = outputs[0]["settings"]
+    epochs = f"{first['epochs_per_call']} epoch" + ("" if first["epochs_per_call"] == 1 else "s")
+    note = (f"Median over {first['repeats']} interleaved timed calls of {epochs} each "
+            "(after one warm-up call); memory = batches held in memory (the training loop only), loader = the engine's "
+            "real DataLoader; A/A control = a second identical plain loop (the noise floor)."
+            + _other_runs(table, outputs) + f" {_remake(table_id)}" + "".join(_stale(o) for o in outputs))
+    return [caption(outputs[0], table["title"], note), "", *lines]
+
+
+def render_glance(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]],
+                  root: Path = Path(DEFAULT_ROOT), tables: Mapping[str, Mapping[str, Any]] = TABLES,
+                  runs: Mapping[str, Mapping[str, Any]] = RUNS, link: Optional[str] = None,
+                  ignore_command: bool = False) -> List[str]:
+    """"Results at a glance": the rows of every listed accuracy table whose output exists (:func:`glance_rows`)."""
+    from fedseg.bench.tables import glance_rows, glance_table
+
+    rows, used, missing = [], [], []
+    for source in table["from"]:
+        src = tables[source]
+        try:
+            results = load_output(run_ids(src)[0], root, runs, ignore_command)
+        except MissingOutput:
+            missing.append(source)
+            continue
+        try:
+            rows += glance_rows(results, src.get("data") or src["title"], source, link)
+        except ValueError as e:  # a source whose baseline is not FedAvg
+            raise ReproduceError(str(e)) from None
+        used.append(f"`{source}` ({str(results.get('date', ''))[:10]})")
+    if not rows:
+        raise MissingOutput(f"table {table_id!r}: none of its source tables has an output yet: {', '.join(table['from'])}")
+    note = ("Each row from its source table's own `fedseg bench` run (sources: " + ", ".join(used) + "): the method's "
+            "test Dice (mean over sites, mean ± std over seeds) with FedAvg's of the same run in brackets; Δ = mean "
+            "per-image difference to FedAvg (Wilcoxon p); round time = median round wall over FedAvg's in the same run."
+            + (f" Not yet run: {', '.join(missing)}." if missing else "")
+            + f" Re-make: `python benchmarks/reproduce.py {table_id}`.")
+    return [f"**{table['title']}.** {note}", "", *glance_table(rows)]
+
+
+RENDERERS: Dict[str, Callable[..., List[str]]] = {
+    "accuracy": render_accuracy, "cost": render_cost, "overview": render_overview,
+    "multiclass-cost": render_multiclass_cost, "engine-throughput": render_engine_throughput, "glance": render_glance,
+}
+
+
+def render(table_id: str, root: Path = Path(DEFAULT_ROOT), run: bool = False, link: Optional[str] = None,
+           ignore_command: bool = False, runs: Mapping[str, Mapping[str, Any]] = RUNS,
+           tables: Mapping[str, Mapping[str, Any]] = TABLES) -> str:
+    """The markdown of table ``table_id``: a comment naming it, the caption, a blank line, the table.
+
+    Args:
+        table_id: a key of ``tables``.
+        root: the output root the registry's outputs are under.
+        run: run the table's commands first (a ``fedseg bench`` resumes: finished runs are skipped).
+        link: the results page, for the glance table's links to its source tables.
+        ignore_command: render an output made by another command than the registry's (the caption says so).
+
+    Raises:
+        ReproduceError: unknown table, bad registry entry, failed command, unreadable or stale output;
+            :class:`MissingOutput` where the output does not exist.
+    """
+    table = get_table(table_id, tables)
+    check_registry(runs, {table_id: table, **{t: tables[t] for t in table.get("from", []) if t in tables}})
+    sources = [tables[t] for t in table.get("from", [])] if table["render"] == "glance" else [table]
+    if run:
+        for run_id in dict.fromkeys(r for src in sources for r in run_ids(src)):
+            run_commands(run_id, root, runs)
+    if table["render"] == "glance":
+        lines = render_glance(table_id, table, [], root=root, tables=tables, runs=runs, link=link,
+                              ignore_command=ignore_command)
+    else:
+        outputs = [load_output(r, root, runs, ignore_command) for r in run_ids(table)]
+        lines = RENDERERS[table["render"]](table_id, table, outputs)
+    return "\n".join([f"<!-- python benchmarks/reproduce.py {table_id} -->", *lines]) + "\n"
+
+
+def listing(root: Path = Path(DEFAULT_ROOT), runs: Mapping[str, Mapping[str, Any]] = RUNS,
+            tables: Mapping[str, Mapping[str, Any]] = TABLES) -> str:
+    """Every table: id, title, renderer, whether its output exists, and its commands."""
+    out = []
+    for table_id, table in tables.items():
+        out.append(f"{table_id}: {table['title']} [{table['render']}]")
+        if table["render"] == "glance":
+            out.append(f"  from: {', '.join(table['from'])}")
+            continue
+        for run_id in run_ids(table):
+            path = result_path(runs[run_id], root)
+            out.append(f"  run {run_id}: {path} ({'stored' if path.is_file() else 'not yet run'})")
+            out += [f"    {c}" for c in commands(runs[run_id], root)]
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------------------------- main
+def main(argv: Optional[Sequence[str]] = None, runs: Mapping[str, Mapping[str, Any]] = RUNS,
+         tables: Mapping[str, Mapping[str, Any]] = TABLES) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("tables", nargs="*", metavar="TABLE", help="table ids (see --list); 'glance' for the overview")
+    parser.add_argument("--run", action="store_true", help="run the tables' commands first (fedseg bench resumes)")
+    parser.add_argument("--list", action="store_true", help="list the tables with their outputs and commands")
+    parser.add_argument("--all", action="store_true", help="render every table whose output exists")
+    parser.add_argument("--out-root", default=DEFAULT_ROOT, help=f"where the outputs are (default {DEFAULT_ROOT})")
+    parser.add_argument("--link", default=None, help="results page the glance table links its sources to, e.g. docs/benchmarks.md")
+    parser.add_argument("--ignore-command", action="store_true",
+                        help="render outputs made by another command than the registry's (the caption says so)")
+    args = parser.parse_args(argv)
+    root = Path(args.out_root)
+    try:
+        check_registry(runs, tables)
+    except ReproduceError as e:
+        print(f"reproduce.py: bad registry: {e}", file=sys.stderr)
+        return 2
+    if args.list:
+        sys.stdout.write(listing(root, runs, tables))
+        return 0
+    if not args.tables and not args.all:
+        parser.error("name a TABLE, or use --all or --list")
+    if args.all and args.run:
+        parser.error("--all renders stored outputs only; name the tables to --run")
+    ids = list(tables) if args.all else args.tables
+    failed = 0
+    blocks = []
+    for table_id in ids:
+        try:
+            blocks.append(render(table_id, root, run=args.run, link=args.link, ignore_command=args.ignore_command,
+                                 runs=runs, tables=tables))
+        except MissingOutput as e:
+            print(f"reproduce.py: {table_id}: {e}", file=sys.stderr)
+            failed += 0 if args.all else 1  # --all renders what exists
+        except ReproduceError as e:
+            print(f"reproduce.py: {table_id}: {e}", file=sys.stderr)
+            failed += 1
+    sys.stdout.write("\n".join(blocks))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

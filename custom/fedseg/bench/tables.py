@@ -1,0 +1,381 @@
+"""Results-page tables from a ``fedseg bench`` run's ``results.json``: accuracy, cost, a one-line caption and the
+rows of a "Results at a glance" table (``benchmarks/reproduce.py`` registers which run makes which table).
+
+Every number is read from ``results.json`` as :mod:`fedseg.bench.report` wrote it (seed summaries, paired tests,
+timings); nothing is recomputed here. Each function returns markdown lines (``List[str]``) or one string.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, List, Mapping, Optional, Sequence
+
+from fedseg.bench.bench import version_label
+from fedseg.bench.report import BASELINE, format_p, format_spread
+from fedseg.bench.runs import task_metrics
+from fedseg.data.labels import split_metric_key
+from fedseg.fl.report import metric_header
+
+#: how a method or reference is named on the results page
+METHOD_NAMES = {
+    "fedavg": "FedAvg", "fedevi": "FedEvi", "graphfedseg": "GraphFedSeg", "fvac": "FVAC", "pathfl": "PathFL",
+    "fedefm": "FedEFM", "fedefm_downstream": "FedEFM downstream", "local": "local only", "pooled": "pooled",
+}
+#: train_config keys of the label space (shown as classes and regions, not as ``--set`` values)
+_LABEL_KEYS = ("num_classes", "labels", "regions", "label_values")
+
+
+# ----------------------------------------------------------------------------------------- names
+def approach_title(entry: Mapping[str, Any]) -> str:
+    """The page name of a ``results["approaches"]`` entry: ``FedAvg``, ``FVAC (fvda_foreground=per_class)`` for an
+    ablation row, ``GraphFedSeg (personalised)`` for a personalised model; unknown methods keep their label."""
+    method, label = entry.get("method"), entry.get("label")
+    name = METHOD_NAMES.get(method, method or label)
+    args = entry.get("variant_args") or {}
+    if args:
+        name += " (" + ", ".join(f"{k}={v}" for k, v in args.items()) + ")"
+    elif label and label != method:
+        name += f" `{label}`"
+    if entry.get("model", "global") != "global":
+        name += " (personalised)"
+    return name
+
+
+def _label_entry(results: Mapping[str, Any], label: str) -> Mapping[str, Any]:
+    """The global-model approach entry of a run label (timing rows are per label)."""
+    for entry in results.get("approaches", {}).values():
+        if entry.get("label") == label and entry.get("model", "global") == "global":
+            return entry
+    return {"label": label, "method": label}
+
+
+def baseline_title(results: Mapping[str, Any]) -> str:
+    base = results.get("baseline")
+    return approach_title(_label_entry(results, base)) if base else "-"
+
+
+# --------------------------------------------------------------------------------------- caption
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _by_approach(results: Mapping[str, Any], value) -> str:
+    """``"10"`` or ``"1 (FVAC: 5)"``: the most common value over the approaches' global models, then the others."""
+    values = {}
+    for entry in results.get("approaches", {}).values():
+        if entry.get("model", "global") == "global":
+            v = value(entry)
+            if v is not None:
+                values[approach_title(entry)] = v
+    if not values:
+        return ""
+    common = Counter(values.values()).most_common(1)[0][0]
+    others = [f"{name}: {v}" for name, v in values.items() if v != common]
+    return f"{common}" + (f" ({', '.join(others)})" if others else "")
+
+
+def _size(size: Any) -> str:
+    if isinstance(size, (list, tuple)):
+        return "×".join(str(s) for s in size)
+    return f"{size}"
+
+
+def input_text(results: Mapping[str, Any]) -> str:
+    """How images reached the network, from ``results["spatial"]`` (``fedseg bench`` records it): ``images resized
+    to 64 px``, ``native resolution, 96 px patches``, ``3-D patches 64×64×16``, ``slices, 64 px patches``."""
+    spatial = [s for s in (results.get("spatial") or {}).values() if "spatial_mode" in s]
+    if not spatial:
+        cfg = next((e.get("train_config") for e in results.get("approaches", {}).values() if e.get("train_config")), None) or {}
+        if not cfg:
+            return ""
+        return f"image size {cfg.get('image_size')} px / patch {_size(cfg.get('patch_size'))} (spatial mode not recorded)"
+    texts = []
+    for s in spatial:
+        mode, size = s["spatial_mode"], _size(s.get("input_size"))
+        if mode == "resize":
+            text = f"images resized to {size} px"
+        elif mode == "slices":
+            text = f"slices, {size} px patches"
+        elif s.get("spatial_dims") == 3:
+            text = f"3-D patches {size}"
+        else:
+            text = f"native resolution, {size} px patches" + (f" (rescale {s['rescale']:g})" if s.get("rescale", 1.0) != 1.0 else "")
+        if text not in texts:
+            texts.append(text)
+    return "; ".join(texts)
+
+
+def label_space(results: Mapping[str, Any]):
+    """The run's :class:`fedseg.data.labels.LabelSpace` (from its approaches' ``train_config``, else the budget's
+    ``--set`` values), or None where it cannot be read."""
+    from fedseg.data.labels import LabelSpace
+
+    cfg = next((e.get("train_config") for e in results.get("approaches", {}).values() if e.get("train_config")), None)
+    try:
+        return LabelSpace.from_config(cfg or (results.get("budget") or {}).get("sets") or {})
+    except ValueError:
+        return None
+
+
+def labels_text(results: Mapping[str, Any]) -> str:
+    """``classes rim, cup (regions disc = rim + cup)`` for a label space with several classes or regions, else ``""``."""
+    space = label_space(results)
+    if space is None or not space.multi_class:
+        return ""
+    text = "classes " + ", ".join(space.foreground)
+    regions = [f"{r} = {' + '.join(m)}" for r, m in space.regions.items() if list(m) != [r]]
+    return text + (f" (regions {', '.join(regions)})" if regions else "")
+
+
+def budget_text(results: Mapping[str, Any]) -> str:
+    """Profile, rounds, local epochs, input, other ``--set`` values and non-default job settings of a run."""
+    budget = results.get("budget") or {}
+    parts = [f"profile `{budget.get('profile', 'default')}`"]
+    rounds = _by_approach(results, lambda e: e.get("num_rounds") if e.get("kind") == "method" else None)
+    parts.append(f"rounds {rounds or budget.get('rounds') or 'profile default'}"
+                 + (" (profile default)" if rounds and budget.get("rounds") is None else ""))
+    epochs = _by_approach(results, lambda e: (e.get("train_config") or {}).get("local_epochs"))
+    parts.append(f"local epochs {epochs or budget.get('local_epochs') or 'profile default'}")
+    for text in (input_text(results), labels_text(results)):
+        if text:
+            parts.append(text)
+    sets = {k: v for k, v in (budget.get("sets") or {}).items() if k not in _LABEL_KEYS}
+    if sets:
+        parts.append("set " + ", ".join(f"{k}={v}" for k, v in sets.items()))
+    if budget.get("task_request_interval") is not None:
+        parts.append(f"task request interval {budget['task_request_interval']} s")
+    return ", ".join(parts)
+
+
+def machine_text(machine: Optional[Mapping[str, Any]]) -> str:
+    """``2 CPUs, no GPU, torch 2.13.0+cpu, load 2.5`` (1-minute load average) from a ``machine`` record (``fedseg bench``'s or a
+    benchmark script's: ``gpus`` / ``device`` / ``torch_threads`` where recorded)."""
+    if not machine:
+        return "not recorded"
+    parts = []
+    if machine.get("cpu_count"):
+        parts.append(_count(int(machine["cpu_count"]), "CPU"))
+    if "gpus" in machine:
+        parts.append(", ".join(machine["gpus"]) if machine["gpus"] else "no GPU")
+    elif machine.get("device"):
+        parts.append(f"device {machine['device']}")
+    if machine.get("torch"):
+        parts.append(f"torch {machine['torch']}")
+    if machine.get("torch_threads"):
+        parts.append(_count(int(machine["torch_threads"]), "torch thread"))
+    load = machine.get("loadavg_at_start")
+    if load:
+        parts.append(f"load {load[0]:.1f}")
+    return ", ".join(parts)
+
+
+def code_text(results: Mapping[str, Any]) -> str:
+    """``code 3454ff5`` (the commit that wrote ``results.json``), with the runs' own commits where they differ
+    (a resumed bench), ``+dirty`` for uncommitted changes; ``code version not recorded`` for older outputs."""
+    if "code_version" not in results:
+        return "code version not recorded"
+    text = f"code {version_label(results['code_version'])}"
+    runs = results.get("run_code_versions") or {}
+    if runs and set(runs) != {version_label(results["code_version"])}:
+        text += " (runs: " + ", ".join(f"{v} ×{len(ids)}" for v, ids in runs.items()) + ")"
+    return text
+
+
+def data_text(results: Mapping[str, Any]) -> str:
+    """``3 sites, 21 test images`` (``results["data"]``: images per split of every site)."""
+    data = results.get("data") or {}
+    sites = results.get("sites") or list(data)
+    if not sites:
+        return ""
+    tests = [n.get("test") for n in data.values() if isinstance(n, Mapping) and n.get("test") is not None]
+    return _count(len(sites), "site") + (f", {_count(sum(tests), 'test image')}" if tests else "")
+
+
+def caption(results: Mapping[str, Any], title: str, note: str = "") -> str:
+    """One line: **title.** data, seeds; budget; machine; date; code version; then ``note``."""
+    seeds = results.get("seeds")
+    seeds_text = ("seed " if len(seeds or []) == 1 else "seeds ") + ", ".join(map(str, seeds or []))
+    head = ", ".join(p for p in (data_text(results), seeds_text if seeds else "") if p)
+    date = str(results.get("date") or "date not recorded").replace("T", " ")[:16]
+    parts = [p for p in (head, f"budget: {budget_text(results)}" if results.get("budget") else "",
+                         f"machine: {machine_text(results.get('machine'))}", date, code_text(results)) if p]
+    return f"**{title}.** " + "; ".join(parts) + "." + (f" {note}" if note else "")
+
+
+# -------------------------------------------------------------------------------------- accuracy
+def _digits(metric: str) -> int:
+    base = split_metric_key(metric)[0]
+    return 3 if base.startswith("dice") or "iou" in base or "accuracy" in base else 2
+
+
+def _has_values(results: Mapping[str, Any], metric: str) -> bool:
+    return any(((e.get("summary") or {}).get("mean") or {}).get(metric, {}).get("mean") is not None
+               for e in results.get("approaches", {}).values())
+
+
+def accuracy_metrics(results: Mapping[str, Any], extra: Sequence[str] = ()) -> List[str]:
+    """The columns of an accuracy table: the task's headline metric (Dice, or accuracy), its per-class / per-region
+    variants (``dice:<name>``, in ``results["metrics"]`` order), then HD95 (segmentation) or balanced accuracy
+    (classification), then ``extra``; only metrics the run has values for."""
+    task = results.get("task", "segmentation")
+    head, *rest = task_metrics(task)
+    metrics = list(results.get("metrics") or task_metrics(task))
+    cols = [head] + [m for m in metrics if split_metric_key(m)[0] == head and split_metric_key(m)[1] is not None]
+    cols += ["hd95"] if task == "segmentation" else rest
+    cols += [m for m in extra if m not in cols]
+    return [m for m in cols if _has_values(results, m)]
+
+
+def seed_cell(spread: Mapping[str, Any], digits: int) -> str:
+    """A table cell of a :func:`fedseg.bench.stats.seed_spread`: mean ± std over seeds, the mean alone for a single
+    seed (no spread to show), ``-`` without a value."""
+    if spread.get("mean") is not None and spread.get("n", 0) == 1:
+        return f"{spread['mean']:.{digits}f}"
+    return format_spread(dict(spread), digits)
+
+
+def column_header(results: Mapping[str, Any], metric: str) -> str:
+    """``Dice (mean of rim, cup)`` where a run has several foreground classes; distances in voxels for volumes
+    (``results["spatial"]``); else the metric's header (:func:`fedseg.fl.report.metric_header`)."""
+    space = label_space(results)
+    if metric == "dice" and space is not None and space.multi_class:
+        return f"Dice (mean of {', '.join(space.foreground)})"
+    header = metric_header(metric)
+    if any(s.get("spatial_dims") == 3 for s in (results.get("spatial") or {}).values()):
+        header = header.replace("(px)", "(voxels)")
+    return header
+
+
+def _test(comparison: Optional[Mapping[str, Any]], metric: str) -> Optional[Mapping[str, Any]]:
+    return (((comparison or {}).get("metrics") or {}).get(metric) or {}).get("all")
+
+
+def _diff_cell(test: Optional[Mapping[str, Any]], p_key: str) -> str:
+    if not test or test.get("mean_diff") is None:
+        return "-"
+    return f"{test['mean_diff']:+.3f} ({format_p(test.get(p_key))})"
+
+
+def test_columns(results: Mapping[str, Any], metrics: Sequence[str]) -> List[str]:
+    """The metrics of ``metrics`` that have a paired test in ``results["comparisons"]`` (segmentation: Dice and its
+    per-class / per-region variants; classification: per-image correctness, shown as the accuracy difference)."""
+    if results.get("task") == "classification":
+        return ["correct"] if any(_test(c, "correct") for c in results.get("comparisons", {}).values()) else []
+    return [m for m in metrics if split_metric_key(m)[0] == "dice"
+            and any(_test(c, m) for c in results.get("comparisons", {}).values())]
+
+
+def accuracy_table(results: Mapping[str, Any], extra_metrics: Sequence[str] = ()) -> List[str]:
+    """Rows = approaches; columns = the mean over sites (mean ± std over seeds) of :func:`accuracy_metrics`, then the
+    paired test of each Dice column against the baseline's global model: mean per-image difference (Wilcoxon p)
+    — for classification the accuracy difference (McNemar p)."""
+    metrics = accuracy_metrics(results, extra_metrics)
+    tests = test_columns(results, metrics)
+    base = baseline_title(results)
+    classification = results.get("task") == "classification"
+    p_key = "mcnemar_p" if classification else "wilcoxon_p"
+    headers = [column_header(results, m) for m in metrics]
+    for m in tests:
+        what = "accuracy" if m == "correct" else ("Dice" if m == "dice" else split_metric_key(m)[1])
+        headers.append(f"Δ {what} vs {base} ({'McNemar' if classification else 'Wilcoxon'} p)")
+    lines = ["| approach | " + " | ".join(headers) + " |", "|---" * (len(headers) + 1) + "|"]
+    base_label = results.get("baseline")
+    for name, entry in results.get("approaches", {}).items():
+        mean = (entry.get("summary") or {}).get("mean") or {}
+        cells = [seed_cell(mean.get(m) or {}, _digits(m)) for m in metrics]
+        is_base = name == base_label
+        cells += ["" if is_base else _diff_cell(_test(results.get("comparisons", {}).get(name), m), p_key) for m in tests]
+        lines.append(f"| {approach_title(entry)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def pairs_text(results: Mapping[str, Any]) -> str:
+    """``63 pairs`` (test images × seeds) when every comparison has as many, else ``pairs per approach differ``."""
+    counts = {(_test(c, "correct" if results.get("task") == "classification" else "dice") or {}).get("n")
+              for c in results.get("comparisons", {}).values()}
+    counts.discard(None)
+    if not counts:
+        return ""
+    return _count(counts.pop(), "pair") if len(counts) == 1 else "pairs per approach differ"
+
+
+def accuracy_note(results: Mapping[str, Any]) -> str:
+    """What an accuracy table's cells and Δ columns are."""
+    seeds = results.get("seeds") or []
+    cells = ("Cells: unweighted mean over sites of each site's test mean" +
+             (", mean ± std over seeds" if len(seeds) > 1 else " (one seed: no spread)"))
+    if not results.get("comparisons"):
+        return cells + "; no baseline, no paired tests."
+    base = baseline_title(results)
+    if results.get("task") == "classification":
+        test = "accuracy difference, McNemar's exact test on per-image correctness"
+    else:
+        test = "mean per-image difference, two-sided Wilcoxon signed-rank p"
+    return (f"{cells}; Δ: paired against {base}'s global model of the same seed over the test images "
+            f"({pairs_text(results)}; {test}).")
+
+
+# ------------------------------------------------------------------------------------------- cost
+def cost_table(results: Mapping[str, Any]) -> List[str]:
+    """Rows = run labels; columns: median round wall (s), its ratio to the baseline's, upload / download per site per
+    round (MB), peak site memory (MB, where recorded) and wall time per run (mean ± std over seeds)."""
+    base = baseline_title(results)
+    lines = [f"| approach | median round wall (s) | vs {base} | upload / download per site per round (MB) | "
+             "peak site memory (MB) | wall time per run (s) |", "|---|---|---|---|---|---|"]
+    for label, t in (results.get("timing") or {}).items():
+        med = "-" if t.get("median_round_wall") is None else f"{t['median_round_wall']:.2f}"
+        ratio = "-" if t.get("round_wall_ratio_to_fedavg") is None else f"{t['round_wall_ratio_to_fedavg']:.2f}x"
+        up, down = t.get("upload_mb_per_site_round"), t.get("download_mb_per_site_round")
+        traffic = "-" if up is None else f"{up:.2f} / {down or 0:.2f}"
+        mem = "-" if t.get("peak_site_memory_mb") is None else f"{t['peak_site_memory_mb']:.0f}"
+        wall = seed_cell(t.get("wall_s_per_run") or {}, 1) + ("" if t.get("kind") == "method" else " (in process)")
+        lines.append(f"| {approach_title(_label_entry(results, label))} | {med} | {ratio} | {traffic} | {mem} | {wall} |")
+    return lines
+
+
+def cost_note(results: Mapping[str, Any]) -> str:
+    timed = {t.get("rounds_timed") for t in (results.get("timing") or {}).values() if t.get("median_round_wall") is not None}
+    rounds = f" ({_count(timed.pop(), 'round')} per approach)" if len(timed) == 1 and None not in timed else ""
+    return (f"Round wall: median over every round but the first, pooled over seeds{rounds}, in one simulator run per "
+            f"seed with every site on this machine; ratio to {baseline_title(results)}'s in the same bench. Traffic: "
+            "model payload bytes per site per round. References train in process (no rounds, no traffic).")
+
+
+# ------------------------------------------------------------------------------------------ glance
+def glance_rows(results: Mapping[str, Any], data: str, table_id: str, link: Optional[str] = None) -> List[List[str]]:
+    """Rows of the "Results at a glance" table from one accuracy run: per method as shipped other than the baseline
+    (global and personalised models; not references, not ablation rows ``LABEL=METHOD:key=value``): method, data, score (baseline's), Δ vs baseline (p), round time vs baseline,
+    source table.
+
+    Raises:
+        ValueError: the run's baseline is not FedAvg (the glance table compares every method with FedAvg).
+    """
+    base_label = results.get("baseline")
+    base = _label_entry(results, base_label) if base_label else {}
+    if base.get("method") != BASELINE:
+        raise ValueError(f"table {table_id}: its baseline is {base_label!r}, not FedAvg; the glance table compares "
+                         "with FedAvg (leave this table out of it)")
+    classification = results.get("task") == "classification"
+    metric = task_metrics(results.get("task", "segmentation"))[0]
+    test_key, p_key = ("correct", "mcnemar_p") if classification else ("dice", "wilcoxon_p")
+    base_score = seed_cell(base["summary"]["mean"][metric], _digits(metric))
+    source = f"[{table_id}]({link}#{table_id})" if link else f"`{table_id}`"
+    rows = []
+    for name, entry in results.get("approaches", {}).items():
+        if entry.get("kind") != "method" or name == base_label or entry.get("variant_args"):
+            continue  # the methods as shipped; references and ablation rows stay in the source table
+        t = (results.get("timing") or {}).get(entry.get("label"), {})
+        ratio = "-" if t.get("round_wall_ratio_to_fedavg") is None else f"{t['round_wall_ratio_to_fedavg']:.2f}x"
+        score = seed_cell(entry["summary"]["mean"][metric], _digits(metric))
+        prefix = "accuracy " if classification else ""
+        rows.append([approach_title(entry), data, f"{prefix}{score} ({base_score})",
+                     _diff_cell(_test(results.get("comparisons", {}).get(name), test_key), p_key), ratio, source])
+    return rows
+
+
+GLANCE_HEADER = ["method", "data", "Dice (FedAvg)", "Δ vs FedAvg (p)", "round time vs FedAvg", "table"]
+
+
+def glance_table(rows: Sequence[Sequence[str]]) -> List[str]:
+    lines = ["| " + " | ".join(GLANCE_HEADER) + " |", "|---" * len(GLANCE_HEADER) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]

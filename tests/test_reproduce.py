@@ -1,0 +1,407 @@
+"""``benchmarks/reproduce.py`` and :mod:`fedseg.bench.tables`: results-page tables from a bench's ``results.json``.
+
+The results are built in the test from per-image rows (through :func:`fedseg.bench.report.build_results`, as
+``fedseg bench`` does); every number in a rendered table is checked against numpy / scipy applied to those rows
+and per-seed finals directly. Also: ``fedseg bench`` records the code version (git commit) of what it ran.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from fedseg.bench.report import build_results
+
+REPO = Path(__file__).resolve().parents[1]
+SITES = ["s1", "s2"]
+IDS = {"s1": ["a.png", "b.png", "c.png"], "s2": ["d.png", "e.png", "f.png", "g.png"]}
+SEEDS = [0, 1, 2]
+TRAIN_CONFIG = {"local_epochs": 1, "image_size": 64, "patch_size": 64, "spatial_mode": None, "num_classes": 3,
+                "labels": {"background": 0, "rim": 1, "cup": 2}, "regions": {"disc": ["rim", "cup"], "cup": ["cup"]}}
+HEADER = {
+    "benchmark": "fedseg bench", "date": "2026-11-26T09:15:02", "command": "fedseg bench --family fundus --out X",
+    "code_version": {"commit": "abc1234", "dirty": False}, "run_code_versions": {"abc1234": ["..."]},
+    "machine": {"platform": "Linux", "cpu_count": 2, "python": "3.11.7", "torch": "2.13.0+cpu", "gpus": [],
+                "loadavg_at_start": [2.5, 2.0, 1.0]},
+    "seeds": SEEDS, "budget": {"profile": "default", "rounds": None, "local_epochs": None, "sets": {}},
+    "spatial": {s: {"spatial_mode": "resize", "rescale": 1.0, "spatial_dims": 2, "input_size": 64} for s in SITES},
+    "data": {"s1": {"training": 5, "validation": 1, "test": 3}, "s2": {"training": 6, "validation": 1, "test": 4}},
+}
+METRICS = ("dice", "dice:rim", "dice:cup", "dice:disc", "hd95", "assd")
+
+
+def _rows(rng, offset):
+    return {site: [{"id": i, **{m: float(np.clip(rng.uniform(0.5, 0.9) + offset, 0, 1)) if m.startswith("dice")
+                                  else float(rng.uniform(2, 6)) for m in METRICS}} for i in IDS[site]] for site in SITES}
+
+
+def _final(per_image):
+    """A site's final metric = the mean over its test images (what a site reports)."""
+    return {site: {m: float(np.mean([r[m] for r in rows])) for m in METRICS} for site, rows in per_image.items()}
+
+
+def seg_record(label, method, seed, offset=0.0, kind="method", personalised=False, walls=(9.0, 2.0, 3.0, 4.0)):
+    rng = np.random.default_rng(1000 * seed + sum(map(ord, label)))
+    per_image = {"global": _rows(rng, offset)}
+    if personalised:
+        per_image["personalized"] = _rows(rng, offset + 0.01)
+    rec = {"id": f"{kind}-{label}-seed{seed}", "kind": kind, "label": label, "method": method, "seed": seed,
+           "task": "segmentation", "train_config": TRAIN_CONFIG, "num_rounds": 4,
+           "final": {m: _final(p) for m, p in per_image.items()}, "per_image": per_image, "wall_s": 10.0 + seed,
+           "report_path": "r.json", "val_dice_per_round": [0.5]}
+    if kind == "method":
+        rec.update(round_walls=[w * (1 + 0.1 * seed) for w in walls], upload_mb_per_site_round=7.76,
+                   download_mb_per_site_round=7.76 * (2 if method != "fedavg" else 1), peak_site_memory_mb=700.0 + seed)
+    else:
+        rec["round_walls"] = []
+    return rec
+
+
+@pytest.fixture(scope="module")
+def seg_records():
+    recs = []
+    for seed in SEEDS:
+        recs += [seg_record("fedavg", "fedavg", seed), seg_record("fedevi", "fedevi", seed, -0.05, walls=(9, 4, 5, 6)),
+                 seg_record("graphfedseg", "graphfedseg", seed, 0.01, personalised=True),
+                 seg_record("local", "local", seed, 0.02, kind="reference")]
+    return recs
+
+
+@pytest.fixture(scope="module")
+def seg_results(seg_records):
+    return build_results(seg_records, SITES, dict(HEADER))
+
+
+def _row(lines, name):
+    """The cells of the markdown row whose first cell is ``name``."""
+    for line in lines:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == name:
+            return cells[1:]
+    raise AssertionError(f"no row {name!r} in:\n" + "\n".join(lines))
+
+
+def _header(lines):
+    return [c.strip() for c in lines[0].strip().strip("|").split("|")][1:]
+
+
+def _pm(values, digits):
+    return f"{np.mean(values):.{digits}f} ± {np.std(values, ddof=1):.{digits}f}"
+
+
+def _fmt_p(p):
+    return f"{p:.2e}" if p < 1e-3 else f"{p:.3f}"
+
+
+def _site_mean_per_seed(records, label, metric, model="global"):
+    """Per seed, the unweighted mean over sites of each site's final metric."""
+    return [np.mean([r["final"][model][s][metric] for s in SITES]) for r in sorted(records, key=lambda r: r["seed"])
+            if r["label"] == label]
+
+
+def _pairs(records, label, base, metric, model="global"):
+    """Per-image values of ``label`` and ``base`` (global), pooled over seeds (ascending) then sites."""
+    x, y = [], []
+    for seed in SEEDS:
+        a = next(r for r in records if r["label"] == label and r["seed"] == seed)["per_image"][model]
+        b = next(r for r in records if r["label"] == base and r["seed"] == seed)["per_image"]["global"]
+        for site in SITES:
+            x += [row[metric] for row in a[site]]
+            y += [row[metric] for row in b[site]]
+    return np.array(x), np.array(y)
+
+
+# ------------------------------------------------------------------------------------------ accuracy
+def test_accuracy_table_cells_match_the_per_seed_finals_and_scipy(seg_records, seg_results):
+    from fedseg.bench.tables import accuracy_table
+
+    lines = accuracy_table(seg_results)
+    assert _header(lines)[:5] == ["Dice (mean of rim, cup)", "Dice rim", "Dice cup", "Dice disc", "HD95 (px)"]
+    assert _header(lines)[5:] == [f"Δ {w} vs FedAvg (Wilcoxon p)" for w in ("Dice", "rim", "cup", "disc")]
+    # rows: every approach, the personalised model included, references by their page names
+    assert [line.split("|")[1].strip() for line in lines[2:]] == ["FedAvg", "FedEvi", "GraphFedSeg",
+                                                                    "GraphFedSeg (personalised)", "local only"]
+    fedevi = _row(lines, "FedEvi")
+    for col, metric, digits in ((0, "dice", 3), (2, "dice:cup", 3), (3, "dice:disc", 3), (4, "hd95", 2)):
+        assert fedevi[col] == _pm(_site_mean_per_seed(seg_records, "fedevi", metric), digits)
+    for col, metric in ((5, "dice"), (7, "dice:cup")):
+        x, y = _pairs(seg_records, "fedevi", "fedavg", metric)
+        assert len(x) == 21
+        assert fedevi[col] == f"{np.mean(x - y):+.3f} ({_fmt_p(sps.wilcoxon(x, y).pvalue)})"
+    pers = _row(lines, "GraphFedSeg (personalised)")
+    assert pers[0] == _pm(_site_mean_per_seed(seg_records, "graphfedseg", "dice", "personalized"), 3)
+    x, y = _pairs(seg_records, "graphfedseg", "fedavg", "dice", "personalized")
+    assert pers[5] == f"{np.mean(x - y):+.3f} ({_fmt_p(sps.wilcoxon(x, y).pvalue)})"
+    assert _row(lines, "FedAvg")[5:] == ["", "", "", ""]  # the baseline is not tested against itself
+
+
+def test_accuracy_extra_metrics_and_single_seed(seg_records):
+    from fedseg.bench.tables import accuracy_note, accuracy_table
+
+    one = build_results([r for r in seg_records if r["seed"] == 0], SITES, {**HEADER, "seeds": [0]})
+    lines = accuracy_table(one, extra_metrics=["assd"])
+    assert _header(lines)[5] == "ASSD (px)"
+    # one seed: the mean alone, no ± 0.000
+    assert _row(lines, "FedEvi")[0] == f"{_site_mean_per_seed(seg_records[:4], 'fedevi', 'dice')[0]:.3f}"
+    assert "one seed: no spread" in accuracy_note(one) and "7 pairs" in accuracy_note(one)
+    volumes = {**one, "spatial": {s: {"spatial_mode": "patch", "spatial_dims": 3, "input_size": [64, 64, 16]} for s in SITES}}
+    assert _header(accuracy_table(volumes))[4] == "HD95 (voxels)"
+
+
+def test_classification_accuracy_table_uses_mcnemar():
+    from fedseg.bench.tables import accuracy_table, glance_rows
+
+    def rec(label, seed, correct):
+        per_image = {"s1": [{"id": f"{i}.png", "label": 0, "prediction": 0 if c else 1, "correct": float(c)}
+                            for i, c in enumerate(correct)]}
+        final = {"s1": {"accuracy": float(np.mean(correct)), "balanced_accuracy": float(np.mean(correct))}}
+        return {"id": f"method-{label}-seed{seed}", "kind": "method", "label": label, "method": label, "seed": seed,
+                "task": "classification", "final": {"global": final}, "per_image": {"global": per_image}, "wall_s": 1.0,
+                "round_walls": [1.0, 1.0], "report_path": "r.json", "val_metric": "val_accuracy"}
+
+    fedavg = {0: [1, 0, 0, 1, 0, 1], 1: [0, 0, 1, 1, 0, 0]}
+    fedefm = {0: [1, 1, 1, 1, 0, 1], 1: [1, 1, 0, 1, 1, 0]}
+    records = [rec("fedavg", s, fedavg[s]) for s in (0, 1)] + [rec("fedefm", s, fedefm[s]) for s in (0, 1)]
+    res = build_results(records, ["s1"], {"seeds": [0, 1]})
+    lines = accuracy_table(res)
+    assert _header(lines) == ["Accuracy", "Balanced accuracy", "Δ accuracy vs FedAvg (McNemar p)"]
+    x, y = np.array(fedefm[0] + fedefm[1]), np.array(fedavg[0] + fedavg[1])
+    b, c = int(np.sum((x == 1) & (y == 0))), int(np.sum((x == 0) & (y == 1)))
+    p = sps.binomtest(b, b + c, 0.5).pvalue
+    cells = _row(lines, "FedEFM")
+    assert cells[0] == _pm([np.mean(fedefm[0]), np.mean(fedefm[1])], 3)
+    assert cells[2] == f"{(b - c) / len(x):+.3f} ({_fmt_p(p)})"
+    assert glance_rows(res, "x-ray", "t")[0][2].startswith("accuracy ")
+
+
+# ---------------------------------------------------------------------------------------------- cost
+def test_cost_table_matches_the_round_walls(seg_records, seg_results):
+    from fedseg.bench.tables import cost_note, cost_table
+
+    lines = cost_table(seg_results)
+
+    def median_wall(label):  # every round but the first, pooled over seeds
+        return float(np.median([w for r in seg_records if r["label"] == label for w in r["round_walls"][1:]]))
+
+    fedevi = _row(lines, "FedEvi")
+    assert fedevi[0] == f"{median_wall('fedevi'):.2f}"
+    assert fedevi[1] == f"{median_wall('fedevi') / median_wall('fedavg'):.2f}x"
+    assert fedevi[2] == "7.76 / 15.52"
+    assert fedevi[3] == "702"  # the largest over seeds
+    assert fedevi[4] == _pm([10.0, 11.0, 12.0], 1)
+    assert _row(lines, "FedAvg")[1] == "1.00x"
+    assert _row(lines, "local only")[:4] == ["-", "-", "-", "-"] and _row(lines, "local only")[4].endswith("(in process)")
+    assert "(9 rounds per approach)" in cost_note(seg_results)
+
+
+# ------------------------------------------------------------------------------------------- caption
+def test_caption_carries_budget_machine_date_and_commit(seg_results):
+    from fedseg.bench.tables import caption
+
+    text = caption(seg_results, "Toy federation", "A note.")
+    assert text.startswith("**Toy federation.** 2 sites, 7 test images, seeds 0, 1, 2;")
+    for part in ("profile `default`", "rounds 4 (profile default)", "local epochs 1", "images resized to 64 px",
+                 "classes rim, cup (regions disc = rim + cup)", "machine: 2 CPUs, no GPU, torch 2.13.0+cpu, load 2.5",
+                 "2026-11-26 09:15", "code abc1234", "A note."):
+        assert part in text, part
+    mixed = {**seg_results, "code_version": {"commit": "abc1234", "dirty": True},
+             "run_code_versions": {"abc1234": ["r1"], "not recorded": ["r2", "r3"]}}
+    assert "code abc1234+dirty (runs: abc1234 ×1, not recorded ×2)" in caption(mixed, "t")
+    old = {k: v for k, v in seg_results.items() if k not in ("code_version", "spatial")}
+    assert "code version not recorded" in caption(old, "t") and "spatial mode not recorded" in caption(old, "t")
+
+
+def test_budget_names_per_method_local_epochs_and_sets(seg_records):
+    from fedseg.bench.tables import budget_text
+
+    fvac = [{**r, "label": "fvac", "method": "fvac", "id": r["id"].replace("fedevi", "fvac"),
+             "train_config": {**TRAIN_CONFIG, "local_epochs": 5}} for r in seg_records if r["label"] == "fedevi"]
+    res = build_results([r for r in seg_records if r["label"] == "fedavg"] + fvac, SITES,
+                        {**HEADER, "budget": {"profile": "tiny", "rounds": 4, "sets": {"lr": 0.01, "num_classes": 3},
+                                              "task_request_interval": 0.2}})
+    text = budget_text(res)
+    assert "profile `tiny`" in text and "rounds 4," in text and "(profile default)" not in text
+    assert "local epochs 1 (FVAC: 5)" in text and "set lr=0.01" in text and "num_classes" not in text
+    assert "task request interval 0.2 s" in text
+
+
+# -------------------------------------------------------------------------------------------- glance
+def test_glance_rows_from_an_accuracy_run(seg_records, seg_results):
+    from fedseg.bench.tables import accuracy_table, cost_table, glance_rows, glance_table
+
+    rows = glance_rows(seg_results, "toy data", "toy-accuracy", link="docs/benchmarks.md")
+    assert [r[0] for r in rows] == ["FedEvi", "GraphFedSeg", "GraphFedSeg (personalised)"]  # methods, not references
+    fedevi = rows[0]
+    base = _pm(_site_mean_per_seed(seg_records, "fedavg", "dice"), 3)
+    assert fedevi[1] == "toy data"
+    assert fedevi[2] == f"{_pm(_site_mean_per_seed(seg_records, 'fedevi', 'dice'), 3)} ({base})"
+    x, y = _pairs(seg_records, "fedevi", "fedavg", "dice")
+    assert fedevi[3] == f"{np.mean(x - y):+.3f} ({_fmt_p(sps.wilcoxon(x, y).pvalue)})"
+    assert fedevi[4] == _row(cost_table(seg_results), "FedEvi")[1]  # the cost table's ratio to FedAvg
+    assert fedevi[5] == "[toy-accuracy](docs/benchmarks.md#toy-accuracy)"
+    assert len(glance_table(rows)) == 2 + 3
+    ablation = [{**r, "label": "fp", "id": r["id"].replace("fedevi", "fp"), "variant_args": {"use_gap": False}}
+                for r in seg_records if r["label"] == "fedevi"]
+    with_ablation = build_results(seg_records + ablation, SITES, dict(HEADER))
+    assert "FedEvi (use_gap=False)" in "\n".join(accuracy_table(with_ablation))
+    assert [r[0] for r in glance_rows(with_ablation, "toy", "t")] == [r[0] for r in rows]  # ablation rows stay out
+    fvac_base = build_results([{**r, "label": "fvac", "method": "fvac", "id": "x" + r["id"]} if r["label"] == "fedavg" else r
+                               for r in seg_records if r["label"] in ("fedavg", "fedevi")], SITES, dict(HEADER), baseline="fvac")
+    with pytest.raises(ValueError, match="baseline is 'fvac', not FedAvg"):
+        glance_rows(fvac_base, "toy", "t")
+
+
+# ----------------------------------------------------------------------------------------- the script
+@pytest.fixture(scope="module")
+def reproduce():
+    spec = importlib.util.spec_from_file_location("reproduce_script", REPO / "benchmarks" / "reproduce.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _toy_registry(command):
+    runs = {"toy": {"out": "toy", "commands": [command]}}
+    tables = {"toy-accuracy": {"run": "toy", "render": "accuracy", "title": "Toy accuracy", "data": "toy data"},
+              "toy-cost": {"run": "toy", "render": "cost", "title": "Toy cost"},
+              "glance": {"render": "glance", "title": "Results at a glance", "from": ["toy-accuracy"]}}
+    return runs, tables
+
+
+def _store(root, results, command):
+    (root / "toy").mkdir(parents=True, exist_ok=True)
+    (root / "toy" / "results.json").write_text(json.dumps({**results, "command": command}))
+
+
+def test_script_renders_a_stored_run(reproduce, seg_results, tmp_path, capsys):
+    runs, tables = _toy_registry("fedseg bench --family fundus --seeds 0 1 2 --out {out}")
+    _store(tmp_path, seg_results, f"fedseg bench --family fundus --seeds 0 1 2 --out {tmp_path / 'toy'}")
+    assert reproduce.main(["toy-accuracy", "toy-cost", "glance", "--out-root", str(tmp_path)], runs, tables) == 0
+    out = capsys.readouterr().out
+    assert "<!-- python benchmarks/reproduce.py toy-accuracy -->\n**Toy accuracy.** 2 sites" in out
+    assert "Re-make: `python benchmarks/reproduce.py toy-accuracy --run`" in out and "code abc1234" in out
+    assert "| FedEvi |" in out and "| median round wall (s) |" in out and "| GraphFedSeg (personalised) | toy data |" in out
+
+
+def test_script_refuses_unknown_missing_and_stale(reproduce, seg_results, tmp_path, capsys):
+    runs, tables = _toy_registry("fedseg bench --family fundus --out {out}")
+    assert reproduce.main(["nope", "--out-root", str(tmp_path)], runs, tables) == 1
+    err = capsys.readouterr().err
+    assert "unknown table 'nope'" in err and "toy-accuracy" in err
+    # not run yet: the exact command to make it
+    assert reproduce.main(["toy-accuracy", "--out-root", str(tmp_path)], runs, tables) == 1
+    assert f"fedseg bench --family fundus --out {tmp_path / 'toy'}" in capsys.readouterr().err
+    assert reproduce.main(["--all", "--out-root", str(tmp_path)], runs, tables) == 0  # --all: what exists (nothing)
+    capsys.readouterr()
+    # made by another command than the registry's: refused, or rendered with a note
+    _store(tmp_path, seg_results, "fedseg bench --family polyp --out elsewhere")
+    assert reproduce.main(["toy-accuracy", "--out-root", str(tmp_path)], runs, tables) == 1
+    assert "was made by\n  fedseg bench --family polyp --out elsewhere" in capsys.readouterr().err
+    assert reproduce.main(["toy-accuracy", "--ignore-command", "--out-root", str(tmp_path)], runs, tables) == 0
+    assert "NOTE: made by `fedseg bench --family polyp --out elsewhere`" in capsys.readouterr().out
+    with pytest.raises(reproduce.ReproduceError, match="unknown renderer 'pie'"):
+        reproduce.check_registry(runs, {"t": {"run": "toy", "render": "pie", "title": "x"}})
+    with pytest.raises(reproduce.ReproduceError, match="unknown run"):
+        reproduce.check_registry(runs, {"t": {"run": "nope", "render": "cost", "title": "x"}})
+    with pytest.raises(reproduce.ReproduceError, match="must write the output"):
+        reproduce.check_registry({"r": {"out": "r", "commands": ["fedseg bench --out elsewhere"]}}, {})
+
+
+def test_script_run_executes_the_commands_then_renders(reproduce, seg_results, tmp_path, capsys):
+    """``--run``: the registry's commands run from the repository root (here one that writes a stored results.json)."""
+    src = tmp_path / "src.json"
+    copy = ("python -c \"import os, shutil, sys; os.makedirs(sys.argv[2], exist_ok=True); "
+            "shutil.copy(sys.argv[1], os.path.join(sys.argv[2], 'results.json'))\" " + str(src) + " {out}")
+    runs, tables = _toy_registry(copy)
+    root = tmp_path / "root"
+    src.write_text(json.dumps({**seg_results, "command": copy.format(out=root / "toy")}))
+    assert reproduce.main(["toy-cost", "--run", "--out-root", str(root)], runs, tables) == 0
+    assert (root / "toy" / "results.json").is_file() and "**Toy cost.**" in capsys.readouterr().out
+
+
+def test_list_and_the_registered_commands_parse_with_this_code(reproduce, capsys):
+    from fedseg.cli import build_parser
+
+    reproduce.check_registry()
+    assert reproduce.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for table_id in reproduce.TABLES:
+        assert out.count(f"{table_id}: ") >= 1
+    assert "fedseg bench --family fundus --methods fedavg fedevi graphfedseg --references local pooled --seeds 0 1 2 " \
+           "--out /work/bench_out/fundus" in out
+    for run_id, run in reproduce.RUNS.items():
+        for command in reproduce.commands(run, Path("/tmp/root")):
+            words = shlex.split(command)
+            if words[0] == "fedseg":
+                build_parser().parse_args(words[1:])  # exits on an option this code does not have
+            else:
+                assert words[0] == "python" and (REPO / words[1]).is_file(), (run_id, command)
+
+
+# ------------------------------------------------------------------------------------- code version
+def _git(cwd, *args):
+    return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=cwd, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_code_version_is_the_commit_and_dirty_flag(tmp_path):
+    from fedseg.bench.bench import code_version, version_label
+
+    pkg = tmp_path / "repo" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("x = 1\n")
+    _git(tmp_path / "repo", "init", "-q")
+    _git(tmp_path / "repo", "add", ".")
+    _git(tmp_path / "repo", "commit", "-q", "-m", "one")
+    head = _git(tmp_path / "repo", "rev-parse", "--short", "HEAD")
+    assert code_version(pkg) == {"commit": head, "dirty": False}
+    (pkg / "outputs.json").write_text("{}")  # untracked files are not code changes
+    assert code_version(pkg)["dirty"] is False
+    (pkg / "__init__.py").write_text("x = 2\n")
+    assert code_version(pkg) == {"commit": head, "dirty": True} and version_label(code_version(pkg)) == f"{head}+dirty"
+    loose = tmp_path / "repo" / "untracked_pkg"  # inside the repository's folder but not its code: no commit claimed
+    loose.mkdir()
+    (loose / "__init__.py").write_text("")
+    assert code_version(loose) == {"commit": None, "dirty": None} and version_label(code_version(loose)) == "unknown"
+    assert code_version(tmp_path) == {"commit": None, "dirty": None}
+    assert version_label(None) == "not recorded"
+
+
+def test_bench_writes_the_code_version_into_results_and_runs(tmp_path, tiny_datalist, tiny_train_config, monkeypatch):
+    """``fedseg bench`` (a reference run stubbed out: no training) records the commit in results.json and in each run;
+    a resumed bench lists every run's own version."""
+    import fedseg.bench.bench as bench
+
+    def fake_reference(spec, budget, mapping, root):
+        rows = [{"id": "a.png", "dice": 0.5, "hd95": 1.0, "assd": 0.5}]
+        return {"kind": "reference", "label": spec.label, "method": spec.label, "seed": spec.seed, "task": "segmentation",
+                "train_config": tiny_train_config, "num_rounds": 1, "final": {"global": {"site-a": rows[0]}},
+                "per_image": {"global": {"site-a": rows}}, "wall_s": 1.0, "round_walls": [], "report_path": None}
+
+    monkeypatch.setattr(bench, "run_reference", fake_reference)
+    mapping = tmp_path / "sites.json"
+    mapping.write_text(json.dumps({"site-a": str(tiny_datalist)}))
+    out = tmp_path / "out"
+    res = bench.run_bench(str(out), methods=(), references=("local",), seeds=(0,), site_datalists=str(mapping))
+    stored = json.loads((out / "results.json").read_text())
+    version = bench.code_version()
+    assert stored["code_version"] == version == res["code_version"]
+    assert stored["run_code_versions"] == {bench.version_label(version): ["reference-local-seed0"]}
+    assert json.loads((out / "runs" / "reference-local-seed0.json").read_text())["code_version"] == version
+    assert stored["spatial"]["site-a"]["spatial_mode"] == "resize" and stored["spatial"]["site-a"]["input_size"] == 32
+    assert "gpus" in stored["machine"]
+    # a run trained by other code, resumed: results.json names both versions
+    run_file = out / "runs" / "reference-local-seed0.json"
+    run_file.write_text(json.dumps({**json.loads(run_file.read_text()), "code_version": {"commit": "0ld0ld0", "dirty": False}}))
+    again = bench.run_bench(str(out), methods=(), references=("local",), seeds=(0,), site_datalists=str(mapping))
+    assert again["run_code_versions"] == {"0ld0ld0": ["reference-local-seed0"]}
+    from fedseg.bench.tables import code_text
+
+    assert code_text(again) == f"code {bench.version_label(version)} (runs: 0ld0ld0 ×1)"
