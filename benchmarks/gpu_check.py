@@ -135,7 +135,8 @@ def measure_engine(sizes: List[int], amp: Optional[str], data_profile: str, repe
         for size in sizes:
             for precision in (None, amp):
                 args = SimpleNamespace(image_size=size, batch_size=batch_size, epochs=epochs, repeats=repeats,
-                                       control=False, amp=precision)
+                                       control=False, amp=precision, family="vessel",
+                                       spatial_mode=None, patch_size=None)
                 if torch.cuda.is_available():
                     torch.cuda.reset_peak_memory_stats()
                 r = bench_mode("memory", Path(datalist), args)
@@ -150,6 +151,39 @@ def measure_engine(sizes: List[int], amp: Optional[str], data_profile: str, repe
                 print(f"   {size} px {row['precision']}: engine {row['engine_images_per_s']:.1f} img/s, "
                       f"plain {row['plain_images_per_s']:.1f} img/s (x{row['ratio_engine_to_plain']:.2f})", flush=True)
                 rows.append(row)
+    return rows
+
+
+def measure_engine_volumes(amp: Optional[str], data_profile: str, repeats: int, epochs: int,
+                           batch_size: int) -> List[Dict[str, Any]]:
+    """3-D: engine vs plain loop on the built-in prostate MR volumes (3-D patches of the volume bundle's default
+    size), float32 and AMP, in voxels/s as well as patches/s."""
+    from engine_throughput import bench_mode
+
+    from fedseg.data.synthetic import generate_federation
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fedseg_gpu_check_3d_") as tmp:
+        datalist = generate_federation("prostate3d", ["site-1"], tmp, profile=data_profile)["site-1"]
+        for precision in (None, amp):
+            args = SimpleNamespace(image_size=None, batch_size=batch_size, epochs=epochs, repeats=repeats, control=False,
+                                   amp=precision, family="prostate3d", spatial_mode="patch", patch_size=None)
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+            r = bench_mode("memory", Path(datalist), args)
+            e, p = r["paths"]["engine"], r["paths"]["plain"]
+            per_patch = r["voxels_per_call"] / max(r["images_per_call"], 1)
+            row = {
+                "patch": r["patch"], "precision": precision or "float32", "device": r["device"],
+                "engine_volumes_per_s": e["median_images_per_s"], "plain_volumes_per_s": p["median_images_per_s"],
+                "engine_mvoxels_per_s": e["median_images_per_s"] * per_patch / 1e6,
+                "ratio_engine_to_plain": r["ratio_images_per_s"],
+                "peak_gpu_memory_mib": (round(torch.cuda.max_memory_allocated() / 2**20) if torch.cuda.is_available() else None),
+            }
+            print(f"   3-D {row['patch']} {row['precision']}: engine {row['engine_volumes_per_s']:.1f} volumes/s "
+                  f"({row["engine_mvoxels_per_s"]:.1f} Mvox/s), plain {row['plain_volumes_per_s']:.1f} "
+                  f"(x{row['ratio_engine_to_plain']:.2f})", flush=True)
+            rows.append(row)
     return rows
 
 
@@ -204,6 +238,16 @@ def to_markdown(result: Dict[str, Any]) -> str:
                   for r in eng["result"]]
     else:
         lines += [f"**failed**: {eng.get('error')}"]
+    vol = steps.get("engine_throughput_3d", {})
+    lines += ["", "## Engine vs plain PyTorch loop on 3-D patches (built-in prostate MR volumes)", ""]
+    if vol.get("ok"):
+        lines += ["| patch (voxels) | precision | device | engine volumes/s | engine Mvoxel/s (patch voxels trained) | plain volumes/s | engine / plain | "
+                  "peak GPU memory (MiB) |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {'x'.join(map(str, r['patch'] or []))} | {r['precision']} | {r['device']} | {r['engine_volumes_per_s']:.1f} | "
+                  f"{r['engine_mvoxels_per_s']:.1f} | {r['plain_volumes_per_s']:.1f} | {r['ratio_engine_to_plain']:.2f} | "
+                  f"{r['peak_gpu_memory_mib'] or '—'} |" for r in vol["result"]]
+    else:
+        lines += [f"**failed**: {vol.get('error')}"]
     sim = steps.get("simulator_round", {})
     lines += ["", "## One FedAvg round, 4 sites on one device (NVFlare simulator)", ""]
     if sim.get("ok"):
@@ -245,8 +289,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     amp = "float16" if cuda else "bfloat16"
     if args.quick:
         _step(steps, "engine_throughput", lambda: measure_engine([32], amp, "tiny", repeats=1, epochs=1, batch_size=2))
+        _step(steps, "engine_throughput_3d", lambda: measure_engine_volumes(amp, "tiny", repeats=1, epochs=1, batch_size=2))
     else:
         _step(steps, "engine_throughput", lambda: measure_engine([256, 512], amp, "default", repeats=5, epochs=5, batch_size=8))
+        _step(steps, "engine_throughput_3d", lambda: measure_engine_volumes(amp, "default", repeats=5, epochs=3, batch_size=2))
     _step(steps, "simulator_round", lambda: measure_simulator_round(out, args.quick, SIM_TIMEOUT_S))
 
     result["ok"] = all(s["ok"] for s in steps.values())
