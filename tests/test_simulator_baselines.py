@@ -8,12 +8,13 @@ import math
 
 import pytest
 
+from fedseg.fl.protocol import SPATIAL_KEY
 from fedseg.objectives.registry import build_objective
 from fedseg.recipes.base import build_initial_network
 from sim_utils import BASELINES
 
 SITES = ["site-1", "site-2"]
-BASE_META = {"initial_metrics", "n_samples", "round", "task_clock"}
+BASE_META = {"initial_metrics", "n_samples", "round", "task_clock", SPATIAL_KEY}
 #: method -> (per-round report fields, personalised, method options)
 METHODS = {
     "fedprox": ((), False, {}),
