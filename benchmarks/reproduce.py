@@ -19,7 +19,9 @@ Adding a table: a run in ``RUNS`` (output folder or file relative to the output 
 for accuracy tables of runs whose baseline is FedAvg; ``"metrics"``: extra accuracy columns such as ``dice_fov``).
 
 A stored output made by another command than the registry's is refused (the registry or the output is stale):
-fix the registry or re-run; ``--ignore-command`` renders it anyway and says so in the caption.
+fix the registry or re-run; ``--ignore-command`` renders it anyway and says so in the caption. The value of
+``--out`` is not compared (an output made elsewhere, e.g. under /tmp on a GPU machine, and copied to its registry
+place is the same run); every other word is.
 """
 
 from __future__ import annotations
@@ -74,6 +76,11 @@ RUNS: Dict[str, Dict[str, Any]] = {
         "fedseg bench --site-datalists {root}/cost/retina_data/site_datalists.json --methods fedavg graphfedseg fedevi "
         "graph_whole=graphfedseg:uncertainty_windows=whole_image fedevi_whole=fedevi:surrogate_windows=whole_image "
         "--references --seeds 0 1 2 --rounds 20 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
+    # on one GPU (NVIDIA H100, 2026-11-26): run there with --out under /tmp, the output copied here
+    "gpu-check": {"out": "gpu/check", "result": "gpu_check.json", "commands": [
+        "python benchmarks/gpu_check.py --out {out}"]},
+    "fundus-gpu40": {"out": "gpu/fundus40", "commands": [
+        "fedseg bench --family fundus --methods fedavg fedevi graphfedseg --references --seeds 0 --rounds 40 --out {out}"]},
 }
 
 #: table id -> run(s), renderer, title (and renderer options)
@@ -103,8 +110,20 @@ TABLES: Dict[str, Dict[str, Any]] = {
                                "title": "Accuracy on the real retina federation at native resolution"},
     "retina-native-cost": {"run": "retina-native", "render": "cost",
                            "title": "Cost on the real retina federation at native resolution"},
+    "fundus-gpu40-accuracy": {"run": "fundus-gpu40", "render": "accuracy",
+                              "data": "built-in fundus (rim, cup), 3 sites, 40 rounds on one GPU",
+                              "title": "Accuracy on the built-in fundus family at 40 rounds, on one GPU (one seed)"},
+    "fundus-gpu40-cost": {"run": "fundus-gpu40", "render": "cost",
+                          "title": "Cost on the built-in fundus family at 40 rounds, on one GPU (one seed)"},
+    "gpu-tests": {"run": "gpu-check", "render": "gpu-check", "part": "tests",
+                  "title": "GPU check: the CUDA tests (`pytest -m cuda`)"},
+    "gpu-engine": {"run": "gpu-check", "render": "gpu-check", "part": "engine",
+                   "title": "GPU check: engine vs a plain PyTorch loop, training throughput on one GPU"},
+    "gpu-simulator": {"run": "gpu-check", "render": "gpu-check", "part": "simulator",
+                      "title": "GPU check: FedAvg rounds with 4 sites on one GPU (NVFlare simulator)"},
     "glance": {"render": "glance", "title": "Results at a glance",
-               "from": ["fundus-accuracy", "prostate3d-accuracy", "prostate3d-slices-accuracy", "retina-native-accuracy"]},
+               "from": ["fundus-accuracy", "fundus-gpu40-accuracy", "prostate3d-accuracy", "prostate3d-slices-accuracy",
+                        "retina-native-accuracy"]},
 }
 
 
@@ -176,13 +195,22 @@ def commands(run: Mapping[str, Any], root: Path) -> List[str]:
 
 def _normalise(command: str) -> List[str]:
     """A command's words without the interpreter: ``python -m fedseg bench`` / ``python benchmarks/x.py`` ->
-    ``fedseg bench`` / ``benchmarks/x.py`` (``fedseg bench`` records ``fedseg ...``, scripts their ``sys.argv``)."""
+    ``fedseg bench`` / ``benchmarks/x.py`` (``fedseg bench`` records ``fedseg ...``, scripts their ``sys.argv``);
+    the value of ``--out`` (``--out X`` or ``--out=X``) becomes ``{out}``: where a run wrote is not what it ran."""
     words = shlex.split(command)
     if words and Path(words[0]).name.startswith("python"):
         words = words[1:]
         if words[:1] == ["-m"]:
             words = words[1:]
-    return words
+    out = []
+    for word in words:
+        if out and out[-1] == "--out":
+            word = "{out}"
+        elif word.startswith("--out="):
+            out += ["--out", "{out}"]
+            continue
+        out.append(word)
+    return out
 
 
 def stored_command_matches(stored: Optional[str], expected: str) -> bool:
@@ -380,9 +408,65 @@ def render_glance(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
     return [f"**{table['title']}.** {note}", "", *glance_table(rows)]
 
 
+def render_gpu_check(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
+    """``benchmarks/gpu_check.py``'s JSON, one of its parts (``table["part"]``): ``tests`` (each CUDA test and its
+    outcome), ``engine`` (engine vs plain loop, 2-D images and 3-D patches) or ``simulator`` (the FedAvg rounds)."""
+    from fedseg.bench.tables import caption
+
+    data = outputs[0]
+    steps, device = data.get("steps") or {}, data.get("device") or {}
+    part = table.get("part")
+    if part not in ("tests", "engine", "simulator"):
+        raise ReproduceError(f"table {table_id!r}: 'part' must be tests, engine or simulator, got {part!r}")
+
+    def result(step: str) -> Any:
+        if step not in steps:
+            raise ReproduceError(f"table {table_id!r}: the GPU check has no step {step!r} (steps: {sorted(steps)})")
+        if not steps[step].get("ok"):
+            raise ReproduceError(f"table {table_id!r}: step {step!r} of the GPU check failed: {steps[step].get('error')}")
+        return steps[step]["result"]
+
+    if part == "tests":
+        res = result("cuda_tests")
+        counts = res["counts"]
+        lines = ["| test | outcome | seconds |", "|---|---|---|"]
+        lines += [f"| `{c['test'].split('::')[-1]}` | {c['outcome']} | {c['seconds']:.1f} |" for c in res["cases"]]
+        note = (f"`{' '.join(['pytest'] + res['command'].split(' pytest ', 1)[-1].split())}`: " if " pytest " in res["command"] else "")
+        note += ", ".join(f"{n} {k}" for k, n in counts.items()) + f" ({steps['cuda_tests'].get('seconds', 0):.0f} s)."
+    elif part == "engine":
+        lines = ["| input | precision | engine per s | plain per s | engine / plain | peak GPU memory (MiB) |",
+                 "|---|---|---|---|---|---|"]
+        for r in result("engine_throughput"):
+            lines.append(f"| {r['image_size']} px image | {r['precision']} | {r['engine_images_per_s']:.1f} img | "
+                         f"{r['plain_images_per_s']:.1f} img | {r['ratio_engine_to_plain']:.2f} | {r['peak_gpu_memory_mib']} |")
+        for r in (steps.get("engine_throughput_3d") or {}).get("result") or []:
+            lines.append(f"| {'×'.join(map(str, r['patch']))} voxel patch | {r['precision']} | "
+                         f"{r['engine_volumes_per_s']:.1f} vol ({r['engine_mvoxels_per_s']:.1f} Mvoxel) | "
+                         f"{r['plain_volumes_per_s']:.1f} vol | {r['ratio_engine_to_plain']:.2f} | {r['peak_gpu_memory_mib']} |")
+        note = ("Training throughput on in-memory batches, same model, loss, optimiser and batches for both loops; "
+                "float16 = autocast with a gradient scaler.")
+    else:
+        res = result("simulator_round")
+        lines = ["| round | wall (s) | max site compute (s) | sum site compute (s) | overhead = wall - max (s) | "
+                 "upload, all sites (MB) |", "|---|---|---|---|---|---|"]
+        for r in res["per_round"]:
+            lines.append(f"| {r['round']} | {r['wall']:.2f} | {r['max_compute']:.2f} | {r['sum_compute']:.2f} | "
+                         f"{r['overhead']:.2f} | {r['bytes_up'] / 1e6:.1f} |")
+        note = (f"`{res['command']}`; profile `{res['profile']}`, {res['sites']} sites ({res['sites_on_cuda']} on CUDA), "
+                f"whole job {res['job_total_s']:.1f} s, final mean Dice {res['final_mean_dice']:.3f}; round 0 includes "
+                "each site's set-up (engine, data cache, CUDA context).")
+    machine = {**device, "device": f"{device.get('device', '?')}, {device.get('gpu_memory_gib', '?')} GiB, "
+                                   f"CUDA {device.get('cuda_version', '?')}"}
+    head = {"date": data.get("date"), "machine": machine, **({"code_version": data["code_version"]}
+                                                             if "code_version" in data else {})}
+    return [caption(head, table["title"], f"{note} Re-make: `python benchmarks/reproduce.py {table_id} --run` "
+                                          f"(on a CUDA machine).{_stale(data)}"), "", *lines]
+
+
 RENDERERS: Dict[str, Callable[..., List[str]]] = {
     "accuracy": render_accuracy, "cost": render_cost, "overview": render_overview,
-    "multiclass-cost": render_multiclass_cost, "engine-throughput": render_engine_throughput, "glance": render_glance,
+    "multiclass-cost": render_multiclass_cost, "engine-throughput": render_engine_throughput,
+    "gpu-check": render_gpu_check, "glance": render_glance,
 }
 
 

@@ -345,6 +345,68 @@ def test_list_and_the_registered_commands_parse_with_this_code(reproduce, capsys
                 assert words[0] == "python" and (REPO / words[1]).is_file(), (run_id, command)
 
 
+
+def test_command_check_ignores_only_the_out_value(reproduce):
+    """An output made elsewhere (``--out /tmp/b`` on a GPU machine) and copied to its registry place matches; any
+    other word that differs does not."""
+    expected = "fedseg bench --family fundus --seeds 0 --rounds 40 --out /work/bench_out/gpu/fundus40"
+    assert reproduce.stored_command_matches("fedseg bench --family fundus --seeds 0 --rounds 40 --out /tmp/b", expected)
+    assert reproduce.stored_command_matches("python -m fedseg bench --family fundus --seeds 0 --rounds 40 --out=/tmp/b",
+                                            expected)
+    assert not reproduce.stored_command_matches("fedseg bench --family fundus --seeds 0 --rounds 20 --out /tmp/b", expected)
+    assert not reproduce.stored_command_matches("fedseg bench --family fundus --seeds 0 --rounds 40", expected)
+    assert not reproduce.stored_command_matches(None, expected)
+    assert reproduce.stored_command_matches("benchmarks/gpu_check.py --out /tmp/gpu", "python benchmarks/gpu_check.py --out X")
+
+
+GPU_CHECK = {
+    "benchmark": "gpu_check", "date": "2026-11-26T10:17:27+00:00", "command": "python benchmarks/gpu_check.py --out /tmp/gpu",
+    "device": {"cpu_count": 16, "torch": "2.11.0+cu130", "cuda": True, "device": "NVIDIA H100 80GB HBM3",
+               "cuda_version": "13.0", "gpu_memory_gib": 79.2, "gpu_count": 1},
+    "steps": {
+        "cuda_tests": {"ok": True, "seconds": 58.1, "result": {
+            "command": "/x/python3 -m pytest -q -m cuda tests/test_cuda.py",
+            "counts": {"passed": 2, "failed": 0, "error": 0, "skipped": 0},
+            "cases": [{"test": "tests.test_cuda::test_a", "outcome": "passed", "seconds": 1.084, "detail": ""},
+                      {"test": "tests.test_cuda::test_b", "outcome": "passed", "seconds": 33.099, "detail": ""}]}},
+        "engine_throughput": {"ok": True, "result": [
+            {"image_size": 256, "precision": "float32", "device": "cuda", "engine_images_per_s": 586.9026,
+             "plain_images_per_s": 618.0837, "ratio_engine_to_plain": 0.94955, "peak_gpu_memory_mib": 795}]},
+        "engine_throughput_3d": {"ok": True, "result": [
+            {"patch": [64, 64, 16], "precision": "float16", "device": "cuda", "engine_volumes_per_s": 166.427,
+             "plain_volumes_per_s": 173.405, "engine_mvoxels_per_s": 21.8139, "ratio_engine_to_plain": 0.95976,
+             "peak_gpu_memory_mib": 189}]},
+        "simulator_round": {"ok": True, "result": {
+            "command": "nvflare simulator J -w W -t 4 -c site-1,site-2,site-3,site-4 -gpu 0", "profile": "default",
+            "rounds": 2, "sites": 4, "sites_on_cuda": 4, "job_total_s": 49.8, "final_mean_dice": 0.74517,
+            "per_round": [{"round": 0, "wall": 22.5463, "max_compute": 1.3389, "sum_compute": 4.8054, "overhead": 21.2074,
+                           "bytes_up": 31058304.0},
+                          {"round": 1, "wall": 1.31268, "max_compute": 0.22263, "sum_compute": 0.70404, "overhead": 1.09005,
+                           "bytes_up": 31058304.0}]}}},
+    "ok": True,
+}
+
+
+def test_gpu_check_tables(reproduce, tmp_path, capsys):
+    runs = {"gpu": {"out": "gpu", "result": "gpu_check.json", "commands": ["python benchmarks/gpu_check.py --out {out}"]}}
+    tables = {f"gpu-{part}": {"run": "gpu", "render": "gpu-check", "part": part, "title": f"GPU {part}"}
+              for part in ("tests", "engine", "simulator")}
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "gpu_check.json").write_text(json.dumps(GPU_CHECK))
+    assert reproduce.main(["gpu-tests", "gpu-engine", "gpu-simulator", "--out-root", str(tmp_path)], runs, tables) == 0
+    out = capsys.readouterr().out
+    assert "**GPU tests.** machine: 16 CPUs, device NVIDIA H100 80GB HBM3, 79.2 GiB, CUDA 13.0, torch 2.11.0+cu130; " \
+           "2026-11-26 10:17" in out
+    assert "| `test_a` | passed | 1.1 |" in out and "| `test_b` | passed | 33.1 |" in out and "2 passed, 0 failed" in out
+    assert "| 256 px image | float32 | 586.9 img | 618.1 img | 0.95 | 795 |" in out
+    assert "| 64×64×16 voxel patch | float16 | 166.4 vol (21.8 Mvoxel) | 173.4 vol | 0.96 | 189 |" in out
+    assert "| 1 | 1.31 | 0.22 | 0.70 | 1.09 | 31.1 |" in out and "final mean Dice 0.745" in out
+    failed = {**GPU_CHECK, "steps": {**GPU_CHECK["steps"], "simulator_round": {"ok": False, "error": "timeout"}}}
+    (tmp_path / "gpu" / "gpu_check.json").write_text(json.dumps(failed))
+    assert reproduce.main(["gpu-simulator", "--out-root", str(tmp_path)], runs, tables) == 1
+    assert "step 'simulator_round' of the GPU check failed: timeout" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------- code version
 def _git(cwd, *args):
     return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=cwd, check=True,
