@@ -81,6 +81,10 @@ RUNS: Dict[str, Dict[str, Any]] = {
         "python benchmarks/gpu_check.py --out {out}"]},
     "fundus-gpu40": {"out": "gpu/fundus40", "commands": [
         "fedseg bench --family fundus --methods fedavg fedevi graphfedseg --references --seeds 0 --rounds 40 --out {out}"]},
+    # every baseline of issue 29 in one bench, one seed (with batch-norm rows: FedBN's norm option)
+    "baselines-vessel": {"out": "baselines_vessel", "commands": [
+        "fedseg bench --family vessel --methods fedavg fedprox scaffold fedadam fedbn ditto fedrep moon feddyn fedce "
+        "fedavg_bn=fedavg:norm=batch fedbn_bn=fedbn:norm=batch --references --seeds 0 --out {out}"]},
 }
 
 #: table id -> run(s), renderer, title (and renderer options)
@@ -110,6 +114,10 @@ TABLES: Dict[str, Dict[str, Any]] = {
                                "title": "Accuracy on the real retina federation at native resolution"},
     "retina-native-cost": {"run": "retina-native", "render": "cost",
                            "title": "Cost on the real retina federation at native resolution"},
+    "baselines-vessel-accuracy": {"run": "baselines-vessel", "render": "accuracy",
+                                  "title": "The papers' baselines on the built-in vessel family, 3 sites (one seed)"},
+    "baselines-vessel-cost": {"run": "baselines-vessel", "render": "cost",
+                              "title": "Cost of the papers' baselines on the built-in vessel family, 3 sites (one seed)"},
     "fundus-gpu40-accuracy": {"run": "fundus-gpu40", "render": "accuracy",
                               "data": "built-in fundus (rim, cup), 3 sites, 40 rounds on one GPU",
                               "title": "Accuracy on the built-in fundus family at 40 rounds, on one GPU (one seed)"},

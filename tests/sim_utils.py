@@ -291,13 +291,16 @@ SHARED_RUNS: Dict[str, RunSpec] = {
     "fedavg_gpu": RunSpec("fedavg", sites(2), {"num_rounds": 1, "local_epochs": 1}, gpu="0"),
     "robustness": RunSpec("fedavg", sites(5), {"num_rounds": 3, "local_epochs": 1},
                           env={FAULT_ENV: ROBUSTNESS_FAULTS}, datalists=_bad_data_datalists),
-    # the baselines (tests/test_simulator_baselines.py): 2 sites, 2 rounds (round-to-round site state)
-    **{m: RunSpec(m, sites(2), {"num_rounds": 2, "local_epochs": 1}) for m in BASELINES},
-    # every method on three-class data (built-in fundus: rim and cup, region disc; tests/test_simulator_multiclass.py)
-    **{f"{m}_fundus": RunSpec(m, sites(2), {"num_rounds": 1, "local_epochs": 1, "data_family": "fundus", **FUNDUS_FIELDS})
-       for m in MULTICLASS_METHODS},
-    # volumes (built-in prostate3d, two zones; tests/test_simulator_volumes.py): 3-D patches and 2-D slices
-    **{f"{m}_{mode}3d": RunSpec(m, sites(2), {"num_rounds": 1, "local_epochs": 1, "data_family": "prostate3d",
-                                             "spatial_mode": mode, **VOLUME_FIELDS, **extra})
-       for (m, mode), extra in VOLUME_RUNS.items()},
+    # the baseline whose payload carries more than the weights (tests/test_baselines_runs.py; the nine baselines run
+    # in process there): 2 sites, 2 rounds (round-to-round site state)
+    "scaffold": RunSpec("scaffold", sites(2), {"num_rounds": 2, "local_epochs": 1}),
+    # three-class data (built-in fundus: rim and cup, region disc) through NVFlare; every method runs on it in process
+    # (tests/test_multiclass_runs.py)
+    "fedevi_fundus": RunSpec("fedevi", sites(2), {"num_rounds": 1, "local_epochs": 1, "data_family": "fundus",
+                                                  **FUNDUS_FIELDS}),
+    # volumes (built-in prostate3d, two zones) through NVFlare: GraphFedSeg on 3-D patches (its personalised payloads
+    # and the checkpoint's volume settings); every (method, mode) of VOLUME_RUNS runs in process
+    # (tests/test_volume_runs.py)
+    "graphfedseg_patch3d": RunSpec("graphfedseg", sites(2), {"num_rounds": 1, "local_epochs": 1, "data_family": "prostate3d",
+                                                             "spatial_mode": "patch", **VOLUME_FIELDS}),
 }

@@ -46,6 +46,8 @@ class InProcessController(FedSegController):
         self.services = self._start_sites()
         self.saved: List[Dict] = []
         self.sent: List[Dict] = []  # (task, targets, params keys) of every task
+        #: what every site answered: task, site, round, its parameter names and its meta keys (what left the site)
+        self.received: List[Dict] = []
         self.abort_signal = SimpleNamespace(triggered=False)
         self.log = logging.getLogger("inprocess")
 
@@ -84,6 +86,8 @@ class InProcessController(FedSegController):
         for site in targets:
             out = self.services[site].answer(task_name, dict(data.params or {}), dict(data.meta or {}), data.current_round)
             result = result_model(out, data.current_round)
+            self.received.append({"task": task_name, "site": site, "round": data.current_round,
+                                  "params": sorted(result.params or {}), "meta": sorted(result.meta or {})})
             result.meta = {**result.meta, "client_name": site}
             callback(result)
 

@@ -1,5 +1,8 @@
-"""Every baseline end to end in NVFlare's simulator: one shared run per method (``tests/sim_utils.py``: tiny
-profile, 2 sites, 2 rounds so that round-to-round site state is exercised), all its checks on that one run: the report, what left the sites (privacy audit), the bytes of extra payloads,
+"""Every baseline end to end: the real server workflow with in-process sites (``fedseg.bench.inprocess``: the
+controller, the sites' objectives and the report as in a job, without NVFlare's transport; about a second a run) for
+each of the nine, and SCAFFOLD, the one whose payload carries more than the weights, once through NVFlare's
+simulator (shared run ``scaffold``, ``tests/sim_utils.py``). Tiny profile, 2 sites, 2 rounds so that round-to-round
+site state is exercised; all checks on each run: the report, what left the sites (privacy audit), the bytes of extra payloads,
 and the personalised / cross-site evaluation of the personalised methods."""
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import pytest
 from fedseg.fl.protocol import SPATIAL_KEY
 from fedseg.objectives.registry import build_objective
 from fedseg.recipes.base import build_initial_network
+from inprocess import run_in_process
 from sim_utils import BASELINES
 
 SITES = ["site-1", "site-2"]
@@ -36,11 +40,10 @@ def _bytes(state):
 assert set(METHODS) == set(BASELINES)
 
 
-@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.shared_runs(m)) for m in sorted(METHODS)])
-def test_baseline_in_the_simulator(shared_runs, method):
+def check_baseline_run(method, report, records):
+    """Every check of one baseline's run: ``report`` (report.json) and ``records``, what each site sent per task
+    (``task``, ``params`` and ``meta`` names: the privacy audit of a simulator run, or what an in-process site answered)."""
     fields, personalised, _ = METHODS[method]
-    run = shared_runs(method)
-    report = run.report
     assert report["method"] == method and report["clients"] == SITES
     assert [r["round"] for r in report["rounds"]] == [0, 1]
     cfg = report["config"]["train_config"]
@@ -73,7 +76,7 @@ def test_baseline_in_the_simulator(shared_runs, method):
     declared = set(objective.declared_statistics)
     delta = {f"__model__/scaffold_c_delta/{k}" for k in params} if method == "scaffold" else set()
     tasks = {"train": 0, "evaluate": 0, "submit_model": 0}
-    for rec in run.audit():
+    for rec in records:
         tasks[rec["task"]] += 1
         assert set(rec["meta"]) <= BASE_META | declared, rec["meta"]
         if rec["task"] == "train":
@@ -82,7 +85,7 @@ def test_baseline_in_the_simulator(shared_runs, method):
         elif rec["task"] == "submit_model":
             assert set(rec["params"]) == set(state)  # the site's whole personalised model, after training
         else:
-            assert rec["params"] == {}
+            assert not rec["params"]
     evaluations = (0 if method in ("fedbn", "fedrep") else 2) + (2 + 2 if personalised else 0)  # global, own, cross
     assert tasks == {"train": 4, "evaluate": evaluations, "submit_model": 2 if method in ("fedbn", "fedrep", "ditto") else 0}
 
@@ -92,3 +95,24 @@ def test_baseline_in_the_simulator(shared_runs, method):
         extra = 2 * _bytes(dict(params)) if method == "scaffold" else 0
         assert 2 * weights + extra <= r["bytes_received"] < 2 * weights + extra + 2000
         assert 2 * weights + extra <= r["bytes_sent"] < 2 * weights + extra + 20000
+
+
+@pytest.fixture(scope="module")
+def baseline_sites(tmp_path_factory):
+    from fedseg.data.synthetic import generate_federation
+
+    return {s: str(p) for s, p in generate_federation("polyp", SITES, tmp_path_factory.mktemp("baseline_data"), profile="tiny").items()}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_baseline_run(method, baseline_sites, tmp_path):
+    report = run_in_process(method, baseline_sites, tmp_path, num_rounds=2, local_epochs=1)
+    check_baseline_run(method, report, report["_controller"].received)
+
+
+@pytest.mark.shared_runs("scaffold")
+def test_scaffold_in_the_simulator(shared_runs):
+    """The same checks through NVFlare's transport: SCAFFOLD's control delta travels as an extra model and is
+    counted in the round's bytes like the weights."""
+    run = shared_runs("scaffold")
+    check_baseline_run("scaffold", run.report, run.audit())
