@@ -19,6 +19,7 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 from fedseg.fl.payload import from_wire, payload_dtype, to_wire
 from fedseg.fl.protocol import META_KEY, TRAIN_TASK
 from fedseg.recipes.base import build_initial_network
+from inprocess import run_in_process
 
 
 def test_float16_wire_copy_is_numpys_float16_rounding():
@@ -86,22 +87,30 @@ def test_site_answers_in_the_wire_dtype_and_trains_in_float32(tmp_path, monkeypa
             assert value.dtype == live.dtype, key
 
 
-@pytest.mark.slow
-@pytest.mark.shared_runs("fedavg_sgd", "fedavg_sgd_float16")
-def test_float16_round_moves_half_the_bytes(shared_runs):
+@pytest.fixture(scope="module")
+def polyp_sites(tmp_path_factory):
+    from fedseg.data.synthetic import generate_federation
+
+    return {s: str(p) for s, p in generate_federation("polyp", ["site-1", "site-2"], tmp_path_factory.mktemp("polyp"),
+                                                      profile="tiny").items()}
+
+
+def test_float16_round_moves_half_the_bytes(polyp_sites, tmp_path):
     """One FedAvg round, 2 sites, float32 vs float16 wire: bytes halve, the model stays float32 and close.
 
-    The pair of shared runs ``fedavg_sgd`` / ``fedavg_sgd_float16`` (tests/README.md): plain SGD, one epoch, no
-    augmentation, so the update is the gradient and the comparison sees the wire rounding rather than Adam's
-    sign-like first steps (which turn tiny input differences on near-zero gradients into full steps)."""
+    The real server workflow with in-process sites (``fedseg.bench.inprocess``; the conversion to and from the wire
+    is the controller's and the sites' own code, so NVFlare's transport adds nothing to check here): plain SGD, one
+    epoch, no augmentation, so the update is the gradient and the comparison sees the wire rounding rather than
+    Adam's sign-like first steps (which turn tiny input differences on near-zero gradients into full steps)."""
     reports, models = {}, {}
-    for dtype, name in (("float32", "fedavg_sgd"), ("float16", "fedavg_sgd_float16")):
-        run = shared_runs(name)
-        assert run.report["config"]["train_config"]["payload_dtype"] == dtype
-        assert run.report["config"]["train_config"]["optimizer_name"] == "SGD" and len(run.report["rounds"]) == 1
-        reports[dtype] = run.report
-        assert reports[dtype]["rounds"][0]["rejected"] == {} and reports[dtype]["rounds"][0]["missing"] == []
-        models[dtype] = run.global_model()["model"]
+    for dtype in ("float32", "float16"):
+        report = run_in_process("fedavg", polyp_sites, tmp_path / dtype, num_rounds=1, augment=False, optimizer_name="SGD",
+                                learning_rate=0.1, local_epochs=1, payload_dtype=dtype)
+        assert report["config"]["train_config"]["payload_dtype"] == dtype
+        assert report["config"]["train_config"]["optimizer_name"] == "SGD" and len(report["rounds"]) == 1
+        reports[dtype] = report
+        assert report["rounds"][0]["rejected"] == {} and report["rounds"][0]["missing"] == []
+        models[dtype] = report["_controller"].saved[-1]
     full, half = reports["float32"]["rounds"][0], reports["float16"]["rounds"][0]
     # weights dominate both directions; meta (a few scalars and the job settings' numbers) adds a little
     assert 0.49 < half["bytes_received"] / full["bytes_received"] < 0.52

@@ -1,6 +1,6 @@
 """PathFL end to end in NVFlare's simulator on tiny built-in nuclei data: the full method with a privacy
-audit (the shared ``pathfl`` run), and each module switched off on its own (``pathfl_no_<module>``, 2 sites,
-1 round; tests/README.md)."""
+audit (the shared ``pathfl`` run), and each module switched off on its own (2 sites, 1 round, the real server
+workflow with in-process sites; tests/README.md)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from inprocess import run_in_process
 from sim_utils import read_audit
 
 SITES = ["site-1", "site-2", "site-3"]
@@ -70,17 +71,26 @@ def test_pathfl_job_report_and_privacy_audit(shared_runs):
         assert rec["params"] == {} and not set(rec["meta"]) & (CSE_KEYS | AFA_KEYS | {"ssa_noise"})
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("switch", [pytest.param(f"use_{m}", marks=pytest.mark.shared_runs(f"pathfl_no_{m}")) for m in ("cse", "afa", "ssa")])
-def test_pathfl_each_module_switches_off(shared_runs, switch):
-    run = shared_runs(f"pathfl_no_{switch[len('use_'):]}")
-    report, sites = run.report, list(run.sites)
+@pytest.fixture(scope="module")
+def nuclei_sites(tmp_path_factory):
+    from fedseg.data.synthetic import generate_federation
+
+    return {s: str(p) for s, p in generate_federation("nuclei", SITES[:2], tmp_path_factory.mktemp("nuclei"), profile="tiny").items()}
+
+
+@pytest.mark.parametrize("switch", ["use_cse", "use_afa", "use_ssa"])
+def test_pathfl_each_module_switches_off(switch, nuclei_sites, tmp_path):
+    """Each module off on its own (2 sites, 1 round), through the real server workflow with in-process sites
+    (``fedseg.bench.inprocess``; the full method's NVFlare run is the shared ``pathfl`` run above): what the sites
+    send and what the server reports lose exactly that module."""
+    report = run_in_process("pathfl", nuclei_sites, tmp_path, num_rounds=1, local_epochs=1, **{switch: False})
+    sites = list(nuclei_sites)
     assert report["config"][switch] is False
-    sent = set().union(*(a["meta"] for a in read_audit(report) if a["task"] == "train"))
+    sent = set().union(*(set(a["meta"]) for a in report["_controller"].received if a["task"] == "train"))
     last = report["rounds"][-1]
     if switch == "use_cse":
         assert not sent & CSE_KEYS and "style_pool_size" not in last
-        assert not (run.site_outputs("site-1") / "pathfl_cse_examples.png").exists()
+        assert not (tmp_path / "sites" / "site-1" / "fedseg_outputs" / "site-1" / "pathfl_cse_examples.png").exists()
     if switch == "use_afa":
         assert not sent & AFA_KEYS and "afa_global_mean" not in last
         assert report["config"]["train_config"]["feature_alignment"] is False
