@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import subprocess
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from fedseg.data.checks import check_federation, federation_label_config
-from fedseg.fl.component_policy import prepare_simulator_workspace
+from fedseg.bench.simulator import run_simulator_command
 from fedseg.fl.faults import FAULT_ENV
 
 #: the environment every simulator run gets: one torch/OpenMP thread per site process (several site processes
@@ -48,13 +47,14 @@ def run_simulator(
     """``nvflare simulator JOB -w WORKSPACE -n N -t N`` (or ``-c CLIENTS``; ``-gpu GPU``); returns report.json
     plus ``_path`` (its path) and ``_log`` (the simulator's output). Fails the test on a non-zero exit."""
     full_env = {**os.environ, **SIMULATOR_ENV, **(env or {})}
-    prepare_simulator_workspace(workspace)  # jobs carry no code: the simulated sites allow fedseg's components
     cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-t", str(len(clients) if clients else n_clients)]
     cmd += ["-c", ",".join(clients)] if clients else ["-n", str(n_clients)]
     if gpu is not None:
         cmd += ["-gpu", str(gpu)]
     with SIMULATOR_LOCK:
-        proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+        # a fresh workspace with the component allow list; started again if a site process dies at start on a
+        # taken port (NVFlare's simulator race; fedseg.bench.simulator.run_simulator_command)
+        proc = run_simulator_command(cmd, workspace, full_env, timeout)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
     reports = list(workspace.rglob("report.json"))

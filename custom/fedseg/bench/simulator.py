@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import time
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from fedseg.fl.component_policy import prepare_simulator_workspace
+
+logger = logging.getLogger(__name__)
 
 
 def patch_job(job_dir: Path, task_request_interval: Optional[float] = None,
@@ -35,6 +39,64 @@ def patch_job(job_dir: Path, task_request_interval: Optional[float] = None,
             data = json.loads(cfg.read_text())
             data["default_task_fetch_interval"] = float(task_fetch_interval)
             cfg.write_text(json.dumps(data, indent=4))
+
+#: what a site process that could not start writes to its log: NVFlare's simulator picks a free port for each site's
+#: connection to its parent and binds it later, so another process can take it in between (seen on busy machines)
+SITE_START_FAILURE = "Address already in use"
+
+
+def failed_site_start(workspace: Path) -> Optional[str]:
+    """The first site of a running simulator whose process died at start on a taken port (its log says
+    :data:`SITE_START_FAILURE`), else None."""
+    for log in sorted(Path(workspace).glob("*/log.txt")):
+        if log.parent.name == "server":
+            continue
+        try:
+            if SITE_START_FAILURE in log.read_text(errors="replace"):
+                return log.parent.name
+        except OSError:
+            continue
+    return None
+
+
+def run_simulator_command(cmd: Sequence[str], workspace: Path, env: Dict[str, str], timeout: float,
+                          retries: int = 2, poll_s: float = 1.0) -> subprocess.CompletedProcess:
+    """Run an ``nvflare simulator`` command in a fresh ``workspace`` (its component allow list written first).
+
+    A site process that dies at start on a taken port (:func:`failed_site_start`) leaves the job waiting for its
+    tasks until the task timeout; the run is stopped at once instead and started again in a fresh workspace, at
+    most ``retries`` times. Any other failure is the caller's to judge (the completed process is returned).
+
+    Raises:
+        subprocess.TimeoutExpired: the command ran past ``timeout`` seconds (it is killed).
+        RuntimeError: a site failed to start on every try.
+    """
+    for attempt in range(retries + 1):
+        workspace = Path(workspace)
+        if workspace.exists():
+            shutil.rmtree(workspace)
+        prepare_simulator_workspace(workspace)  # jobs carry no code: the simulated sites allow fedseg's components
+        deadline = time.monotonic() + timeout
+        proc = subprocess.Popen(list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        failed = None
+        while True:
+            try:
+                out, err = proc.communicate(timeout=poll_s)
+                break
+            except subprocess.TimeoutExpired:
+                failed = failed_site_start(workspace)
+                if failed or time.monotonic() > deadline:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    out, err = proc.communicate()
+                    if not failed:
+                        raise subprocess.TimeoutExpired(cmd, timeout, out, err)
+                    break
+        if not failed:
+            return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
+        logger.warning("simulator: site %s could not start (%s); starting the run again (try %d of %d)",
+                       failed, SITE_START_FAILURE, attempt + 2, retries + 1)
+    raise RuntimeError(f"simulator: a site could not start on {retries + 1} tries ({SITE_START_FAILURE}): {' '.join(cmd)}")
 
 
 def run_simulator(job_dir: Path, workspace: Path, sites: Sequence[str], threads: Optional[int] = None,
@@ -69,11 +131,10 @@ def run_simulator(job_dir: Path, workspace: Path, sites: Sequence[str], threads:
         env["OMP_NUM_THREADS"] = str(omp_threads)
     if fedseg_threads not in (None, "", "default"):
         env["FEDSEG_NUM_THREADS"] = str(fedseg_threads)
-    prepare_simulator_workspace(workspace)  # jobs carry no code: the simulated sites allow fedseg's components
     cmd = ["nvflare", "simulator", str(job_dir), "-w", str(workspace), "-t", str(threads or len(sites)),
            "-c", ",".join(sites)] + (["-gpu", str(gpu)] if gpu is not None else [])
     started = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = run_simulator_command(cmd, workspace, env, timeout)
     elapsed = time.perf_counter() - started
     log = proc.stdout + proc.stderr
     if log_path is not None:
