@@ -236,10 +236,6 @@ def _classification_datalists(folder: Path) -> Dict[str, str]:
     return {s: str(write_classification_datalist(folder / s, n_per_class=(4, 2, 2), seed=i)) for i, s in enumerate(sites(2))}
 
 
-#: FedAvg, plain SGD, one epoch, no augmentation, 2 sites, 1 round: the native half of the executor pair (exact
-#: numbers to compare)
-FEDAVG_SGD = RunSpec("fedavg", sites(2), {"num_rounds": 1, "augment": False, "optimizer_name": "SGD",
-                                          "learning_rate": 0.1, "local_epochs": 1})
 #: FedEvi on built-in vessel data (patch mode), no augmentation (the executor pair compares exact numbers)
 FEDEVI = RunSpec("fedevi", options={"data_family": "vessel", "augment": False, "local_epochs": 1})
 #: FedEFM DFL (ring gossip, the server relays) with EMD teacher weights, no augmentation
@@ -278,9 +274,7 @@ SHARED_RUNS: Dict[str, RunSpec] = {
                              "vit_image_size": 32, "batch_size": 4, "local_epochs": 1},
         datalists=_classification_datalists,
     ),
-    "fedavg_sgd": FEDAVG_SGD,
     # pairs: the same configuration with one thing changed
-    "fedavg_sgd_client_api": FEDAVG_SGD.but(site_executor="client_api"),
     "fedevi_client_api": FEDEVI.but(site_executor="client_api"),
     "fedefm_dfl_client_api": FEDEFM_DFL.but(site_executor="client_api"),
     # CUDA (tests/test_cuda.py, skipped without a GPU): both sites on GPU 0 through the simulator's -gpu option

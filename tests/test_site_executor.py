@@ -71,11 +71,10 @@ def test_evaluate_through_the_executor(started, tiny_train_config):
     assert set(answer.metrics) == {"dice", "hd95", "assd"} and not answer.params
 
 
-#: every task type some method sends: train + evaluate (FedAvg), evaluate_surrogate (FedEvi), overseas_train +
-#: gossip (FedEFM DFL); each case is a pair of shared runs (tests/README.md, sim_utils.SHARED_RUNS) that differ
-#: only in the executor: fixed seed, no augmentation
+#: every task type some method sends: train + evaluate + evaluate_surrogate (FedEvi; FedAvg's tasks are the first
+#: two), overseas_train + gossip (FedEFM DFL); each case is a pair of shared runs (tests/README.md,
+#: sim_utils.SHARED_RUNS) that differ only in the executor: fixed seed, no augmentation
 TASK_TYPE_CASES = {
-    "fedavg": ("fedavg_sgd", "fedavg_sgd_client_api"),  # 2 sites, 1 round, plain SGD
     "fedevi": ("fedevi", "fedevi_client_api"),  # 3 sites, 2 rounds, vessel patches
     "fedefm": ("fedefm_dfl", "fedefm_dfl_client_api"),  # 3 sites, 2 rounds, ring gossip with EMD teacher weights
 }
