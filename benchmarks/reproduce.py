@@ -81,6 +81,11 @@ RUNS: Dict[str, Dict[str, Any]] = {
         "python benchmarks/gpu_check.py --out {out}"]},
     "fundus-gpu40": {"out": "gpu/fundus40", "commands": [
         "fedseg bench --family fundus --methods fedavg fedevi graphfedseg --references --seeds 0 --rounds 40 --out {out}"]},
+    # the window samples' cost at native resolution on a quiet machine: one seed, 10 rounds (issue 28 item 2)
+    "retina-native-quiet": {"out": "cost/retina_quiet", "commands": [
+        "fedseg data retina --src ../shared/data/retina_vessels --out {root}/cost/retina_data",
+        "fedseg bench --site-datalists {root}/cost/retina_data/site_datalists.json --methods fedavg graphfedseg fedevi "
+        "--references --seeds 0 --rounds 10 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
     # every baseline of issue 29 in one bench, one seed (with batch-norm rows: FedBN's norm option)
     "baselines-vessel": {"out": "baselines_vessel", "commands": [
         "fedseg bench --family vessel --methods fedavg fedprox scaffold fedadam fedbn ditto fedrep moon feddyn fedce "
@@ -114,6 +119,8 @@ TABLES: Dict[str, Dict[str, Any]] = {
                                "title": "Accuracy on the real retina federation at native resolution"},
     "retina-native-cost": {"run": "retina-native", "render": "cost",
                            "title": "Cost on the real retina federation at native resolution"},
+    "retina-native-quiet-cost": {"run": "retina-native-quiet", "render": "cost",
+                                 "title": "Cost at native resolution on the real retina federation, window samples (one seed, quiet machine)"},
     "baselines-vessel-accuracy": {"run": "baselines-vessel", "render": "accuracy",
                                   "title": "The papers' baselines on the built-in vessel family, 3 sites (one seed)"},
     "baselines-vessel-cost": {"run": "baselines-vessel", "render": "cost",
