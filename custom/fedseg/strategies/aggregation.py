@@ -44,6 +44,14 @@ def sample_weights(n_samples: Mapping[str, int], sites: Sequence[str]) -> list:
     return [n_samples[s] / total for s in sites]
 
 
+def site_weights(weighting: str, n_samples: Mapping[str, int], sites: Sequence[str]) -> list:
+    """Aggregation weights in ``sites`` order: ``1 / K`` each for ``weighting="uniform"``, else
+    :func:`sample_weights` (each site's share of the training images)."""
+    if weighting == "uniform":
+        return [1.0 / len(sites)] * len(sites)
+    return sample_weights(n_samples, sites)
+
+
 #: ways to combine the sites' models: the weighted mean, or a robust statistic per coordinate
 AGGREGATIONS = ("mean", "median", "trimmed_mean")
 

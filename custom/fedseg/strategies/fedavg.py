@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from .aggregation import check_aggregation, robust_average, sample_weights
+from .aggregation import check_aggregation, robust_average, site_weights
 from .base import ClientUpdate, Exchange, ServerStrategy
 
 
@@ -35,10 +35,7 @@ class FedAvgStrategy(ServerStrategy):
 
     def aggregate(self, round_: int, updates: Dict[str, ClientUpdate], exchange: Exchange) -> Dict[str, Any]:
         sites = sorted(updates)
-        if self.weighting == "uniform":
-            weights = [1.0 / len(sites)] * len(sites)
-        else:
-            weights = sample_weights({s: updates[s].n_samples for s in sites}, sites)
+        weights = site_weights(self.weighting, {s: updates[s].n_samples for s in sites}, sites)
         self._global = robust_average([updates[s].params for s in sites], weights, self.aggregation, self.trim)
         if self.aggregation != "mean":  # a robust statistic gives no site a weight
             return {"aggregated": sites}

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 from fedseg.fl.protocol import pack_models
 from fedseg.foundation.topology import TOPOLOGIES, in_neighbours, mixing_matrix, out_neighbours
 
-from .aggregation import check_aggregation, robust_average, sample_weights, weighted_average
+from .aggregation import check_aggregation, robust_average, site_weights, weighted_average
 from .base import ClientUpdate, Exchange, Params, ServerStrategy, SitePayload, clone_params
 
 OVERSEAS_TASK = "overseas_train"
@@ -156,9 +156,7 @@ class FedEFMStrategy(ServerStrategy):
         return fields
 
     def _weights(self, sites: List[str]) -> List[float]:
-        if self.weighting == "uniform":
-            return [1.0 / len(sites)] * len(sites)
-        return sample_weights(self._n_samples, sites)
+        return site_weights(self.weighting, self._n_samples, sites)
 
     def _gossip(self, exchange: Exchange) -> Dict[str, Any]:
         """DFL mixing: relay each silo's in-neighbour models to it; the silo mixes. No server averaging."""

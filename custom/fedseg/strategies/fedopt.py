@@ -16,7 +16,7 @@ from typing import Any, Dict, List
 import torch
 from nvflare.app_opt.pt.fedopt import PTFedOptModelShareableGenerator
 
-from .aggregation import sample_weights, weighted_average
+from .aggregation import site_weights, weighted_average
 from .base import ClientUpdate, Exchange, Params, ServerStrategy, clone_params
 
 SERVER_OPTIMIZERS = ("adam", "sgd", "adagrad")
@@ -88,10 +88,7 @@ class FedOptStrategy(ServerStrategy):
 
     def aggregate(self, round_: int, updates: Dict[str, ClientUpdate], exchange: Exchange) -> Dict[str, Any]:
         sites = sorted(updates)
-        if self.weighting == "uniform":
-            weights = [1.0 / len(sites)] * len(sites)
-        else:
-            weights = sample_weights({s: updates[s].n_samples for s in sites}, sites)
+        weights = site_weights(self.weighting, {s: updates[s].n_samples for s in sites}, sites)
         average = weighted_average([updates[s].params for s in sites], weights)
         floats = [k for k, v in self._global.items() if torch.is_floating_point(v)]
         diff = {k: (average[k] - self._global[k]).numpy() for k in floats}

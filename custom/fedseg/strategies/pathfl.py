@@ -24,7 +24,7 @@ from fedseg.alignment.moments import global_feature_moments
 from fedseg.alignment.strata import stratum_names, stratum_of, stratum_outputs
 from fedseg.alignment.stratified import similarity_matrix, ssa_mixing_matrix, stratified_average
 
-from .aggregation import sample_weights, weighted_average
+from .aggregation import site_weights, weighted_average
 from .base import ClientUpdate, Exchange, ServerStrategy, SitePayload
 
 #: FeatureAlignment buffers in the state_dict
@@ -98,7 +98,7 @@ class PathFLStrategy(ServerStrategy):
             self._global = stratified_average(models, weights, lambda name: stratum_of(name, depth))
             fields.update(ssa_fields)
         else:
-            w = [1.0 / len(sites)] * len(sites) if self.weighting == "uniform" else sample_weights({s: updates[s].n_samples for s in sites}, sites)
+            w = site_weights(self.weighting, {s: updates[s].n_samples for s in sites}, sites)
             self._global = weighted_average(models, w)
             fields["aggregation_weight"] = dict(zip(sites, w))
         if self.use_cse:

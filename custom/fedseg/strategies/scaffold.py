@@ -20,7 +20,7 @@ import torch
 from fedseg.fl.protocol import pack_models
 from fedseg.objectives.scaffold import CONTROL_DELTA, CONTROL_GLOBAL
 
-from .aggregation import sample_weights, weighted_average
+from .aggregation import site_weights, weighted_average
 from .base import ClientUpdate, Exchange, Params, ServerStrategy, SitePayload, clone_params, parameter_keys
 
 
@@ -77,10 +77,7 @@ class ScaffoldStrategy(ServerStrategy):
             if set(delta) != set(self.control):
                 raise ValueError(f"site {s!r}: control delta entries differ from the model's trainable parameters")
             deltas[s] = delta
-        if self.weighting == "uniform":
-            weights = [1.0 / len(sites)] * len(sites)
-        else:
-            weights = sample_weights({s: updates[s].n_samples for s in sites}, sites)
+        weights = site_weights(self.weighting, {s: updates[s].n_samples for s in sites}, sites)
         self._global = weighted_average([updates[s].params for s in sites], weights)
         self.control = control_update(self.control, deltas, dict(zip(sites, weights)), len(self.clients))
         self._payload = None
