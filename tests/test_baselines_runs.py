@@ -14,7 +14,7 @@ import pytest
 from fedseg.fl.protocol import SPATIAL_KEY
 from fedseg.objectives.registry import build_objective
 from fedseg.recipes.base import build_initial_network
-from inprocess import run_in_process
+from inprocess import builtin_sites, run_in_process
 from sim_utils import BASELINES
 
 SITES = ["site-1", "site-2"]
@@ -99,9 +99,7 @@ def check_baseline_run(method, report, records):
 
 @pytest.fixture(scope="module")
 def baseline_sites(tmp_path_factory):
-    from fedseg.data.synthetic import generate_federation
-
-    return {s: str(p) for s, p in generate_federation("polyp", SITES, tmp_path_factory.mktemp("baseline_data"), profile="tiny").items()}
+    return builtin_sites("polyp", SITES, tmp_path_factory.mktemp("baseline_data"))
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

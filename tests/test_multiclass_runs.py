@@ -14,7 +14,7 @@ import pytest
 
 from fedseg.bench.runs import read_site_per_image
 from fedseg.data.checks import federation_label_config
-from inprocess import run_in_process
+from inprocess import builtin_sites, run_in_process
 from sim_utils import MULTICLASS_METHODS
 
 SITES = ("site-1", "site-2")
@@ -24,9 +24,7 @@ EXPECTED = {"dice", "hd95", "assd"} | {f"{m}:{s}" for m in ("dice", "hd95", "ass
 
 @pytest.fixture(scope="module")
 def fundus_sites(tmp_path_factory):
-    from fedseg.data.synthetic import generate_federation
-
-    return {s: str(p) for s, p in generate_federation("fundus", SITES, tmp_path_factory.mktemp("fundus"), profile="tiny").items()}
+    return builtin_sites("fundus", SITES, tmp_path_factory.mktemp("fundus"))
 
 
 def check_multiclass_run(method: str, report: dict, workspace: Path) -> None:

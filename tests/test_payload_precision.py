@@ -19,7 +19,7 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 from fedseg.fl.payload import from_wire, payload_dtype, to_wire
 from fedseg.fl.protocol import META_KEY, TRAIN_TASK
 from fedseg.recipes.base import build_initial_network
-from inprocess import run_in_process
+from inprocess import builtin_sites, run_in_process
 
 
 def test_float16_wire_copy_is_numpys_float16_rounding():
@@ -89,10 +89,7 @@ def test_site_answers_in_the_wire_dtype_and_trains_in_float32(tmp_path, monkeypa
 
 @pytest.fixture(scope="module")
 def polyp_sites(tmp_path_factory):
-    from fedseg.data.synthetic import generate_federation
-
-    return {s: str(p) for s, p in generate_federation("polyp", ["site-1", "site-2"], tmp_path_factory.mktemp("polyp"),
-                                                      profile="tiny").items()}
+    return builtin_sites("polyp", ["site-1", "site-2"], tmp_path_factory.mktemp("polyp"))
 
 
 def test_float16_round_moves_half_the_bytes(polyp_sites, tmp_path):

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from inprocess import run_in_process
+from inprocess import builtin_sites, run_in_process
 from sim_utils import read_audit
 
 SITES = ["site-1", "site-2", "site-3"]
@@ -73,9 +73,7 @@ def test_pathfl_job_report_and_privacy_audit(shared_runs):
 
 @pytest.fixture(scope="module")
 def nuclei_sites(tmp_path_factory):
-    from fedseg.data.synthetic import generate_federation
-
-    return {s: str(p) for s, p in generate_federation("nuclei", SITES[:2], tmp_path_factory.mktemp("nuclei"), profile="tiny").items()}
+    return builtin_sites("nuclei", SITES[:2], tmp_path_factory.mktemp("nuclei"))
 
 
 @pytest.mark.parametrize("switch", ["use_cse", "use_afa", "use_ssa"])

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fedseg.bench.runs import read_site_per_image
-from inprocess import run_in_process
+from inprocess import builtin_sites, run_in_process
 from sim_utils import VOLUME_FIELDS, VOLUME_RUNS
 
 SITES = ("site-1", "site-2")
@@ -23,10 +23,7 @@ EXPECTED = {"dice", "hd95_mm", "assd_mm"} | {f"{m}:{s}" for m in ("dice", "hd95_
 
 @pytest.fixture(scope="module")
 def volume_sites(tmp_path_factory):
-    from fedseg.data.synthetic import generate_federation
-
-    root = tmp_path_factory.mktemp("prostate3d")
-    return {s: str(p) for s, p in generate_federation("prostate3d", SITES, root, profile="tiny").items()}
+    return builtin_sites("prostate3d", SITES, tmp_path_factory.mktemp("prostate3d"))
 
 
 def check_volume_run(method: str, mode: str, report: dict, workspace: Path) -> None:
