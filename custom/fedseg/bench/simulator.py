@@ -71,8 +71,8 @@ def run_simulator_command(cmd: Sequence[str], workspace: Path, env: Dict[str, st
         subprocess.TimeoutExpired: the command ran past ``timeout`` seconds (it is killed).
         RuntimeError: a site failed to start on every try.
     """
+    workspace = Path(workspace)
     for attempt in range(retries + 1):
-        workspace = Path(workspace)
         if workspace.exists():
             shutil.rmtree(workspace)
         prepare_simulator_workspace(workspace)  # jobs carry no code: the simulated sites allow fedseg's components
@@ -122,9 +122,7 @@ def run_simulator(job_dir: Path, workspace: Path, sites: Sequence[str], threads:
     Raises:
         RuntimeError: the simulator failed or wrote no ``report.json``.
     """
-    workspace = Path(workspace)
-    if workspace.exists():
-        shutil.rmtree(workspace)
+    workspace = Path(workspace)  # emptied and prepared by run_simulator_command
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
     if omp_threads not in (None, "", "default"):
