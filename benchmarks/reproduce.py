@@ -76,6 +76,12 @@ RUNS: Dict[str, Dict[str, Any]] = {
         "fedseg bench --site-datalists {root}/cost/retina_data/site_datalists.json --methods fedavg graphfedseg fedevi "
         "graph_whole=graphfedseg:uncertainty_windows=whole_image fedevi_whole=fedevi:surrogate_windows=whole_image "
         "--references --seeds 0 1 2 --rounds 20 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
+    # the same check on the nuclei federation (MoNuSeg / TNBC, native resolution); 10 rounds to fit a CPU session
+    "nuclei-native": {"out": "cost/nuclei_bench", "commands": [
+        "fedseg data nuclei --src ../shared/data/nuclei_he --out {root}/cost/nuclei_data",
+        "fedseg bench --site-datalists {root}/cost/nuclei_data/site_datalists.json --methods fedavg graphfedseg fedevi "
+        "graph_whole=graphfedseg:uncertainty_windows=whole_image fedevi_whole=fedevi:surrogate_windows=whole_image "
+        "--references --seeds 0 1 2 --rounds 10 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
     # on one GPU (NVIDIA H100, 2026-11-26): run there with --out under /tmp, the output copied here
     "gpu-check": {"out": "gpu/check", "result": "gpu_check.json", "commands": [
         "python benchmarks/gpu_check.py --out {out}"]},
@@ -119,6 +125,11 @@ TABLES: Dict[str, Dict[str, Any]] = {
                                "title": "Accuracy on the real retina federation at native resolution"},
     "retina-native-cost": {"run": "retina-native", "render": "cost",
                            "title": "Cost on the real retina federation at native resolution"},
+    "nuclei-native-accuracy": {"run": "nuclei-native", "render": "accuracy",
+                               "data": "real nuclei (MoNuSeg / TNBC), native resolution",
+                               "title": "Accuracy on the real nuclei federation at native resolution"},
+    "nuclei-native-cost": {"run": "nuclei-native", "render": "cost",
+                           "title": "Cost on the real nuclei federation at native resolution"},
     "retina-native-quiet-cost": {"run": "retina-native-quiet", "render": "cost",
                                  "title": "Cost at native resolution on the real retina federation, window samples (one seed, quiet machine)"},
     "baselines-vessel-accuracy": {"run": "baselines-vessel", "render": "accuracy",
@@ -138,7 +149,7 @@ TABLES: Dict[str, Dict[str, Any]] = {
                       "title": "GPU check: FedAvg rounds with 4 sites on one GPU (NVFlare simulator)"},
     "glance": {"render": "glance", "title": "Results at a glance",
                "from": ["fundus-accuracy", "fundus-gpu40-accuracy", "prostate3d-accuracy", "prostate3d-slices-accuracy",
-                        "retina-native-accuracy"]},
+                        "retina-native-accuracy", "nuclei-native-accuracy"]},
 }
 
 

@@ -34,9 +34,17 @@ def tiny_engine(tiny_datalist, tiny_train_config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests that start NVFlare processes themselves (marker ``exclusive``) run last: until then the shared simulator
-    runs go on in the background while the other tests run, and a test holding the simulator slot would stall them."""
-    items.sort(key=lambda item: item.get_closest_marker("exclusive") is not None)  # stable: order kept otherwise
+    """Order: the tests that need no simulator, then the readers of shared runs, then the tests that start NVFlare
+    processes themselves (marker ``exclusive``). The shared runs go on in the background while the first group runs
+    (a reader placed among them would stall it while its run finishes), and a test holding every simulator slot
+    would stall the shared runs."""
+
+    def group(item) -> int:
+        if item.get_closest_marker("exclusive") is not None:
+            return 2
+        return 1 if item.get_closest_marker("shared_runs") is not None else 0
+
+    items.sort(key=group)  # stable: file order kept within a group
 
 
 def _skipped(item) -> bool:
@@ -74,6 +82,6 @@ def shared_runs(request, tmp_path_factory):
 @pytest.fixture(scope="session", autouse=True)
 def _start_shared_runs(request):
     """Start the selected tests' shared simulator runs in the background before the first test, so that they
-    overlap the tests that need no simulator (one simulator at a time: ``sim_utils.SIMULATOR_LOCK``)."""
+    overlap the tests that need no simulator (at most ``sim_utils.SIMULATOR_SLOTS`` at once)."""
     if declared_shared_runs(request.session.items):
         request.getfixturevalue("shared_runs")

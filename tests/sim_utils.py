@@ -5,9 +5,10 @@ each importing torch and MONAI, and shuts them down with fixed grace periods), s
 of *shared runs*: :data:`SHARED_RUNS` names each configuration once, and the session fixture ``shared_runs``
 (``conftest.py``) runs it once and hands every test that reads it the same :class:`SimRun`. The runs the
 selected tests declare (marker ``shared_runs``) are started in the background, one after the other, as the
-session begins, so that they overlap the tests that need no simulator. One simulator at a time: every process
-start goes through :data:`SIMULATOR_LOCK` (:func:`run_simulator` takes it; a test that starts NVFlare processes
-another way holds :func:`exclusive`). ``tests/README.md`` says how to add a test without adding a run.
+session begins, so that they overlap the tests that need no simulator. At most :data:`SIMULATOR_SLOTS` simulators
+at once (a tiny run keeps about half a core busy: most of its wall time is process start-up and NVFlare's waits):
+:func:`run_simulator` takes one slot, a test that starts NVFlare processes another way (fixed ports, its own
+timing) takes all of them with :func:`exclusive`. ``tests/README.md`` says how to add a test without adding a run.
 """
 
 from __future__ import annotations
@@ -28,15 +29,62 @@ from fedseg.fl.faults import FAULT_ENV
 #: the environment every simulator run gets: one torch/OpenMP thread per site process (several site processes
 #: share the machine's cores; more threads only oversubscribe them, docs/benchmarks.md (b))
 SIMULATOR_ENV = {"OMP_NUM_THREADS": "1", "FEDSEG_NUM_THREADS": "1"}
-#: held while NVFlare processes run (simulator, POC, a deployment): the background runs and the tests take turns,
-#: never two simulators at once on the machine
-SIMULATOR_LOCK = threading.RLock()
+
+
+class SimulatorSlots:
+    """``n`` slots for NVFlare runs on this machine: :meth:`one` for a simulator run, :meth:`all` for a test that must
+    have the machine to itself. Re-entrant per thread: a thread that holds slots takes no more inside (``all``
+    inside ``one`` waits for the others)."""
+
+    def __init__(self, n: int):
+        if n < 1:
+            raise ValueError(f"need at least one simulator slot, got {n}")
+        self.n = n
+        self._free = n
+        self._cond = threading.Condition()
+        self._held = threading.local()
+
+    def _take(self, k: int) -> int:
+        have = getattr(self._held, "count", 0)
+        need = max(0, k - have)
+        with self._cond:
+            self._cond.wait_for(lambda: self._free >= need)
+            self._free -= need
+        self._held.count = have + need
+        return need
+
+    def _give(self, k: int) -> None:
+        self._held.count -= k
+        with self._cond:
+            self._free += k
+            self._cond.notify_all()
+
+    @contextmanager
+    def one(self) -> Iterator[None]:
+        taken = self._take(1)
+        try:
+            yield
+        finally:
+            self._give(taken)
+
+    @contextmanager
+    def all(self) -> Iterator[None]:
+        taken = self._take(self.n)
+        try:
+            yield
+        finally:
+            self._give(taken)
+
+
+#: simulator runs at once (``FEDSEG_TEST_SIMULATORS``, default 2: two tiny runs share 2 cores without slowing
+#: each other much, since each spends most of its wall time starting processes and waiting)
+SIMULATOR_SLOTS = SimulatorSlots(int(os.environ.get("FEDSEG_TEST_SIMULATORS", "2")))
 
 
 @contextmanager
 def exclusive() -> Iterator[None]:
-    """Hold the one simulator slot while a test starts NVFlare processes itself (``fedseg bench``, POC, ...)."""
-    with SIMULATOR_LOCK:
+    """Hold every simulator slot while a test starts NVFlare processes itself (``fedseg bench``, POC, ...)."""
+    with SIMULATOR_SLOTS.all():
         yield
 
 
@@ -51,7 +99,7 @@ def run_simulator(
     cmd += ["-c", ",".join(clients)] if clients else ["-n", str(n_clients)]
     if gpu is not None:
         cmd += ["-gpu", str(gpu)]
-    with SIMULATOR_LOCK:
+    with SIMULATOR_SLOTS.one():
         # a fresh workspace with the component allow list; started again if a site process dies at start on a
         # taken port (NVFlare's simulator race; fedseg.bench.simulator.run_simulator_command)
         proc = run_simulator_command(cmd, workspace, full_env, timeout)
@@ -132,9 +180,49 @@ class SimRun:
         return torch.load(next(self.workspace.rglob("FL_global_model.pt")), map_location="cpu", weights_only=False)
 
 
-def execute(name: str, spec: RunSpec, root: Path) -> SimRun:
-    """Export ``spec``'s job under ``root`` and run it in the simulator (workspace ``root/ws``)."""
+@dataclass(frozen=True)
+class JobSpec:
+    """A shared run that is not one exported job in the simulator (``fedseg bench``'s own runs, a job whose input is
+    made first): ``make`` names a function ``"module:function"`` (a test module's) that gets the run's folder, makes
+    its inputs and returns the part the background worker runs: a callable that starts at most one NVFlare simulator
+    at a time, as subprocesses whose output goes to a file (:func:`run_cli`), and returns what the readers get."""
+
+    make: str
+
+
+def run_cli(argv: Sequence[str], log: Path, timeout: int = 1200) -> None:
+    """``python -m fedseg ARGV`` in a subprocess (one torch thread), its output to ``log``; fails with the log's end."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, **SIMULATOR_ENV}
+    with open(log, "w") as out:
+        proc = subprocess.run([sys.executable, "-m", "fedseg", *map(str, argv)], stdout=out, stderr=subprocess.STDOUT,
+                              env=env, timeout=timeout)
+    assert proc.returncode == 0, f"fedseg {' '.join(map(str, argv))} failed:\n{log.read_text()[-5000:]}"
+
+
+def prepare(name: str, spec: "RunSpec | JobSpec", root: Path) -> Callable[[], Any]:
+    """Make a run's inputs under ``root`` (site datalists, the exported job; a :class:`JobSpec`'s own) and return
+    the part a background worker runs: the simulator in workspace ``root/ws`` -> :class:`SimRun`.
+
+    Called in the main thread: CPython 3.11 keeps one AST recursion counter per interpreter, so two threads
+    building ASTs at once (MONAI's bundle parser in ``export_job``, ``inspect.signature``, pytest's assertion
+    rewriting) fail with "SystemError: AST constructor recursion depth mismatch"; the workers only wait on
+    subprocesses."""
     from fedseg.cli import export_job
+
+    if isinstance(spec, JobSpec):
+        import importlib
+
+        module, function = spec.make.split(":")
+        job_run = getattr(importlib.import_module(module), function)(root)
+
+        def in_one_slot() -> Any:
+            with SIMULATOR_SLOTS.one():
+                return job_run()
+
+        return in_one_slot
 
     options = dict(spec.options)
     if spec.datalists is not None:
@@ -142,64 +230,80 @@ def execute(name: str, spec: RunSpec, root: Path) -> SimRun:
         mapping.write_text(json.dumps(spec.datalists(root / "data")))
         options["script_args"] = f"--site_datalists {mapping}"
     job = export_job(spec.method, root / "jobs", profile=spec.profile, **options)
-    report = run_simulator(job, root / "ws", clients=list(spec.sites), env=spec.env, gpu=spec.gpu)
-    return SimRun(name, spec, job, root / "ws", report)
+
+    def simulate() -> SimRun:
+        report = run_simulator(job, root / "ws", clients=list(spec.sites), env=spec.env, gpu=spec.gpu)
+        return SimRun(name, spec, job, root / "ws", report)
+
+    return simulate
 
 
 class SharedRuns:
     """Session cache of simulator runs: ``shared_runs("fedevi")`` is :data:`SHARED_RUNS` ``["fedevi"]``, run once.
 
-    :meth:`prefetch` queues the runs the selected tests declare, in the order they read them; one background
-    thread runs them one after the other and a reader waits for its run. A run that failed fails every test
+    :meth:`prefetch` prepares the runs the selected tests declare (:func:`prepare`, in the calling thread) and
+    queues them in the order the tests read them; ``workers`` background threads (one per simulator slot) take
+    them in that order and a reader waits for its run. A run that failed (to prepare or to run) fails every test
     that reads it with the same error, without being run again.
     """
 
-    def __init__(self, make_root: Callable[[str], Path], specs: Mapping[str, RunSpec],
-                 run: Optional[Callable[[str, RunSpec, Path], Any]] = None):
+    def __init__(self, make_root: Callable[[str], Path], specs: Mapping[str, "RunSpec | JobSpec"],
+                 prepare_run: Optional[Callable[[str, Any, Path], Callable[[], Any]]] = None,
+                 workers: Optional[int] = None):
         self._make_root = make_root
         self._specs = specs
-        self._run = run or execute  # (name, spec, root) -> SimRun
-        self._roots: Dict[str, Path] = {}
+        self._prepare = prepare_run or prepare  # (name, spec, root) -> the worker's part
+        self._jobs: Dict[str, Callable[[], Any]] = {}
         self._results: Dict[str, Any] = {}
         self._done: Dict[str, threading.Event] = {}
         self._queue: "queue.Queue[Optional[str]]" = queue.Queue()
-        self._worker: Optional[threading.Thread] = None
+        self._n_workers = workers or SIMULATOR_SLOTS.n
+        self._workers: List[threading.Thread] = []
 
     def prefetch(self, names: Sequence[str]) -> None:
         """Run ``names`` in the background, in this order (the order the tests will read them)."""
         for name in names:
             if name not in self._specs:
                 raise KeyError(f"no shared simulator run {name!r}; add it to SHARED_RUNS in tests/sim_utils.py ({sorted(self._specs)})")
+        if not self._workers and names:
+            self._workers = [threading.Thread(target=self._drain, name=f"shared-simulator-runs-{i}", daemon=True)
+                             for i in range(self._n_workers)]
+            for worker in self._workers:
+                worker.start()
+        for name in names:
             if name in self._done:
                 continue
-            self._roots[name] = self._make_root(name)  # folders made here, not in the worker thread
             self._done[name] = threading.Event()
-            self._queue.put(name)
-        if self._worker is None and self._done:
-            self._worker = threading.Thread(target=self._drain, name="shared-simulator-runs", daemon=True)
-            self._worker.start()
+            try:
+                self._jobs[name] = self._prepare(name, self._specs[name], self._make_root(name))
+            except Exception as e:  # noqa: BLE001 - remembered and re-raised for every reader
+                self._results[name] = e
+                self._done[name].set()
+                continue
+            self._queue.put(name)  # the workers start on the first runs while the later ones are prepared
 
     def _drain(self) -> None:
         while (name := self._queue.get()) is not None:
             try:
-                self._results[name] = self._run(name, self._specs[name], self._roots[name])
+                self._results[name] = self._jobs[name]()
             except BaseException as e:  # noqa: BLE001 - remembered and re-raised for every reader
                 self._results[name] = e
             finally:
                 self._done[name].set()
 
     def close(self) -> None:
-        """Start no more runs (the one in progress finishes) and wait for the worker."""
+        """Start no more runs (those in progress finish) and wait for the workers."""
         while True:
             try:
                 self._queue.get_nowait()
             except queue.Empty:
                 break
-        self._queue.put(None)
-        if self._worker is not None:
-            self._worker.join()
+        for _ in self._workers:
+            self._queue.put(None)
+        for worker in self._workers:
+            worker.join()
 
-    def __call__(self, name: str) -> SimRun:
+    def __call__(self, name: str) -> Any:
         if name not in self._specs:
             raise KeyError(f"no shared simulator run {name!r}; add it to SHARED_RUNS in tests/sim_utils.py ({sorted(self._specs)})")
         if name not in self._done:
@@ -259,7 +363,7 @@ VOLUME_RUNS = {
     ("pathfl", "slices"): {},
 }
 
-SHARED_RUNS: Dict[str, RunSpec] = {
+SHARED_RUNS: Dict[str, "RunSpec | JobSpec"] = {
     # one run per method; every test of the method's report, audit and site outputs reads it
     # built-in vessel data (patch mode), 3 sites, 2 rounds x 3 local epochs (its test compares with the untrained model)
     "fedavg": RunSpec("fedavg", options={"data_family": "vessel"}),
@@ -288,6 +392,12 @@ SHARED_RUNS: Dict[str, RunSpec] = {
     # (tests/test_multiclass_runs.py)
     "fedevi_fundus": RunSpec("fedevi", sites(2), {"num_rounds": 1, "local_epochs": 1, "data_family": "fundus",
                                                   **FUNDUS_FIELDS}),
+    # fedseg bench end to end (2 polyp sites, fedavg + fedevi + local, 2 seeds) and `fedseg run --seed 1` beside it
+    # (tests/test_bench_sim.py); FedEFM's classification bench; FedEFM's downstream job from a foundation checkpoint
+    # made first (tests/test_fedefm_downstream.py)
+    "bench_polyp": JobSpec("test_bench_sim:polyp_bench"),
+    "bench_fedefm": JobSpec("test_bench_sim:fedefm_bench"),
+    "fedefm_downstream": JobSpec("test_fedefm_downstream:downstream_run"),
     # volumes (built-in prostate3d, two zones) through NVFlare: GraphFedSeg on 3-D patches (its personalised payloads
     # and the checkpoint's volume settings); every (method, mode) of VOLUME_RUNS runs in process
     # (tests/test_volume_runs.py)

@@ -11,9 +11,9 @@ import torch
 from scipy import stats as sps
 
 from fedseg.cli import main
-from sim_utils import exclusive
+from sim_utils import run_cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
+pytestmark = pytest.mark.slow
 
 SITES = ["site-1", "site-2"]
 
@@ -24,12 +24,42 @@ def _bench_argv(out: Path):
             "--methods", "fedavg", "fedevi", "--references", "local", "--seeds", "0", "1"]
 
 
-@pytest.fixture(scope="module")
-def bench(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench")
-    with exclusive():  # fedseg bench starts the simulator itself
-        main(_bench_argv(out))
-    return out
+def _run_seed1_argv(bench_out: Path, workspace: Path):
+    """``fedseg run`` with the bench's data and budget, seed 1."""
+    return ["run", "fedavg", "-n", "2", "-w", str(workspace), "--profile", "tiny", "--rounds", "1", "--local-epochs",
+            "1", "--family", "polyp", "--site-datalists", str(bench_out / "site_datalists.json"), "--seed", "1",
+            "--set", "batch_size=2"]
+
+
+def polyp_bench(root: Path):
+    """Shared run ``bench_polyp`` (tests/sim_utils.py; run in the background): the bench into ``root/bench``, then
+    ``fedseg run --seed 1`` into ``root/run_seed1``; the readers get ``root``."""
+
+    def run() -> Path:
+        run_cli(_bench_argv(root / "bench"), root / "bench.log")
+        run_cli(_run_seed1_argv(root / "bench", root / "run_seed1"), root / "run_seed1.log")
+        return root
+
+    return run
+
+
+def fedefm_bench(root: Path):
+    """Shared run ``bench_fedefm``: FedEFM (1 round) on the built-in X-ray silos and the pooled reference."""
+    out = root / "fedefm"
+    argv = ["bench", "--out", str(out), "--family", "xray_foundation", "--sites", *SITES, "--data-profile", "tiny",
+            "--profile", "tiny", "--rounds", "1", "--local-epochs", "1", "--set", "batch_size=4", "data_unseen=0.5",
+            "--methods", "fedefm", "--references", "pooled", "--seeds", "0", "--baseline", "fedefm"]
+
+    def run() -> Path:
+        run_cli(argv, root / "fedefm.log")
+        return out
+
+    return run
+
+
+@pytest.fixture()
+def bench(shared_runs):
+    return shared_runs("bench_polyp") / "bench"
 
 
 def _site_rows(out: Path, label: str, seed: int, site: str):
@@ -40,6 +70,7 @@ def _site_rows(out: Path, label: str, seed: int, site: str):
     return data["rows"]
 
 
+@pytest.mark.shared_runs("bench_polyp")
 def test_outputs_and_paired_test_equal_scipy_on_site_files(bench):
     results = json.loads((bench / "results.json").read_text())
     assert (bench / "results.md").is_file()
@@ -81,6 +112,7 @@ def test_outputs_and_paired_test_equal_scipy_on_site_files(bench):
     assert [line.split("|")[1].strip() for line in accuracy_table(results)[2:]] == ["FedAvg", "FedEvi", "local only"]
 
 
+@pytest.mark.shared_runs("bench_polyp")
 def test_per_image_rows_never_reach_the_server(bench):
     for run_dir in (bench / "workspaces").iterdir():
         server = run_dir / "server" / "simulate_job"
@@ -98,20 +130,21 @@ def test_per_image_rows_never_reach_the_server(bench):
         assert evaluate, "the audit recorded no evaluate results"
 
 
+@pytest.mark.shared_runs("bench_polyp")
 def test_rerun_skips_finished_runs(bench, capsys):
     runs = sorted((bench / "runs").glob("*.json"))
     assert len(runs) == 6  # (fedavg, fedevi, local) x 2 seeds
     before = {p: p.stat().st_mtime_ns for p in runs}
     workspaces = {p: p.stat().st_mtime_ns for p in (bench / "workspaces").iterdir()}
     capsys.readouterr()
-    with exclusive():
-        main(_bench_argv(bench))
+    main(_bench_argv(bench))  # starts no simulator: every run is finished
     out = capsys.readouterr().out
     assert out.count("skipped") == 6 and "done" not in out.split("# fedseg bench")[0]
     assert {p: p.stat().st_mtime_ns for p in runs} == before
     assert {p: p.stat().st_mtime_ns for p in (bench / "workspaces").iterdir()} == workspaces
 
 
+@pytest.mark.shared_runs("bench_polyp")
 def test_refresh_rereads_method_runs_from_their_workspaces(bench, capsys):
     """A stored run made when the tables had fewer metrics (hd95 dropped here by hand) gets them back from
     its workspace with ``--refresh``; nothing is re-trained and the reference runs are kept as stored."""
@@ -125,8 +158,7 @@ def test_refresh_rereads_method_runs_from_their_workspaces(bench, capsys):
     local_runs = {p: p.stat().st_mtime_ns for p in (bench / "runs").glob("reference-local-*.json")}
     workspaces = {p: p.stat().st_mtime_ns for p in (bench / "workspaces").iterdir()}
     capsys.readouterr()
-    with exclusive():
-        main(_bench_argv(bench) + ["--refresh"])
+    main(_bench_argv(bench) + ["--refresh"])  # re-reads workspaces, starts no simulator
     out = capsys.readouterr().out
     assert out.count("re-read from its workspace") == 4 and out.count("finished earlier") == 2
     assert "done" not in out.split("# fedseg bench")[0]
@@ -141,14 +173,12 @@ def test_refresh_rereads_method_runs_from_their_workspaces(bench, capsys):
     assert {p: p.stat().st_mtime_ns for p in (bench / "workspaces").iterdir()} == workspaces
 
 
-def test_run_seed_reproduces_and_changes_the_model(bench, tmp_path):
+@pytest.mark.shared_runs("bench_polyp")
+def test_run_seed_reproduces_and_changes_the_model(shared_runs):
     """``fedseg run --seed 1 --set ...`` with the bench's data and budget gives bit-identical global weights to
     the bench's FedAvg seed-1 run (a separate simulator job); seed 0 gives different ones."""
-    ws = tmp_path / "ws"
-    with exclusive():
-        main(["run", "fedavg", "-n", "2", "-w", str(ws), "--profile", "tiny", "--rounds", "1", "--local-epochs", "1",
-              "--family", "polyp", "--site-datalists", str(bench / "site_datalists.json"), "--seed", "1",
-              "--set", "batch_size=2"])
+    root = shared_runs("bench_polyp")
+    bench, ws = root / "bench", root / "run_seed1"
     report = json.loads(next(ws.rglob("report.json")).read_text())
     assert report["config"]["train_config"]["seed"] == 1 and report["config"]["train_config"]["batch_size"] == 2
 
@@ -167,16 +197,13 @@ def test_run_seed_reproduces_and_changes_the_model(bench, tmp_path):
     assert report["final"]["global"] == json.loads(Path(bench_run["report_path"]).read_text())["final"]["global"]
 
 
-def test_fedefm_bench_on_foundation_silos_with_pooled_reference(tmp_path):
+@pytest.mark.shared_runs("bench_fedefm")
+def test_fedefm_bench_on_foundation_silos_with_pooled_reference(shared_runs):
     """Classification end to end: FedEFM (1 round) on the built-in X-ray silos and the pooled (centralised)
     reference; accuracy tables, val_accuracy per round, McNemar of pooled vs FedEFM from the site files."""
     from fedseg.bench.stats import mcnemar_exact
 
-    out = tmp_path / "fedefm"
-    with exclusive():
-        main(["bench", "--out", str(out), "--family", "xray_foundation", "--sites", *SITES, "--data-profile", "tiny",
-              "--profile", "tiny", "--rounds", "1", "--local-epochs", "1", "--set", "batch_size=4", "data_unseen=0.5",
-              "--methods", "fedefm", "--references", "pooled", "--seeds", "0", "--baseline", "fedefm"])
+    out = shared_runs("bench_fedefm")
     results = json.loads((out / "results.json").read_text())
     assert results["task"] == "classification" and results["baseline"] == "fedefm"
     assert set(results["approaches"]) == {"fedefm", "pooled"}

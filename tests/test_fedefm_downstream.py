@@ -14,16 +14,30 @@ from fedseg.foundation.unetr import FoundationUNETR
 from sim_utils import run_simulator
 
 
-@pytest.fixture(scope="module")
-def foundation(tmp_path_factory):
-    """A tiny 3-channel foundation ViT at 96 px (the downstream default), saved like the FL server does."""
+def write_foundation(path):
+    """A tiny 3-channel foundation ViT at 96 px (the downstream default), saved like the FL server does; returns
+    its state dict."""
     vit = build_vit("tiny", in_channels=3, num_classes=12, init_seed=5)
     with torch.no_grad():
         for p in vit.parameters():
             p.add_(0.01 * torch.randn_like(p))
-    path = tmp_path_factory.mktemp("foundation") / "FL_global_model.pt"
     torch.save({"model": vit.state_dict(), "train_config": {"task": "classification"}}, path)
-    return path, vit.state_dict()
+    return vit.state_dict()
+
+
+@pytest.fixture(scope="module")
+def foundation(tmp_path_factory):
+    path = tmp_path_factory.mktemp("foundation") / "FL_global_model.pt"
+    return path, write_foundation(path)
+
+
+def downstream_run(root):
+    """Shared run ``fedefm_downstream`` (tests/sim_utils.py): a foundation checkpoint written here, the downstream job
+    exported from it; the background worker runs it with 2 sites and the readers get the report."""
+    path = root / "FL_global_model.pt"
+    write_foundation(path)
+    job = export_job("fedefm_downstream", root / "jobs", profile="tiny", foundation_ckpt=str(path))
+    return lambda: run_simulator(job, root / "ws", n_clients=2)
 
 
 def _persistor_model(job):
@@ -63,11 +77,9 @@ def test_scratch_has_no_foundation_and_bad_paths_are_refused(tmp_path):
         export_job("fedefm_downstream", tmp_path / "jobs3", profile="tiny", foundation_ckpt=str(tmp_path / "missing.pt"))
 
 
-@pytest.mark.exclusive  # its own simulator run (the foundation checkpoint is made by this module's fixture)
-def test_downstream_job_in_the_simulator(foundation, tmp_path):
-    path, _ = foundation
-    job = export_job("fedefm_downstream", tmp_path / "jobs", profile="tiny", foundation_ckpt=str(path))
-    report = run_simulator(job, tmp_path / "ws", n_clients=2)
+@pytest.mark.shared_runs("fedefm_downstream")
+def test_downstream_job_in_the_simulator(shared_runs):
+    report = shared_runs("fedefm_downstream")
     assert report["method"] == "fedefm_downstream" and report["config"]["strategy"] == "fedavg"
     for site, final in report["final"]["global"].items():
         assert {"dice", "iou", "miou", "hd95", "assd"} <= set(final)

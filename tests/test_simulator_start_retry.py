@@ -11,8 +11,9 @@ import pytest
 
 from fedseg.bench.simulator import SITE_START_FAILURE, failed_site_start, run_simulator_command
 
-#: writes site logs into the workspace (argv[1]); the first ``fail`` runs (counted in argv[2]) log the port failure
-#: for site-2 and then hang as the real simulator does; later runs finish with a report
+#: writes site logs into the workspace (argv[1]); the first ``fail`` runs (counted in argv[2]) fail on a taken port:
+#: argv[4] "site": site-2 logs it and the run hangs as the real simulator does; "server": the run exits with it.
+#: Later runs finish with a report
 STAND_IN = textwrap.dedent('''
     import pathlib, sys, time
     ws, counter, fail = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), int(sys.argv[3])
@@ -21,18 +22,20 @@ STAND_IN = textwrap.dedent('''
     for site in ("site-1", "site-2"):
         (ws / site).mkdir(parents=True, exist_ok=True)
         (ws / site / "log.txt").write_text("starting\\n")
-    if n <= fail:
+    if n <= fail and sys.argv[4] == "site":
         (ws / "site-2" / "log.txt").write_text("OSError: [Errno 98] %s\\n")
         time.sleep(60)
+    if n <= fail and sys.argv[4] == "server":
+        sys.exit("OSError: [Errno 98] %s")
     (ws / "server").mkdir(exist_ok=True)
     (ws / "server" / "report.json").write_text("{}")
-''' % SITE_START_FAILURE)
+''' % (SITE_START_FAILURE, SITE_START_FAILURE))
 
 
-def _cmd(tmp_path, fail):
+def _cmd(tmp_path, fail, who="site"):
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
-    return [sys.executable, str(script), str(tmp_path / "ws"), str(tmp_path / "tries"), str(fail)]
+    return [sys.executable, str(script), str(tmp_path / "ws"), str(tmp_path / "tries"), str(fail), who]
 
 
 def test_a_site_that_cannot_start_restarts_the_run(tmp_path):
@@ -42,6 +45,19 @@ def test_a_site_that_cannot_start_restarts_the_run(tmp_path):
     assert (tmp_path / "ws" / "server" / "report.json").is_file()
     assert (tmp_path / "ws" / "local" / "resources.json").is_file()  # the fresh workspace has its allow list
     assert failed_site_start(tmp_path / "ws") is None
+
+
+def test_a_server_that_cannot_bind_restarts_the_run(tmp_path):
+    proc = run_simulator_command(_cmd(tmp_path, fail=1, who="server"), tmp_path / "ws", {}, timeout=30, poll_s=0.2)
+    assert proc.returncode == 0 and (tmp_path / "tries").read_text() == "2"
+    assert (tmp_path / "ws" / "server" / "report.json").is_file()
+
+
+def test_any_other_failure_is_returned_as_it_is(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("import sys; sys.exit('something else broke')")
+    proc = run_simulator_command([sys.executable, str(script)], tmp_path / "ws", {}, timeout=30, poll_s=0.2)
+    assert proc.returncode == 1 and "something else broke" in proc.stderr
 
 
 def test_a_site_that_never_starts_fails_after_the_retries(tmp_path):

@@ -65,7 +65,9 @@ def run_simulator_command(cmd: Sequence[str], workspace: Path, env: Dict[str, st
 
     A site process that dies at start on a taken port (:func:`failed_site_start`) leaves the job waiting for its
     tasks until the task timeout; the run is stopped at once instead and started again in a fresh workspace, at
-    most ``retries`` times. Any other failure is the caller's to judge (the completed process is returned).
+    most ``retries`` times. A run that exits with an error saying :data:`SITE_START_FAILURE` (the server's port
+    was taken) is started again the same way. Any other failure is the caller's to judge (the completed process
+    is returned).
 
     Raises:
         subprocess.TimeoutExpired: the command ran past ``timeout`` seconds (it is killed).
@@ -92,9 +94,11 @@ def run_simulator_command(cmd: Sequence[str], workspace: Path, env: Dict[str, st
                     if not failed:
                         raise subprocess.TimeoutExpired(cmd, timeout, out, err)
                     break
+        if not failed and proc.returncode != 0 and SITE_START_FAILURE in out + err:
+            failed = "server"  # the server's port was taken between its pick and its bind: the run never started
         if not failed:
             return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
-        logger.warning("simulator: site %s could not start (%s); starting the run again (try %d of %d)",
+        logger.warning("simulator: %s could not start (%s); starting the run again (try %d of %d)",
                        failed, SITE_START_FAILURE, attempt + 2, retries + 1)
     raise RuntimeError(f"simulator: a site could not start on {retries + 1} tries ({SITE_START_FAILURE}): {' '.join(cmd)}")
 
