@@ -130,6 +130,12 @@ TABLES: Dict[str, Dict[str, Any]] = {
                                "title": "Accuracy on the real nuclei federation at native resolution"},
     "nuclei-native-cost": {"run": "nuclei-native", "render": "cost",
                            "title": "Cost on the real nuclei federation at native resolution"},
+    "retina-native-window-sample": {"run": "retina-native", "render": "pairs", "metrics": ["dice", "dice_fov"],
+                                    "pairs": [["graphfedseg", "graph_whole"], ["fedevi", "fedevi_whole"]],
+                                    "title": "Window samples vs whole-image passes at native resolution (real retina)"},
+    "nuclei-native-window-sample": {"run": "nuclei-native", "render": "pairs",
+                                    "pairs": [["graphfedseg", "graph_whole"], ["fedevi", "fedevi_whole"]],
+                                    "title": "Window samples vs whole-image passes at native resolution (real nuclei)"},
     "retina-native-quiet-cost": {"run": "retina-native-quiet", "render": "cost",
                                  "title": "Cost at native resolution on the real retina federation, window samples (one seed, quiet machine)"},
     "baselines-vessel-accuracy": {"run": "baselines-vessel", "render": "accuracy",
@@ -272,6 +278,7 @@ def load_output(run_id: str, root: Path, runs: Mapping[str, Mapping[str, Any]] =
             raise ReproduceError(f"run {run_id!r}: {path} was made by\n  {data.get('command')}\nbut the registry says\n"
                                  f"  {cmds[-1]}\nfix the registry or re-run (--run); --ignore-command renders it anyway")
         data["_command_differs"] = data.get("command")
+    data["_output_dir"] = str(output_path(run, root))  # where the bench's per-run records are
     return data
 
 
@@ -489,7 +496,51 @@ def render_gpu_check(table_id: str, table: Mapping[str, Any], outputs: Sequence[
                                           f"(on a CUDA machine).{_stale(data)}"), "", *lines]
 
 
+def render_pairs(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
+    """One row per ``pairs`` entry ``[A, B]`` of a bench run (two settings of one method): each one's Dice (mean over
+    sites, mean ± std over seeds), the paired difference A − B per test image (same seed; pooled over seeds and
+    sites; Wilcoxon) for every metric in ``metrics``, and A's median round wall over B's, both from the same bench."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from cost_table import load_runs, median_round_wall, per_image
+    from fedseg.bench.stats import compare, summarise_seeds
+    from fedseg.bench.tables import approach_title, caption
+
+    results = outputs[0]
+    runs = load_runs(Path(results["_output_dir"]))
+    sites = list(results["sites"])
+    metrics = list(table.get("metrics", ["dice"]))
+
+    def seeds_cell(label: str, metric: str) -> str:
+        final = {r["seed"]: r["final"]["global"] for r in runs[label]}
+        having = [x for x in sites if all(f.get(x, {}).get(metric) is not None for f in final.values())]  # DRIVE's FOV
+        if not having:
+            return "-"
+        s = summarise_seeds(final, having, metrics=(metric,))["mean"][metric]
+        return f"{s['mean']:.3f} ± {s['std']:.3f}" + ("" if having == sites else f" ({', '.join(having)})")
+
+    def p_text(v: Optional[float]) -> str:
+        return "-" if v is None else (f"{v:.3f}" if v >= 1e-3 else f"{v:.1e}")
+
+    head = ["method (A vs B)"] + [f"{m}: A | {m}: B | Δ {m} A − B (Wilcoxon p, pairs)" for m in metrics] + [
+        "round wall A / B"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * (1 + 3 * len(metrics) + 1)]
+    for a, b in table["pairs"]:
+        cells = [f"{approach_title(results['approaches'][a])} vs {approach_title(results['approaches'][b])}"]
+        for metric in metrics:
+            t = compare(per_image(runs[a]), per_image(runs[b]), sites, metrics=(metric,))[metric]["all"]
+            diff = "-" if t["mean_diff"] is None else f"{t['mean_diff']:+.4f}"
+            cells += [seeds_cell(a, metric), seeds_cell(b, metric), f"{diff} ({p_text(t['wilcoxon_p'])}, {t['n']})"]
+        cells.append(f"{median_round_wall(runs[a]) / median_round_wall(runs[b]):.2f}x")
+        lines.append("| " + " | ".join(cells) + " |")
+    seeds = sorted({r["seed"] for records in runs.values() for r in records})
+    note = (f"A and B: two settings of one method in the same bench (seeds {', '.join(map(str, seeds))}); cells: mean "
+            f"over sites, mean ± std over seeds; Δ: mean per-image difference, same seed, pooled over seeds and sites, "
+            f"two-sided Wilcoxon signed-rank. {_remake(table_id)}{_stale(results)}")
+    return [caption(results, table["title"], note), "", *lines]
+
+
 RENDERERS: Dict[str, Callable[..., List[str]]] = {
+    "pairs": render_pairs,
     "accuracy": render_accuracy, "cost": render_cost, "overview": render_overview,
     "multiclass-cost": render_multiclass_cost, "engine-throughput": render_engine_throughput,
     "gpu-check": render_gpu_check, "glance": render_glance,

@@ -467,3 +467,30 @@ def test_bench_writes_the_code_version_into_results_and_runs(tmp_path, tiny_data
     from fedseg.bench.tables import code_text
 
     assert code_text(again) == f"code {bench.version_label(version)} (runs: 0ld0ld0 ×1)"
+
+
+def test_pairs_table_compares_two_settings_of_a_method_with_scipy(reproduce, seg_records, seg_results, tmp_path):
+    """``render: pairs`` (window sample vs whole image): each setting's Dice over seeds, the paired per-image
+    difference with scipy's Wilcoxon, and the round-wall ratio, from the bench's stored per-run records."""
+    whole = [dict(seg_record("fedevi_whole", "fedevi", seed, -0.06, walls=(9, 8, 10, 12))) for seed in SEEDS]
+    records = [r for r in seg_records if r["kind"] == "method"] + whole
+    (tmp_path / "toy" / "runs").mkdir(parents=True)
+    for r in records:
+        (tmp_path / "toy" / "runs" / f"{r['id']}.json").write_text(json.dumps(r))
+    results = build_results(seg_records + whole, SITES, dict(HEADER))
+    _store(tmp_path, results, f"fedseg bench --out {tmp_path / 'toy'}")
+    runs = {"toy": {"out": "toy", "commands": ["fedseg bench --out {out}"]}}
+    tables = {"toy-pairs": {"run": "toy", "render": "pairs", "pairs": [["fedevi", "fedevi_whole"]], "title": "Toy pairs"}}
+    text = reproduce.render("toy-pairs", tmp_path, runs=runs, tables=tables)
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    cells = _row(lines, "FedEvi vs FedEvi `fedevi_whole`")
+    assert cells[0] == _pm(_site_mean_per_seed(records, "fedevi", "dice"), 3)
+    assert cells[1] == _pm(_site_mean_per_seed(records, "fedevi_whole", "dice"), 3)
+    x, y = _pairs(records, "fedevi", "fedevi_whole", "dice")
+    p = sps.wilcoxon(x, y).pvalue
+    assert cells[2] == f"{np.mean(x - y):+.4f} ({p:.3f}, {len(x)})" and p >= 1e-3
+
+    def median_wall(label):  # every round but the first, pooled over seeds
+        return np.median([w for r in records if r["label"] == label for w in r["round_walls"][1:]])
+
+    assert cells[3] == f"{median_wall('fedevi') / median_wall('fedevi_whole'):.2f}x"
