@@ -41,6 +41,12 @@ REPO = Path(__file__).resolve().parents[1]
 # ------------------------------------------------------------------------------------------ registry
 #: run id -> output (folder or .json file, relative to the output root), commands; ``result``: the JSON file inside
 #: an output folder (default ``results.json``)
+#: issue 29's comparison: FedAvg, the nine baselines and the suite's five methods (FedEFM: its downstream job)
+ALL_APPROACHES = ("fedavg fedprox scaffold fedadam fedbn ditto fedrep moon feddyn fedce "
+                  "graphfedseg fedevi fvac pathfl fedefm_downstream")
+#: the budget curve: FedAvg, the baselines that led on built-in vessel (SCAFFOLD, FedDyn) and the five methods
+BUDGET_APPROACHES = "fedavg scaffold feddyn graphfedseg fedevi fvac pathfl fedefm_downstream"
+
 RUNS: Dict[str, Dict[str, Any]] = {
     "fundus": {"out": "fundus", "commands": [
         "fedseg bench --family fundus --methods fedavg fedevi graphfedseg --references local pooled --seeds 0 1 2 --out {out}"]},
@@ -82,6 +88,21 @@ RUNS: Dict[str, Dict[str, Any]] = {
         "fedseg bench --site-datalists {root}/cost/nuclei_data/site_datalists.json --methods fedavg graphfedseg fedevi "
         "graph_whole=graphfedseg:uncertainty_windows=whole_image fedevi_whole=fedevi:surrogate_windows=whole_image "
         "--references --seeds 0 1 2 --rounds 10 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
+    # issue 29: every baseline and every method of the suite in one bench per real federation, three seeds, with the
+    # references (several CPU-hours each on 2 cores: resumable, run it across sessions); and the budget curve on retina
+    "retina-all": {"out": "issue29/retina_all", "commands": [
+        "fedseg data retina --src ../shared/data/retina_vessels --out {root}/cost/retina_data",
+        f"fedseg bench --site-datalists {{root}}/cost/retina_data/site_datalists.json --methods {ALL_APPROACHES} "
+        "--references local pooled --seeds 0 1 2 --rounds 20 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
+    "nuclei-all": {"out": "issue29/nuclei_all", "commands": [
+        "fedseg data nuclei --src ../shared/data/nuclei_he --out {root}/cost/nuclei_data",
+        f"fedseg bench --site-datalists {{root}}/cost/nuclei_data/site_datalists.json --methods {ALL_APPROACHES} "
+        "--references local pooled --seeds 0 1 2 --rounds 20 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
+    **{f"retina-budget-{r}": {"out": f"issue29/retina_budget_{r}", "commands": [
+        "fedseg data retina --src ../shared/data/retina_vessels --out {root}/cost/retina_data",
+        f"fedseg bench --site-datalists {{root}}/cost/retina_data/site_datalists.json --methods {BUDGET_APPROACHES} "
+        f"--references --seeds 0 --rounds {r} --local-epochs 1 --task-request-interval 0.2 --out {{out}}"]}
+       for r in (10, 30, 100)},
     # on one GPU (NVIDIA H100, 2026-11-26): run there with --out under /tmp, the output copied here
     "gpu-check": {"out": "gpu/check", "result": "gpu_check.json", "commands": [
         "python benchmarks/gpu_check.py --out {out}"]},
@@ -136,6 +157,17 @@ TABLES: Dict[str, Dict[str, Any]] = {
     "nuclei-native-window-sample": {"run": "nuclei-native", "render": "pairs",
                                     "pairs": [["graphfedseg", "graph_whole"], ["fedevi", "fedevi_whole"]],
                                     "title": "Window samples vs whole-image passes at native resolution (real nuclei)"},
+    "retina-all-accuracy": {"run": "retina-all", "render": "accuracy", "metrics": ["dice_fov"],
+                            "data": "real retina, native resolution, every baseline",
+                            "title": "Every baseline and method on the real retina federation (native resolution)"},
+    "retina-all-cost": {"run": "retina-all", "render": "cost",
+                        "title": "Cost of every baseline and method on the real retina federation"},
+    "nuclei-all-accuracy": {"run": "nuclei-all", "render": "accuracy",
+                            "data": "real nuclei, native resolution, every baseline",
+                            "title": "Every baseline and method on the real nuclei federation (native resolution)"},
+    **{f"retina-budget-{r}": {"run": f"retina-budget-{r}", "render": "accuracy", "metrics": ["dice_fov"],
+                              "title": f"The budget curve on the real retina federation: {r} rounds (seed 0)"}
+       for r in (10, 30, 100)},
     "retina-native-quiet-cost": {"run": "retina-native-quiet", "render": "cost",
                                  "title": "Cost at native resolution on the real retina federation, window samples (one seed, quiet machine)"},
     "baselines-vessel-accuracy": {"run": "baselines-vessel", "render": "accuracy",
