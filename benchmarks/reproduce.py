@@ -142,6 +142,7 @@ TABLES: Dict[str, Dict[str, Any]] = {
     "engine-throughput-prostate3d": {"run": ["engine-prostate3d-3d", "engine-prostate3d-slices"], "render": "engine-throughput",
                                      "title": "Engine training throughput vs a plain PyTorch loop on prostate MR volumes"},
     "retina-native-accuracy": {"run": "retina-native", "render": "accuracy", "metrics": ["dice_fov"],
+                               "round_time_from": "retina-native-quiet-cost",
                                "data": "real retina (DRIVE / STARE / CHASE_DB1), native resolution",
                                "title": "Accuracy on the real retina federation at native resolution"},
     "retina-native-cost": {"run": "retina-native", "render": "cost",
@@ -458,8 +459,12 @@ def render_glance(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
         except MissingOutput:
             missing.append(source)
             continue
+        timing_from = None
+        if src.get("round_time_from"):  # the source's round times are not a cost measurement: another table's are
+            timing_table = src["round_time_from"]
+            timing_from = (load_output(run_ids(tables[timing_table])[0], root, runs, ignore_command), timing_table)
         try:
-            rows += glance_rows(results, src.get("data") or src["title"], source, link)
+            rows += glance_rows(results, src.get("data") or src["title"], source, link, timing_from)
         except ValueError as e:  # a source whose baseline is not FedAvg
             raise ReproduceError(str(e)) from None
         used.append(f"`{source}` ({str(results.get('date', ''))[:10]})")
@@ -467,7 +472,8 @@ def render_glance(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
         raise MissingOutput(f"table {table_id!r}: none of its source tables has an output yet: {', '.join(table['from'])}")
     note = ("Each row from its source table's own `fedseg bench` run (sources: " + ", ".join(used) + "): the method's "
             "test Dice (mean over sites, mean ± std over seeds) with FedAvg's of the same run in brackets; Δ = mean "
-            "per-image difference to FedAvg (Wilcoxon p); round time = median round wall over FedAvg's in the same run."
+            "per-image difference to FedAvg (Wilcoxon p); round time = median round wall over FedAvg's in the same run, "
+            "or in the cost run the cell names."
             + (f" Not yet run: {', '.join(missing)}." if missing else "")
             + f" Re-make: `python benchmarks/reproduce.py {table_id}`.")
     return [f"**{table['title']}.** {note}", "", *glance_table(rows)]

@@ -256,6 +256,12 @@ def test_glance_rows_from_an_accuracy_run(seg_records, seg_results):
                                for r in seg_records if r["label"] in ("fedavg", "fedevi")], SITES, dict(HEADER), baseline="fvac")
     with pytest.raises(ValueError, match="baseline is 'fvac', not FedAvg"):
         glance_rows(fvac_base, "toy", "t")
+    # round times from another run (a quiet cost run): its ratio, and the cell names its table
+    quiet = build_results([{**r, "round_walls": [w * (3 if r["label"] == "fedevi" else 1) for w in r["round_walls"]]}
+                           for r in seg_records], SITES, dict(HEADER))
+    from_quiet = glance_rows(seg_results, "toy data", "toy-accuracy", timing_from=(quiet, "toy-quiet-cost"))
+    assert from_quiet[0][4] == _row(cost_table(quiet), "FedEvi")[1] + " (`toy-quiet-cost`)"
+    assert from_quiet[0][4] != fedevi[4] and from_quiet[0][:4] == rows[0][:4] and from_quiet[0][3] == fedevi[3]
 
 
 # ----------------------------------------------------------------------------------------- the script

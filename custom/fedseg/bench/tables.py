@@ -8,7 +8,7 @@ timings); nothing is recomputed here. Each function returns markdown lines (``Li
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from fedseg.bench.bench import version_label
 from fedseg.bench.report import BASELINE, format_p, format_spread
@@ -342,10 +342,13 @@ def cost_note(results: Mapping[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ glance
-def glance_rows(results: Mapping[str, Any], data: str, table_id: str, link: Optional[str] = None) -> List[List[str]]:
+def glance_rows(results: Mapping[str, Any], data: str, table_id: str, link: Optional[str] = None,
+                timing_from: Optional[Tuple[Mapping[str, Any], str]] = None) -> List[List[str]]:
     """Rows of the "Results at a glance" table from one accuracy run: per method as shipped other than the baseline
-    (global and personalised models; not references, not ablation rows ``LABEL=METHOD:key=value``): method, data, score (baseline's), Δ vs baseline (p), round time vs baseline,
-    source table.
+    (global and personalised models; not references, not ablation rows ``LABEL=METHOD:key=value``): method, data,
+    score (baseline's), Δ vs baseline (p), round time vs baseline, source table. ``timing_from``: (another run's
+    results, its table id) whose round times to show instead (a cost measurement on a quieter machine); the cell
+    names that table.
 
     Raises:
         ValueError: the run's baseline is not FedAvg (the glance table compares every method with FedAvg).
@@ -364,8 +367,11 @@ def glance_rows(results: Mapping[str, Any], data: str, table_id: str, link: Opti
     for name, entry in results.get("approaches", {}).items():
         if entry.get("kind") != "method" or name == base_label or entry.get("variant_args"):
             continue  # the methods as shipped; references and ablation rows stay in the source table
-        t = (results.get("timing") or {}).get(entry.get("label"), {})
+        timing_results, timing_table = timing_from or (results, None)
+        t = (timing_results.get("timing") or {}).get(entry.get("label"), {})
         ratio = "-" if t.get("round_wall_ratio_to_fedavg") is None else f"{t['round_wall_ratio_to_fedavg']:.2f}x"
+        if timing_table and ratio != "-":
+            ratio += f" (`{timing_table}`)"
         score = seed_cell(entry["summary"]["mean"][metric], _digits(metric))
         prefix = "accuracy " if classification else ""
         rows.append([approach_title(entry), data, f"{prefix}{score} ({base_score})",
