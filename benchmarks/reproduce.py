@@ -41,6 +41,10 @@ REPO = Path(__file__).resolve().parents[1]
 # ------------------------------------------------------------------------------------------ registry
 #: run id -> output (folder or .json file, relative to the output root), commands; ``result``: the JSON file inside
 #: an output folder (default ``results.json``)
+#: issue 28's window-sample check: each method as shipped (window samples) and with its former whole-image pass
+WHOLE_IMAGE_ROWS = ("graph_whole=graphfedseg:uncertainty_windows=whole_image "
+                    "fedevi_whole=fedevi:surrogate_windows=whole_image")
+WINDOW_PAIRS = [["graphfedseg", "graph_whole"], ["fedevi", "fedevi_whole"]]
 #: issue 29's comparison: FedAvg, the nine baselines and the suite's five methods (FedEFM: its downstream job)
 ALL_APPROACHES = ("fedavg fedprox scaffold fedadam fedbn ditto fedrep moon feddyn fedce "
                   "graphfedseg fedevi fvac pathfl fedefm_downstream")
@@ -80,14 +84,12 @@ RUNS: Dict[str, Dict[str, Any]] = {
     "retina-native": {"out": "cost/retina_bench", "commands": [
         "fedseg data retina --src ../shared/data/retina_vessels --out {root}/cost/retina_data",
         "fedseg bench --site-datalists {root}/cost/retina_data/site_datalists.json --methods fedavg graphfedseg fedevi "
-        "graph_whole=graphfedseg:uncertainty_windows=whole_image fedevi_whole=fedevi:surrogate_windows=whole_image "
-        "--references --seeds 0 1 2 --rounds 20 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
+        f"{WHOLE_IMAGE_ROWS} " "--references --seeds 0 1 2 --rounds 20 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
     # the same check on the nuclei federation (MoNuSeg / TNBC, native resolution); 10 rounds to fit a CPU session
     "nuclei-native": {"out": "cost/nuclei_bench", "commands": [
         "fedseg data nuclei --src ../shared/data/nuclei_he --out {root}/cost/nuclei_data",
         "fedseg bench --site-datalists {root}/cost/nuclei_data/site_datalists.json --methods fedavg graphfedseg fedevi "
-        "graph_whole=graphfedseg:uncertainty_windows=whole_image fedevi_whole=fedevi:surrogate_windows=whole_image "
-        "--references --seeds 0 1 2 --rounds 10 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
+        f"{WHOLE_IMAGE_ROWS} " "--references --seeds 0 1 2 --rounds 10 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
     # issue 29: every baseline and every method of the suite in one bench per real federation, three seeds, with the
     # references (several CPU-hours each on 2 cores: resumable, run it across sessions); and the budget curve on retina
     "retina-all": {"out": "issue29/retina_all", "commands": [
@@ -153,10 +155,10 @@ TABLES: Dict[str, Dict[str, Any]] = {
     "nuclei-native-cost": {"run": "nuclei-native", "render": "cost",
                            "title": "Cost on the real nuclei federation at native resolution"},
     "retina-native-window-sample": {"run": "retina-native", "render": "pairs", "metrics": ["dice", "dice_fov"],
-                                    "pairs": [["graphfedseg", "graph_whole"], ["fedevi", "fedevi_whole"]],
+                                    "pairs": WINDOW_PAIRS,
                                     "title": "Window samples vs whole-image passes at native resolution (real retina)"},
     "nuclei-native-window-sample": {"run": "nuclei-native", "render": "pairs",
-                                    "pairs": [["graphfedseg", "graph_whole"], ["fedevi", "fedevi_whole"]],
+                                    "pairs": WINDOW_PAIRS,
                                     "title": "Window samples vs whole-image passes at native resolution (real nuclei)"},
     "retina-all-accuracy": {"run": "retina-all", "render": "accuracy", "metrics": ["dice_fov"],
                             "data": "real retina, native resolution, every baseline",
@@ -166,6 +168,8 @@ TABLES: Dict[str, Dict[str, Any]] = {
     "nuclei-all-accuracy": {"run": "nuclei-all", "render": "accuracy",
                             "data": "real nuclei, native resolution, every baseline",
                             "title": "Every baseline and method on the real nuclei federation (native resolution)"},
+    "nuclei-all-cost": {"run": "nuclei-all", "render": "cost",
+                        "title": "Cost of every baseline and method on the real nuclei federation"},
     **{f"retina-budget-{r}": {"run": f"retina-budget-{r}", "render": "accuracy", "metrics": ["dice_fov"],
                               "title": f"The budget curve on the real retina federation: {r} rounds (seed 0)"}
        for r in (10, 30, 100)},
