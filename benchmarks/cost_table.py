@@ -102,8 +102,13 @@ def main(argv=None) -> None:
     parser.add_argument("--baseline", default="fedavg")
     parser.add_argument("--pairs", nargs="*", default=[], help="SAMPLED:WHOLE labels to test against each other")
     parser.add_argument("--metric", default="dice", help="per-image metric of the Dice table and the tests")
+    parser.add_argument("--seeds", nargs="*", type=int, default=None,
+                        help="only these seeds' runs (e.g. the seeds that ran on a quiet machine, for the cost table)")
     args = parser.parse_args(argv)
     runs = load_runs(args.out)
+    if args.seeds is not None:
+        runs = {label: [r for r in records if r["seed"] in args.seeds] for label, records in runs.items()}
+        runs = {label: records for label, records in runs.items() if records}
     if args.baseline not in runs:
         raise SystemExit(f"baseline {args.baseline!r} not among the runs' labels {sorted(runs)}")
     sites = list(json.loads((args.out / "site_datalists.json").read_text()))
