@@ -85,12 +85,11 @@ RUNS: Dict[str, Dict[str, Any]] = {
         "fedseg data retina --src ../shared/data/retina_vessels --out {root}/cost/retina_data",
         "fedseg bench --site-datalists {root}/cost/retina_data/site_datalists.json --methods fedavg graphfedseg fedevi "
         f"{WHOLE_IMAGE_ROWS} " "--references --seeds 0 1 2 --rounds 20 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
-    # the same check on the nuclei federation (MoNuSeg / TNBC, native resolution); 10 rounds and two seeds to fit a CPU
-    # session (a third seed: --seeds 0 1 2, about 30 min more; the bench resumes)
+    # the same check on the nuclei federation (MoNuSeg / TNBC, native resolution); 10 rounds to fit a CPU session
     "nuclei-native": {"out": "cost/nuclei_bench", "commands": [
         "fedseg data nuclei --src ../shared/data/nuclei_he --out {root}/cost/nuclei_data",
         "fedseg bench --site-datalists {root}/cost/nuclei_data/site_datalists.json --methods fedavg graphfedseg fedevi "
-        f"{WHOLE_IMAGE_ROWS} " "--references --seeds 0 1 --rounds 10 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
+        f"{WHOLE_IMAGE_ROWS} " "--references --seeds 0 1 2 --rounds 10 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
     # issue 29: every baseline and every method of the suite in one bench per real federation, three seeds, with the
     # references (several CPU-hours each on 2 cores: resumable, run it across sessions); and the budget curve on retina
     "retina-all": {"out": "issue29/retina_all", "commands": [
