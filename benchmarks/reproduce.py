@@ -39,8 +39,6 @@ DEFAULT_ROOT = "/work/bench_out"
 REPO = Path(__file__).resolve().parents[1]
 
 # ------------------------------------------------------------------------------------------ registry
-#: run id -> output (folder or .json file, relative to the output root), commands; ``result``: the JSON file inside
-#: an output folder (default ``results.json``)
 #: issue 28's window-sample check: each method as shipped (window samples) and with its former whole-image pass
 WHOLE_IMAGE_ROWS = ("graph_whole=graphfedseg:uncertainty_windows=whole_image "
                     "fedevi_whole=fedevi:surrogate_windows=whole_image")
@@ -50,7 +48,25 @@ ALL_APPROACHES = ("fedavg fedprox scaffold fedadam fedbn ditto fedrep moon feddy
                   "graphfedseg fedevi fvac pathfl fedefm_downstream")
 #: the budget curve: FedAvg, the baselines that led on built-in vessel (SCAFFOLD, FedDyn) and the five methods
 BUDGET_APPROACHES = "fedavg scaffold feddyn graphfedseg fedevi fvac pathfl fedefm_downstream"
+#: the real federations read in place: the import command and the site datalists it writes
+REAL_DATA = {
+    "retina": ("fedseg data retina --src ../shared/data/retina_vessels --out {root}/cost/retina_data",
+               "{root}/cost/retina_data/site_datalists.json"),
+    "nuclei": ("fedseg data nuclei --src ../shared/data/nuclei_he --out {root}/cost/nuclei_data",
+               "{root}/cost/nuclei_data/site_datalists.json"),
+}
 
+
+def real_bench(federation: str, out: str, options: str) -> Dict[str, Any]:
+    """A run of ``fedseg bench`` on a real federation at native resolution: import, then the bench with ``options``
+    (methods, references, seeds, rounds), one local epoch and the 0.2 s task request interval."""
+    import_data, datalists = REAL_DATA[federation]
+    return {"out": out, "commands": [import_data, f"fedseg bench --site-datalists {datalists} {options} --local-epochs 1 "
+                                                  "--task-request-interval 0.2 --out {out}"]}
+
+
+#: run id -> output (folder or .json file, relative to the output root), commands; ``result``: the JSON file inside
+#: an output folder (default ``results.json``)
 RUNS: Dict[str, Dict[str, Any]] = {
     "fundus": {"out": "fundus", "commands": [
         "fedseg bench --family fundus --methods fedavg fedevi graphfedseg --references local pooled --seeds 0 1 2 --out {out}"]},
@@ -81,29 +97,19 @@ RUNS: Dict[str, Dict[str, Any]] = {
         "--repeats 7 --data both --threads 1 --out {out}"]},
     # the native-resolution cost run of issue 28 item 2 (its uncertainty_windows / surrogate_windows options come
     # with that work)
-    "retina-native": {"out": "cost/retina_bench", "commands": [
-        "fedseg data retina --src ../shared/data/retina_vessels --out {root}/cost/retina_data",
-        "fedseg bench --site-datalists {root}/cost/retina_data/site_datalists.json --methods fedavg graphfedseg fedevi "
-        f"{WHOLE_IMAGE_ROWS} " "--references --seeds 0 1 2 --rounds 20 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
+    "retina-native": real_bench("retina", "cost/retina_bench", f"--methods fedavg graphfedseg fedevi {WHOLE_IMAGE_ROWS} "
+                                "--references --seeds 0 1 2 --rounds 20"),
     # the same check on the nuclei federation (MoNuSeg / TNBC, native resolution); 10 rounds to fit a CPU session
-    "nuclei-native": {"out": "cost/nuclei_bench", "commands": [
-        "fedseg data nuclei --src ../shared/data/nuclei_he --out {root}/cost/nuclei_data",
-        "fedseg bench --site-datalists {root}/cost/nuclei_data/site_datalists.json --methods fedavg graphfedseg fedevi "
-        f"{WHOLE_IMAGE_ROWS} " "--references --seeds 0 1 2 --rounds 10 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
+    "nuclei-native": real_bench("nuclei", "cost/nuclei_bench", f"--methods fedavg graphfedseg fedevi {WHOLE_IMAGE_ROWS} "
+                                "--references --seeds 0 1 2 --rounds 10"),
     # issue 29: every baseline and every method of the suite in one bench per real federation, three seeds, with the
     # references (several CPU-hours each on 2 cores: resumable, run it across sessions); and the budget curve on retina
-    "retina-all": {"out": "issue29/retina_all", "commands": [
-        "fedseg data retina --src ../shared/data/retina_vessels --out {root}/cost/retina_data",
-        f"fedseg bench --site-datalists {{root}}/cost/retina_data/site_datalists.json --methods {ALL_APPROACHES} "
-        "--references local pooled --seeds 0 1 2 --rounds 20 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
-    "nuclei-all": {"out": "issue29/nuclei_all", "commands": [
-        "fedseg data nuclei --src ../shared/data/nuclei_he --out {root}/cost/nuclei_data",
-        f"fedseg bench --site-datalists {{root}}/cost/nuclei_data/site_datalists.json --methods {ALL_APPROACHES} "
-        "--references local pooled --seeds 0 1 2 --rounds 20 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
-    **{f"retina-budget-{r}": {"out": f"issue29/retina_budget_{r}", "commands": [
-        "fedseg data retina --src ../shared/data/retina_vessels --out {root}/cost/retina_data",
-        f"fedseg bench --site-datalists {{root}}/cost/retina_data/site_datalists.json --methods {BUDGET_APPROACHES} "
-        f"--references --seeds 0 --rounds {r} --local-epochs 1 --task-request-interval 0.2 --out {{out}}"]}
+    "retina-all": real_bench("retina", "issue29/retina_all",
+                             f"--methods {ALL_APPROACHES} --references local pooled --seeds 0 1 2 --rounds 20"),
+    "nuclei-all": real_bench("nuclei", "issue29/nuclei_all",
+                             f"--methods {ALL_APPROACHES} --references local pooled --seeds 0 1 2 --rounds 20"),
+    **{f"retina-budget-{r}": real_bench("retina", f"issue29/retina_budget_{r}",
+                                        f"--methods {BUDGET_APPROACHES} --references --seeds 0 --rounds {r}")
        for r in (10, 30, 100)},
     # on one GPU (NVIDIA H100, 2026-11-26): run there with --out under /tmp, the output copied here
     "gpu-check": {"out": "gpu/check", "result": "gpu_check.json", "commands": [
@@ -111,10 +117,8 @@ RUNS: Dict[str, Dict[str, Any]] = {
     "fundus-gpu40": {"out": "gpu/fundus40", "commands": [
         "fedseg bench --family fundus --methods fedavg fedevi graphfedseg --references --seeds 0 --rounds 40 --out {out}"]},
     # the window samples' cost at native resolution on a quiet machine: one seed, 10 rounds (issue 28 item 2)
-    "retina-native-quiet": {"out": "cost/retina_quiet", "commands": [
-        "fedseg data retina --src ../shared/data/retina_vessels --out {root}/cost/retina_data",
-        "fedseg bench --site-datalists {root}/cost/retina_data/site_datalists.json --methods fedavg graphfedseg fedevi "
-        "--references --seeds 0 --rounds 10 --local-epochs 1 --task-request-interval 0.2 --out {out}"]},
+    "retina-native-quiet": real_bench("retina", "cost/retina_quiet",
+                                      "--methods fedavg graphfedseg fedevi --references --seeds 0 --rounds 10"),
     # every baseline of issue 29 in one bench, one seed (with batch-norm rows: FedBN's norm option)
     "baselines-vessel": {"out": "baselines_vessel", "commands": [
         "fedseg bench --family vessel --methods fedavg fedprox scaffold fedadam fedbn ditto fedrep moon feddyn fedce "
