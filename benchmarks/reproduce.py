@@ -16,7 +16,10 @@ Usage:
 Adding a table: a run in ``RUNS`` (output folder or file relative to the output root, and its commands, with
 ``{out}`` for that output and ``{root}`` for the output root) if its run is new, then one entry in ``TABLES``:
 ``{"run": RUN, "render": "accuracy" | "cost" | ..., "title": ...}`` (``"data"``: its row label in the glance table,
-for accuracy tables of runs whose baseline is FedAvg; ``"metrics"``: extra accuracy columns such as ``dice_fov``).
+for accuracy tables of runs whose baseline is FedAvg; ``"metrics"``: extra accuracy columns such as ``dice_fov``;
+``"seeds"``: render only these seeds of a bench, re-aggregated from its run records, which also accepts a bench whose
+command differs only in ``--seeds`` as long as it ran them; ``"missing_ok"``: a multi-run table drawn from the runs
+that exist, naming the others).
 
 A stored output made by another command than the registry's is refused (the registry or the output is stale):
 fix the registry or re-run; ``--ignore-command`` renders it anyway and says so in the caption. The value of
@@ -167,16 +170,23 @@ TABLES: Dict[str, Dict[str, Any]] = {
     "retina-all-accuracy": {"run": "retina-all", "render": "accuracy", "metrics": ["dice_fov"],
                             "data": "real retina, native resolution, every baseline",
                             "title": "Every baseline and method on the real retina federation (native resolution)"},
-    "retina-all-cost": {"run": "retina-all", "render": "cost",
-                        "title": "Cost of every baseline and method on the real retina federation"},
+    "retina-all-seed0-accuracy": {"run": "retina-all", "render": "accuracy", "metrics": ["dice_fov"], "seeds": [0],
+                                  "title": "Every baseline and method on the real retina federation (native resolution), seed 0"},
+    # cost from one seed: the runs of one seed follow each other under one load; the seeds' runs are hours apart
+    "retina-all-cost": {"run": "retina-all", "render": "cost", "seeds": [0],
+                        "title": "Cost of every baseline and method on the real retina federation (seed 0)"},
     "nuclei-all-accuracy": {"run": "nuclei-all", "render": "accuracy",
                             "data": "real nuclei, native resolution, every baseline",
                             "title": "Every baseline and method on the real nuclei federation (native resolution)"},
-    "nuclei-all-cost": {"run": "nuclei-all", "render": "cost",
-                        "title": "Cost of every baseline and method on the real nuclei federation"},
+    "nuclei-all-cost": {"run": "nuclei-all", "render": "cost", "seeds": [0],
+                        "title": "Cost of every baseline and method on the real nuclei federation (seed 0)"},
     **{f"retina-budget-{r}": {"run": f"retina-budget-{r}", "render": "accuracy", "metrics": ["dice_fov"],
                               "title": f"The budget curve on the real retina federation: {r} rounds (seed 0)"}
        for r in (10, 30, 100)},
+    # the curve: seed 0 of each budget (the 20-round point is seed 0 of the all-approaches bench)
+    "retina-budget-curve": {"run": ["retina-budget-10", "retina-all", "retina-budget-30", "retina-budget-100"],
+                            "render": "budget", "seeds": [0], "missing_ok": True, "labels": BUDGET_APPROACHES.split(),
+                            "title": "Is it the budget? Every method and FedAvg at 10 to 100 rounds on the real retina federation (seed 0)"},
     "retina-native-quiet-cost": {"run": "retina-native-quiet", "render": "cost",
                                  "title": "Cost at native resolution on the real retina federation, window samples (one seed, quiet machine)"},
     "baselines-vessel-accuracy": {"run": "baselines-vessel", "render": "accuracy",
@@ -290,10 +300,69 @@ def stored_command_matches(stored: Optional[str], expected: str) -> bool:
     return stored is not None and _normalise(stored) == _normalise(expected)
 
 
+def _without_seeds(words: List[str]) -> List[str]:
+    """Normalised command words with ``--seeds`` and its values left out."""
+    out, in_seeds = [], False
+    for word in words:
+        if word == "--seeds":
+            in_seeds = True
+            continue
+        if in_seeds and word.isdigit():
+            continue
+        in_seeds = False
+        out.append(word)
+    return out
+
+
+def same_but_seeds(stored: Optional[str], expected: str) -> bool:
+    """``stored`` is ``expected`` but for the ``--seeds`` values (and ``--out``'s): a bench of other seeds in the
+    same output, e.g. the first seed of a three-seed bench still running, or all three of a one-seed table's bench."""
+    return stored is not None and _without_seeds(_normalise(stored)) == _without_seeds(_normalise(expected))
+
+
+#: the fields of a bench's ``results.json`` that describe how it ran (not aggregated from the runs)
+HEADER_FIELDS = ("benchmark", "date", "command", "code_version", "machine", "budget", "spatial", "site_datalists", "data")
+
+
+def select_seeds(results: Dict[str, Any], seeds: Sequence[int]) -> Dict[str, Any]:
+    """``results`` rebuilt from the bench's stored run records of ``seeds`` only (``runs/<id>.json`` in its output
+    folder): the same aggregation (:func:`fedseg.bench.report.build_results`) over fewer seeds. ``_seeds_of`` keeps the
+    bench's own seeds for the caption.
+
+    Raises:
+        ReproduceError: a seed the bench did not run, or a run record missing.
+    """
+    from fedseg.bench.bench import run_code_versions
+    from fedseg.bench.report import build_results
+
+    ran = [int(s) for s in results.get("seeds") or []]
+    missing = [s for s in seeds if int(s) not in ran]
+    if missing:
+        raise ReproduceError(f"seed(s) {missing} not in the bench's seeds {ran}")
+    folder = Path(results["_output_dir"]) / "runs"
+    ids = list(results["runs"]) if results.get("runs") else sorted(p.stem for p in folder.glob("*.json"))
+    records = []
+    for run_id in ids:
+        path = folder / f"{run_id}.json"
+        if not path.is_file():
+            raise ReproduceError(f"the bench's run record {path} is missing")
+        record = json.loads(path.read_text())
+        if int(record["seed"]) in {int(s) for s in seeds}:
+            records.append(record)
+    header = {k: results[k] for k in HEADER_FIELDS if k in results}
+    header.update(seeds=sorted(int(s) for s in seeds), run_code_versions=run_code_versions(records),
+                  runs={r["id"]: str(folder / f"{r['id']}.json") for r in records})
+    rebuilt = build_results(records, list(results["sites"]), header, baseline=results.get("baseline"))
+    rebuilt.update({k: v for k, v in results.items() if k.startswith("_")}, _seeds_of=ran)
+    return rebuilt
+
+
 # ------------------------------------------------------------------------------------------ loading
-def load_output(run_id: str, root: Path, runs: Mapping[str, Mapping[str, Any]] = RUNS, ignore_command: bool = False
-                ) -> Dict[str, Any]:
-    """The stored JSON of run ``run_id`` under ``root``.
+def load_output(run_id: str, root: Path, runs: Mapping[str, Mapping[str, Any]] = RUNS, ignore_command: bool = False,
+                seeds: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+    """The stored JSON of run ``run_id`` under ``root``; with ``seeds``, a bench's results over those seeds only
+    (:func:`select_seeds`), from a bench whose command is the registry's but for its ``--seeds``, as long as it ran
+    every one of ``seeds``.
 
     Raises:
         MissingOutput: it does not exist (the message gives the commands, and the finished runs of a bench in progress).
@@ -314,13 +383,15 @@ def load_output(run_id: str, root: Path, runs: Mapping[str, Mapping[str, Any]] =
         raise ReproduceError(f"run {run_id!r}: {path} is not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise ReproduceError(f"run {run_id!r}: {path} holds a {type(data).__name__}, not a JSON object")
-    if not stored_command_matches(data.get("command"), cmds[-1]):
+    seeds_only = seeds is not None and same_but_seeds(data.get("command"), cmds[-1]) and {int(x) for x in seeds} <= {
+        int(x) for x in data.get("seeds") or []}
+    if not stored_command_matches(data.get("command"), cmds[-1]) and not seeds_only:
         if not ignore_command:
             raise ReproduceError(f"run {run_id!r}: {path} was made by\n  {data.get('command')}\nbut the registry says\n"
                                  f"  {cmds[-1]}\nfix the registry or re-run (--run); --ignore-command renders it anyway")
         data["_command_differs"] = data.get("command")
     data["_output_dir"] = str(output_path(run, root))  # where the bench's per-run records are
-    return data
+    return select_seeds(data, seeds) if seeds is not None else data
 
 
 def run_commands(run_id: str, root: Path, runs: Mapping[str, Mapping[str, Any]] = RUNS) -> None:
@@ -345,8 +416,13 @@ def _remake(table_id: str) -> str:
 
 
 def _stale(results: Mapping[str, Any]) -> str:
-    return (f" NOTE: made by `{results['_command_differs']}`, not by the registry's command."
+    """What the caption must add: an output made by another command, or a table of some of a bench's seeds."""
+    text = (f" NOTE: made by `{results['_command_differs']}`, not by the registry's command."
             if results.get("_command_differs") else "")
+    if results.get("_seeds_of") is not None and list(results["_seeds_of"]) != list(results.get("seeds") or []):
+        text += (f" Seed(s) {', '.join(map(str, results['seeds']))} of a bench that ran seed(s) "
+                 f"{', '.join(map(str, results['_seeds_of']))} (re-aggregated from its run records).")
+    return text
 
 
 def render_accuracy(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
@@ -585,8 +661,54 @@ def render_pairs(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict
     return [caption(results, table["title"], note), "", *lines]
 
 
+def render_budget(table_id: str, table: Mapping[str, Any], outputs: Sequence[Optional[Dict[str, Any]]], **_) -> List[str]:
+    """The budget curve: one column per bench (same federation and settings, more rounds), one row per approach of
+    ``labels`` (each model: global, personalised): Dice (mean over sites; mean ± std over seeds where several) and
+    the paired per-image difference to the baseline's global model of the same bench (Wilcoxon p). A bench with no
+    output yet (``missing_ok``) is named in the note, not drawn."""
+    from fedseg.bench.report import format_p
+    from fedseg.bench.tables import approach_title, caption, code_text, seed_cell
+
+    present = [(r, o) for r, o in zip(run_ids(table), outputs) if o is not None]
+    absent = [r for r, o in zip(run_ids(table), outputs) if o is None]
+    labels = table.get("labels")
+    names: List[str] = []
+    for _, o in present:
+        names += [n for n, e in o["approaches"].items() if n not in names and (labels is None or e["label"] in labels)]
+    if labels is not None:  # the registry's order, global model before personalised
+        names.sort(key=lambda n: next(list(labels).index(o["approaches"][n]["label"]) for _, o in present
+                                      if n in o["approaches"]))
+
+    def rounds(o: Mapping[str, Any]) -> str:
+        return str((o.get("budget") or {}).get("rounds") or "profile default")
+
+    head = ["approach"] + [f"{rounds(o)} rounds: Dice (Δ vs {o['baseline']}, Wilcoxon p)" for _, o in present]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for name in names:
+        title, cells = None, []
+        for _, o in present:
+            entry = o["approaches"].get(name)
+            if entry is None:
+                cells.append("-")
+                continue
+            title = title or approach_title(entry)
+            dice = seed_cell(((entry.get("summary") or {}).get("mean") or {}).get("dice") or {}, 3)
+            test = (((o.get("comparisons") or {}).get(name) or {}).get("metrics") or {}).get("dice", {}).get("all")
+            if name == o.get("baseline") or not test or test.get("mean_diff") is None:
+                cells.append(dice)
+            else:
+                cells.append(f"{dice} ({test['mean_diff']:+.3f}, {format_p(test.get('wilcoxon_p'))})")
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    columns = "; ".join(f"{rounds(o)} rounds: `{r}` ({str(o.get('date', ''))[:16].replace('T', ' ')}, {code_text(o)})"
+                        for r, o in present)
+    note = (f"One bench per column, each with the first's settings but its rounds: {columns}."
+            + (f" Not run yet: {', '.join(f'`{r}`' for r in absent)}." if absent else "")
+            + f" {_remake(table_id)}{_stale(present[0][1])}")
+    return [caption(present[0][1], table["title"], note), "", *lines]
+
+
 RENDERERS: Dict[str, Callable[..., List[str]]] = {
-    "pairs": render_pairs,
+    "pairs": render_pairs, "budget": render_budget,
     "accuracy": render_accuracy, "cost": render_cost, "overview": render_overview,
     "multiclass-cost": render_multiclass_cost, "engine-throughput": render_engine_throughput,
     "gpu-check": render_gpu_check, "glance": render_glance,
@@ -619,7 +741,17 @@ def render(table_id: str, root: Path = Path(DEFAULT_ROOT), run: bool = False, li
         lines = render_glance(table_id, table, [], root=root, tables=tables, runs=runs, link=link,
                               ignore_command=ignore_command)
     else:
-        outputs = [load_output(r, root, runs, ignore_command) for r in run_ids(table)]
+        outputs = []
+        for run_id in run_ids(table):
+            try:
+                outputs.append(load_output(run_id, root, runs, ignore_command, seeds=table.get("seeds")))
+            except MissingOutput:
+                if not table.get("missing_ok") or run:
+                    raise
+                outputs.append(None)  # a point of a curve not run yet: the renderer says so
+        if not any(o is not None for o in outputs):
+            raise MissingOutput(f"table {table_id!r}: none of its runs has an output yet: "
+                                + ", ".join(str(result_path(runs[r], root)) for r in run_ids(table)))
         lines = RENDERERS[table["render"]](table_id, table, outputs)
     return "\n".join([f"<!-- python benchmarks/reproduce.py {table_id} -->", *lines]) + "\n"
 

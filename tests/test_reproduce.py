@@ -500,3 +500,82 @@ def test_pairs_table_compares_two_settings_of_a_method_with_scipy(reproduce, seg
         return np.median([w for r in records if r["label"] == label for w in r["round_walls"][1:]])
 
     assert cells[3] == f"{median_wall('fedevi') / median_wall('fedevi_whole'):.2f}x"
+
+
+# ------------------------------------------------------------------------ seeds of a bench, the budget curve
+def _store_bench(root, name, records, command, rounds=None):
+    """A bench output as ``fedseg bench`` leaves it: ``runs/<id>.json`` per run and ``results.json``."""
+    (root / name / "runs").mkdir(parents=True, exist_ok=True)
+    for r in records:
+        (root / name / "runs" / f"{r['id']}.json").write_text(json.dumps(r))
+    seeds = sorted({r["seed"] for r in records})
+    header = {**HEADER, "seeds": seeds, "budget": {**HEADER["budget"], "rounds": rounds},
+              "runs": {r["id"]: str(root / name / "runs" / f"{r['id']}.json") for r in records}}
+    results = build_results(records, SITES, header)
+    (root / name / "results.json").write_text(json.dumps({**results, "command": command}))
+
+
+def test_a_table_of_one_seed_re_aggregates_the_bench_and_accepts_other_seeds_only(reproduce, seg_records, tmp_path):
+    """``"seeds": [0]``: the Dice cells and Δ are seed 0's alone (checked against the records and scipy), from a bench
+    of three seeds or of seed 0 only; a bench that did not run the seed, or differs in another word, is refused."""
+    registry = "fedseg bench --family fundus --seeds 0 1 2 --out {out}"
+    runs = {"toy": {"out": "toy", "commands": [registry]}}
+    tables = {"one": {"run": "toy", "render": "accuracy", "seeds": [0], "title": "Seed 0"},
+              "all": {"run": "toy", "render": "accuracy", "title": "All seeds"},
+              "seed1": {"run": "toy", "render": "accuracy", "seeds": [1], "title": "Seed 1"}}
+    seed0 = [r for r in seg_records if r["seed"] == 0]
+    x, y = (np.array(v) for v in zip(*[(a[m], b[m]) for m in ["dice"] for s in SITES for a, b in zip(
+        next(r for r in seed0 if r["label"] == "fedevi")["per_image"]["global"][s],
+        next(r for r in seed0 if r["label"] == "fedavg")["per_image"]["global"][s])]))
+    expected_delta = f"{np.mean(x - y):+.3f} ({_fmt_p(sps.wilcoxon(x, y).pvalue)})"
+    for stored_records, stored_seeds in ((seg_records, "0 1 2"), (seed0, "0")):
+        _store_bench(tmp_path, "toy", stored_records, f"fedseg bench --family fundus --seeds {stored_seeds} --out elsewhere")
+        text = reproduce.render("one", tmp_path, runs=runs, tables=tables)
+        lines = [line for line in text.splitlines() if line.startswith("|")]
+        fedevi = _row(lines, "FedEvi")
+        assert fedevi[0] == f"{_site_mean_per_seed(seed0, 'fedevi', 'dice')[0]:.3f}"  # one seed: no spread
+        assert fedevi[next(i for i, h in enumerate(_header(lines)) if h.startswith("Δ Dice"))] == expected_delta
+        assert "seed 0;" in text
+        assert ("of a bench that ran seed(s) 0, 1, 2" in text) == (stored_seeds == "0 1 2")
+    # the seed-0 bench: the all-seeds table's command differs; seed 1 was not run
+    with pytest.raises(reproduce.ReproduceError, match="was made by"):
+        reproduce.render("all", tmp_path, runs=runs, tables=tables)
+    with pytest.raises(reproduce.ReproduceError, match="was made by"):
+        reproduce.render("seed1", tmp_path, runs=runs, tables=tables)
+    _store_bench(tmp_path, "toy", seed0, "fedseg bench --family polyp --seeds 0 --out elsewhere")
+    with pytest.raises(reproduce.ReproduceError, match="was made by"):
+        reproduce.render("one", tmp_path, runs=runs, tables=tables)
+    assert reproduce.same_but_seeds("fedseg bench --seeds 0 --rounds 20 --out a", "fedseg bench --seeds 0 1 2 --rounds 20 --out b")
+    assert not reproduce.same_but_seeds("fedseg bench --seeds 0 --rounds 10", "fedseg bench --seeds 0 1 2 --rounds 20")
+
+
+def test_budget_curve_has_a_column_per_bench_and_names_the_missing_one(reproduce, tmp_path):
+    """``render: budget``: per approach, each bench's Dice and its paired Δ to FedAvg (scipy's Wilcoxon), the
+    bench's rounds in the header; a bench not run yet is named, not drawn."""
+    benches = {}
+    for name, rounds, gain in (("b10", 10, -0.04), ("b30", 30, 0.03)):
+        records = [seg_record("fedavg", "fedavg", 0), seg_record("graphfedseg", "graphfedseg", 0, gain, personalised=True),
+                   seg_record("fedprox", "fedprox", 0)]
+        _store_bench(tmp_path, name, records, f"fedseg bench --rounds {rounds} --seeds 0 --out x", rounds=rounds)
+        benches[rounds] = records
+    runs = {f"b{r}": {"out": f"b{r}", "commands": [f"fedseg bench --rounds {r} --seeds 0 --out {{out}}"]} for r in (10, 30, 100)}
+    tables = {"curve": {"run": ["b10", "b30", "b100"], "render": "budget", "seeds": [0], "missing_ok": True,
+                        "labels": ["fedavg", "graphfedseg"], "title": "Budget"}}
+    text = reproduce.render("curve", tmp_path, runs=runs, tables=tables)
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    assert _header(lines) == ["10 rounds: Dice (Δ vs fedavg, Wilcoxon p)", "30 rounds: Dice (Δ vs fedavg, Wilcoxon p)"]
+    assert [line.split("|")[1].strip() for line in lines[2:]] == ["FedAvg", "GraphFedSeg", "GraphFedSeg (personalised)"]
+    for col, rounds in enumerate((10, 30)):
+        records = benches[rounds]
+        for name, model in (("GraphFedSeg", "global"), ("GraphFedSeg (personalised)", "personalized")):
+            a = next(r for r in records if r["label"] == "graphfedseg")["per_image"][model]
+            b = next(r for r in records if r["label"] == "fedavg")["per_image"]["global"]
+            x = np.array([row["dice"] for s in SITES for row in a[s]])
+            y = np.array([row["dice"] for s in SITES for row in b[s]])
+            dice = np.mean([next(r for r in records if r["label"] == "graphfedseg")["final"][model][s]["dice"] for s in SITES])
+            assert _row(lines, name)[col] == f"{dice:.3f} ({np.mean(x - y):+.3f}, {_fmt_p(sps.wilcoxon(x, y).pvalue)})"
+        assert _row(lines, "FedAvg")[col] == f"{np.mean([records[0]['final']['global'][s]['dice'] for s in SITES]):.3f}"
+    assert "Not run yet: `b100`." in text and "FedProx" not in text and "fedprox" not in text
+    # no bench at all: the table is missing, with the paths
+    with pytest.raises(reproduce.MissingOutput, match="none of its runs"):
+        reproduce.render("curve", tmp_path / "empty", runs=runs, tables=tables)
