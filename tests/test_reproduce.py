@@ -579,3 +579,18 @@ def test_budget_curve_has_a_column_per_bench_and_names_the_missing_one(reproduce
     # no bench at all: the table is missing, with the paths
     with pytest.raises(reproduce.MissingOutput, match="none of its runs"):
         reproduce.render("curve", tmp_path / "empty", runs=runs, tables=tables)
+
+
+def test_paper_column_puts_each_published_number_on_its_approach(reproduce, seg_results, tmp_path):
+    """``"paper"``: a last column with the registry's published number on the first row of each label (GraphFedSeg's
+    on its global row, not its personalised one), blank for rows without one; the note names the source."""
+    runs, tables = _toy_registry("fedseg bench --family fundus --seeds 0 1 2 --out {out}")
+    _store(tmp_path, seg_results, f"fedseg bench --family fundus --seeds 0 1 2 --out {tmp_path / 'toy'}")
+    tables["toy-accuracy"]["paper"] = {"title": "paper Δ", "note": "from Table 9.",
+                                       "values": {"graphfedseg": "+0.041 (T2)", "fedevi": "+0.098 (T1)"}}
+    text = reproduce.render("toy-accuracy", tmp_path, runs=runs, tables=tables)
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    assert _header(lines)[-1] == "paper Δ" and "Paper column: from Table 9." in text
+    assert _row(lines, "GraphFedSeg")[-1] == "+0.041 (T2)" and _row(lines, "FedEvi")[-1] == "+0.098 (T1)"
+    assert _row(lines, "GraphFedSeg (personalised)")[-1] == "" and _row(lines, "FedAvg")[-1] == ""
+    assert len({len(line.split("|")) for line in lines}) == 1  # every row has the new cell
