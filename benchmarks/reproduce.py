@@ -16,10 +16,11 @@ Usage:
 Adding a table: a run in ``RUNS`` (output folder or file relative to the output root, and its commands, with
 ``{out}`` for that output and ``{root}`` for the output root) if its run is new, then one entry in ``TABLES``:
 ``{"run": RUN, "render": "accuracy" | "cost" | ..., "title": ...}`` (``"data"``: its row label in the glance table,
-for accuracy tables of runs whose baseline is FedAvg; ``"metrics"``: extra accuracy columns such as ``dice_fov``;
-``"seeds"``: render only these seeds of a bench, re-aggregated from its run records, which also accepts a bench whose
-command differs only in ``--seeds`` as long as it ran them; ``"missing_ok"``: a multi-run table drawn from the runs
-that exist, naming the others).
+for accuracy tables of runs whose baseline is FedAvg; ``"metrics"``: extra accuracy columns such as ``hd95_mm`` or
+``dice_fov@DRIVE``, one site's value of a metric only that site reports; ``"seeds"``: render only these seeds of a
+bench, re-aggregated from its run records, which also accepts a bench whose command differs only in ``--seeds`` as
+long as it ran them; ``"missing_ok"``: a multi-run table drawn from the runs that exist, naming the others;
+``"paper"``: a column of published numbers).
 
 A stored output made by another command than the registry's is refused (the registry or the output is stale):
 fix the registry or re-run; ``--ignore-command`` renders it anyway and says so in the caption. The value of
@@ -173,7 +174,7 @@ TABLES: Dict[str, Dict[str, Any]] = {
                                "title": "Cost on the built-in prostate MR volumes, 2-D slices, 3 sites"},
     "engine-throughput-prostate3d": {"run": ["engine-prostate3d-3d", "engine-prostate3d-slices"], "render": "engine-throughput",
                                      "title": "Engine training throughput vs a plain PyTorch loop on prostate MR volumes"},
-    "retina-native-accuracy": {"run": "retina-native", "render": "accuracy", "metrics": ["dice_fov"],
+    "retina-native-accuracy": {"run": "retina-native", "render": "accuracy", "metrics": ["dice_fov@DRIVE"],
                                "round_time_from": "retina-native-quiet-cost",
                                "data": "real retina (DRIVE / STARE / CHASE_DB1), native resolution",
                                "title": "Accuracy on the real retina federation at native resolution"},
@@ -190,10 +191,10 @@ TABLES: Dict[str, Dict[str, Any]] = {
     "nuclei-native-window-sample": {"run": "nuclei-native", "render": "pairs",
                                     "pairs": WINDOW_PAIRS,
                                     "title": "Window samples vs whole-image passes at native resolution (real nuclei)"},
-    "retina-all-accuracy": {"run": "retina-all", "render": "accuracy", "metrics": ["dice_fov"], "paper": PAPER_RETINA,
+    "retina-all-accuracy": {"run": "retina-all", "render": "accuracy", "metrics": ["dice_fov@DRIVE"], "paper": PAPER_RETINA,
                             "data": "real retina, native resolution, every baseline",
                             "title": "Every baseline and method on the real retina federation (native resolution)"},
-    "retina-all-seed0-accuracy": {"run": "retina-all", "render": "accuracy", "metrics": ["dice_fov"], "seeds": [0],
+    "retina-all-seed0-accuracy": {"run": "retina-all", "render": "accuracy", "metrics": ["dice_fov@DRIVE"], "seeds": [0],
                                   "paper": PAPER_RETINA,
                                   "title": "Every baseline and method on the real retina federation (native resolution), seed 0"},
     # cost from one seed: the runs of one seed follow each other under one load; the seeds' runs are hours apart
@@ -204,7 +205,7 @@ TABLES: Dict[str, Dict[str, Any]] = {
                             "title": "Every baseline and method on the real nuclei federation (native resolution)"},
     "nuclei-all-cost": {"run": "nuclei-all", "render": "cost", "seeds": [0],
                         "title": "Cost of every baseline and method on the real nuclei federation (seed 0)"},
-    **{f"retina-budget-{r}": {"run": f"retina-budget-{r}", "render": "accuracy", "metrics": ["dice_fov"],
+    **{f"retina-budget-{r}": {"run": f"retina-budget-{r}", "render": "accuracy", "metrics": ["dice_fov@DRIVE"],
                               "title": f"The budget curve on the real retina federation: {r} rounds (seed 0)"}
        for r in (10, 30, 100)},
     # the curve: seed 0 of each budget (the 20-round point is seed 0 of the all-approaches bench)

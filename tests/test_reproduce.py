@@ -594,3 +594,32 @@ def test_paper_column_puts_each_published_number_on_its_approach(reproduce, seg_
     assert _row(lines, "GraphFedSeg")[-1] == "+0.041 (T2)" and _row(lines, "FedEvi")[-1] == "+0.098 (T1)"
     assert _row(lines, "GraphFedSeg (personalised)")[-1] == "" and _row(lines, "FedAvg")[-1] == ""
     assert len({len(line.split("|")) for line in lines}) == 1  # every row has the new cell
+
+
+def test_a_one_site_column_shows_that_sites_value_and_its_paired_test(reproduce, tmp_path):
+    """``metrics: ["dice_fov@s1"]`` (a metric only site s1 reports, like DRIVE's field-of-view Dice): the cell is s1's
+    value (mean ± std over seeds of its final), the Δ is the Wilcoxon test over s1's images alone (scipy); a mean over
+    sites would have no value."""
+    records = []
+    for seed in SEEDS:
+        for label, offset in (("fedavg", 0.0), ("fedevi", -0.03)):
+            rec = seg_record(label, label, seed, offset)
+            rng = np.random.default_rng(seed * 7 + len(label))
+            for row in rec["per_image"]["global"]["s1"]:
+                row["dice_fov"] = float(np.clip(row["dice"] + rng.normal(0.02, 0.05), 0, 1))
+            rec["final"]["global"]["s1"]["dice_fov"] = float(np.mean([r["dice_fov"] for r in rec["per_image"]["global"]["s1"]]))
+            records.append(rec)
+    _store_bench(tmp_path, "toy", records, "fedseg bench --seeds 0 1 2 --out x")
+    runs = {"toy": {"out": "toy", "commands": ["fedseg bench --seeds 0 1 2 --out {out}"]}}
+    tables = {"t": {"run": "toy", "render": "accuracy", "metrics": ["dice_fov@s1"], "title": "FOV"}}
+    lines = [line for line in reproduce.render("t", tmp_path, runs=runs, tables=tables).splitlines() if line.startswith("|")]
+    header = _header(lines)
+    assert "Dice FOV (s1)" in header and "Δ Dice FOV (s1) vs FedAvg (Wilcoxon p)" in header
+    fedevi = dict(zip(header, _row(lines, "FedEvi")))
+    finals = [r["final"]["global"]["s1"]["dice_fov"] for r in sorted(records, key=lambda r: r["seed"]) if r["label"] == "fedevi"]
+    assert fedevi["Dice FOV (s1)"] == _pm(finals, 3)
+    x = np.array([row["dice_fov"] for s in SEEDS for r in records if r["label"] == "fedevi" and r["seed"] == s
+                  for row in r["per_image"]["global"]["s1"]])
+    y = np.array([row["dice_fov"] for s in SEEDS for r in records if r["label"] == "fedavg" and r["seed"] == s
+                  for row in r["per_image"]["global"]["s1"]])
+    assert fedevi["Δ Dice FOV (s1) vs FedAvg (Wilcoxon p)"] == f"{np.mean(x - y):+.3f} ({_fmt_p(sps.wilcoxon(x, y).pvalue)})"

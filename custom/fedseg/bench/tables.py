@@ -208,9 +208,21 @@ def _digits(metric: str) -> int:
     return 3 if base.startswith("dice") or "iou" in base or "accuracy" in base else 2
 
 
+def at_site(column: str) -> Tuple[str, Optional[str]]:
+    """``"dice_fov@DRIVE"`` -> ``("dice_fov", "DRIVE")``: a column of one site's value (a metric only some sites
+    report, such as DRIVE's field-of-view Dice, has no mean over sites); ``"dice"`` -> ``("dice", None)``."""
+    metric, sep, site = column.partition("@")
+    return metric, (site if sep else None)
+
+
+def _spread(entry: Mapping[str, Any], column: str) -> Mapping[str, Any]:
+    """The seed spread of a column: the mean over sites, or the named site's value."""
+    metric, site = at_site(column)
+    return (((entry.get("summary") or {}).get(site or "mean") or {}).get(metric)) or {}
+
+
 def _has_values(results: Mapping[str, Any], metric: str) -> bool:
-    return any(((e.get("summary") or {}).get("mean") or {}).get(metric, {}).get("mean") is not None
-               for e in results.get("approaches", {}).values())
+    return any(_spread(e, metric).get("mean") is not None for e in results.get("approaches", {}).values())
 
 
 def accuracy_metrics(results: Mapping[str, Any], extra: Sequence[str] = ()) -> List[str]:
@@ -236,7 +248,11 @@ def seed_cell(spread: Mapping[str, Any], digits: int) -> str:
 
 def column_header(results: Mapping[str, Any], metric: str) -> str:
     """``Dice (mean of rim, cup)`` where a run has several foreground classes; distances in voxels for volumes
-    (``results["spatial"]``); else the metric's header (:func:`fedseg.fl.report.metric_header`)."""
+    (``results["spatial"]``); ``Dice in FOV (DRIVE)`` for a one-site column (:func:`at_site`); else the metric's
+    header (:func:`fedseg.fl.report.metric_header`)."""
+    metric, site = at_site(metric)
+    if site is not None:
+        return f"{column_header(results, metric)} ({site})"
     space = label_space(results)
     if metric == "dice" and space is not None and space.multi_class:
         return f"Dice (mean of {', '.join(space.foreground)})"
@@ -247,7 +263,10 @@ def column_header(results: Mapping[str, Any], metric: str) -> str:
 
 
 def _test(comparison: Optional[Mapping[str, Any]], metric: str) -> Optional[Mapping[str, Any]]:
-    return (((comparison or {}).get("metrics") or {}).get(metric) or {}).get("all")
+    """The paired test of a column: pooled over sites, or the named site's (:func:`at_site`)."""
+    metric, site = at_site(metric)
+    tests = ((comparison or {}).get("metrics") or {}).get(metric) or {}
+    return (tests.get("per_site") or {}).get(site) if site is not None else tests.get("all")
 
 
 def _diff_cell(test: Optional[Mapping[str, Any]], p_key: str) -> str:
@@ -261,7 +280,7 @@ def test_columns(results: Mapping[str, Any], metrics: Sequence[str]) -> List[str
     per-class / per-region variants; classification: per-image correctness, shown as the accuracy difference)."""
     if results.get("task") == "classification":
         return ["correct"] if any(_test(c, "correct") for c in results.get("comparisons", {}).values()) else []
-    return [m for m in metrics if split_metric_key(m)[0] == "dice"
+    return [m for m in metrics if (split_metric_key(m)[0] == "dice" if "@" not in m else at_site(m)[0].startswith("dice"))
             and any(_test(c, m) for c in results.get("comparisons", {}).values())]
 
 
@@ -276,13 +295,13 @@ def accuracy_table(results: Mapping[str, Any], extra_metrics: Sequence[str] = ()
     p_key = "mcnemar_p" if classification else "wilcoxon_p"
     headers = [column_header(results, m) for m in metrics]
     for m in tests:
-        what = "accuracy" if m == "correct" else ("Dice" if m == "dice" else split_metric_key(m)[1])
+        what = ("accuracy" if m == "correct" else "Dice" if m == "dice" else
+                column_header(results, m) if "@" in m else split_metric_key(m)[1])
         headers.append(f"Δ {what} vs {base} ({'McNemar' if classification else 'Wilcoxon'} p)")
     lines = ["| approach | " + " | ".join(headers) + " |", "|---" * (len(headers) + 1) + "|"]
     base_label = results.get("baseline")
     for name, entry in results.get("approaches", {}).items():
-        mean = (entry.get("summary") or {}).get("mean") or {}
-        cells = [seed_cell(mean.get(m) or {}, _digits(m)) for m in metrics]
+        cells = [seed_cell(_spread(entry, m), _digits(at_site(m)[0])) for m in metrics]
         is_base = name == base_label
         cells += ["" if is_base else _diff_cell(_test(results.get("comparisons", {}).get(name), m), p_key) for m in tests]
         lines.append(f"| {approach_title(entry)} | " + " | ".join(cells) + " |")
