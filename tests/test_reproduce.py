@@ -623,3 +623,18 @@ def test_a_one_site_column_shows_that_sites_value_and_its_paired_test(reproduce,
     y = np.array([row["dice_fov"] for s in SEEDS for r in records if r["label"] == "fedavg" and r["seed"] == s
                   for row in r["per_image"]["global"]["s1"]])
     assert fedevi["Δ Dice FOV (s1) vs FedAvg (Wilcoxon p)"] == f"{np.mean(x - y):+.3f} ({_fmt_p(sps.wilcoxon(x, y).pvalue)})"
+
+
+def test_input_text_names_the_sites_where_their_inputs_differ():
+    """One text where every site reaches the network alike; else each text with its sites (CHASE_DB1 is rescaled by
+    0.5 in the retina federation, DRIVE and STARE are not)."""
+    from fedseg.bench.tables import input_text
+
+    patch = {"spatial_mode": "patch", "rescale": 1.0, "spatial_dims": 2, "input_size": 64}
+    same = {"spatial": {"a": patch, "b": dict(patch)}}
+    assert input_text(same) == "native resolution, 64 px patches"
+    mixed = {"spatial": {"DRIVE": patch, "STARE": dict(patch), "CHASE_DB1": {**patch, "rescale": 0.5}}}
+    assert input_text(mixed) == ("native resolution, 64 px patches (DRIVE, STARE); "
+                                 "native resolution, 64 px patches, rescale 0.5 (CHASE_DB1)")
+    resized = {"spatial": {"a": {"spatial_mode": "resize", "spatial_dims": 2, "input_size": 96}}}
+    assert input_text(resized) == "images resized to 96 px"

@@ -83,14 +83,14 @@ def _size(size: Any) -> str:
 def input_text(results: Mapping[str, Any]) -> str:
     """How images reached the network, from ``results["spatial"]`` (``fedseg bench`` records it): ``images resized
     to 64 px``, ``native resolution, 96 px patches``, ``3-D patches 64×64×16``, ``slices, 64 px patches``."""
-    spatial = [s for s in (results.get("spatial") or {}).values() if "spatial_mode" in s]
+    spatial = {site: s for site, s in (results.get("spatial") or {}).items() if "spatial_mode" in s}
     if not spatial:
         cfg = next((e.get("train_config") for e in results.get("approaches", {}).values() if e.get("train_config")), None) or {}
         if not cfg:
             return ""
         return f"image size {cfg.get('image_size')} px / patch {_size(cfg.get('patch_size'))} (spatial mode not recorded)"
-    texts = []
-    for s in spatial:
+    texts: dict = {}  # text -> the sites it describes
+    for site, s in spatial.items():
         mode, size = s["spatial_mode"], _size(s.get("input_size"))
         if mode == "resize":
             text = f"images resized to {size} px"
@@ -99,10 +99,11 @@ def input_text(results: Mapping[str, Any]) -> str:
         elif s.get("spatial_dims") == 3:
             text = f"3-D patches {size}"
         else:
-            text = f"native resolution, {size} px patches" + (f" (rescale {s['rescale']:g})" if s.get("rescale", 1.0) != 1.0 else "")
-        if text not in texts:
-            texts.append(text)
-    return "; ".join(texts)
+            text = f"native resolution, {size} px patches" + (f", rescale {s['rescale']:g}" if s.get("rescale", 1.0) != 1.0 else "")
+        texts.setdefault(text, []).append(site)
+    if len(texts) == 1:
+        return next(iter(texts))
+    return "; ".join(f"{text} ({', '.join(sites)})" for text, sites in texts.items())  # sites differ: say which
 
 
 def label_space(results: Mapping[str, Any]):
