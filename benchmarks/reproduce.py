@@ -714,7 +714,7 @@ def render_budget(table_id: str, table: Mapping[str, Any], outputs: Sequence[Opt
     the paired per-image difference to the baseline's global model of the same bench (Wilcoxon p). A bench with no
     output yet (``missing_ok``) is named in the note, not drawn."""
     from fedseg.bench.report import format_p
-    from fedseg.bench.tables import approach_title, caption, code_text, seed_cell
+    from fedseg.bench.tables import approach_title, baseline_title, caption, code_text, seed_cell
 
     present = [(r, o) for r, o in zip(run_ids(table), outputs) if o is not None]
     absent = [r for r, o in zip(run_ids(table), outputs) if o is None]
@@ -729,7 +729,7 @@ def render_budget(table_id: str, table: Mapping[str, Any], outputs: Sequence[Opt
     def rounds(o: Mapping[str, Any]) -> str:
         return str((o.get("budget") or {}).get("rounds") or "profile default")
 
-    head = ["approach"] + [f"{rounds(o)} rounds: Dice (Δ vs {o['baseline']}, Wilcoxon p)" for _, o in present]
+    head = ["approach"] + [f"{rounds(o)} rounds: Dice (Δ vs {baseline_title(o)}, Wilcoxon p)" for _, o in present]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for name in names:
         title, cells = None, []

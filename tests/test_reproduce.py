@@ -563,7 +563,7 @@ def test_budget_curve_has_a_column_per_bench_and_names_the_missing_one(reproduce
                         "labels": ["fedavg", "graphfedseg"], "title": "Budget"}}
     text = reproduce.render("curve", tmp_path, runs=runs, tables=tables)
     lines = [line for line in text.splitlines() if line.startswith("|")]
-    assert _header(lines) == ["10 rounds: Dice (Δ vs fedavg, Wilcoxon p)", "30 rounds: Dice (Δ vs fedavg, Wilcoxon p)"]
+    assert _header(lines) == ["10 rounds: Dice (Δ vs FedAvg, Wilcoxon p)", "30 rounds: Dice (Δ vs FedAvg, Wilcoxon p)"]
     assert [line.split("|")[1].strip() for line in lines[2:]] == ["FedAvg", "GraphFedSeg", "GraphFedSeg (personalised)"]
     for col, rounds in enumerate((10, 30)):
         records = benches[rounds]
@@ -638,3 +638,15 @@ def test_input_text_names_the_sites_where_their_inputs_differ():
                                  "native resolution, 64 px patches, rescale 0.5 (CHASE_DB1)")
     resized = {"spatial": {"a": {"spatial_mode": "resize", "spatial_dims": 2, "input_size": 96}}}
     assert input_text(resized) == "images resized to 96 px"
+
+
+def test_every_method_and_reference_has_a_page_name():
+    """The results page names each method as its paper does (FedProx, SCAFFOLD, ...), not by its CLI label."""
+    from fedseg.bench.bench import REFERENCES
+    from fedseg.bench.tables import METHOD_NAMES, approach_title
+    from fedseg.recipes import available_methods
+
+    missing = [m for m in [*available_methods(), *REFERENCES] if m not in METHOD_NAMES]
+    assert not missing, f"add a page name to fedseg.bench.tables.METHOD_NAMES for {missing}"
+    assert approach_title({"method": "scaffold", "label": "scaffold"}) == "SCAFFOLD"
+    assert approach_title({"method": "fedbn", "label": "fedbn", "model": "personalized"}) == "FedBN (personalised)"
