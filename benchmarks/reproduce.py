@@ -751,7 +751,10 @@ def render_budget(table_id: str, table: Mapping[str, Any], outputs: Sequence[Opt
     note = (f"One bench per column, each with the first's settings but its rounds: {columns}."
             + (f" Not run yet: {', '.join(f'`{r}`' for r in absent)}." if absent else "")
             + f" {_remake(table_id)}{_stale(present[0][1])}")
-    return [caption(present[0][1], table["title"], note), "", *lines]
+    first = dict(present[0][1])  # the caption's budget names every column's rounds
+    every = " / ".join(rounds(o) for _, o in present)
+    first["approaches"] = {k: {**e, "num_rounds": every} for k, e in first["approaches"].items()}
+    return [caption(first, table["title"], note), "", *lines]
 
 
 RENDERERS: Dict[str, Callable[..., List[str]]] = {

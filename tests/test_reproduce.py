@@ -576,6 +576,7 @@ def test_budget_curve_has_a_column_per_bench_and_names_the_missing_one(reproduce
             assert _row(lines, name)[col] == f"{dice:.3f} ({np.mean(x - y):+.3f}, {_fmt_p(sps.wilcoxon(x, y).pvalue)})"
         assert _row(lines, "FedAvg")[col] == f"{np.mean([records[0]['final']['global'][s]['dice'] for s in SITES]):.3f}"
     assert "Not run yet: `b100`." in text and "FedProx" not in text and "fedprox" not in text
+    assert "rounds 10 / 30, local epochs" in text  # the caption's budget: every column's rounds
     # no bench at all: the table is missing, with the paths
     with pytest.raises(reproduce.MissingOutput, match="none of its runs"):
         reproduce.render("curve", tmp_path / "empty", runs=runs, tables=tables)
