@@ -651,3 +651,42 @@ def test_every_method_and_reference_has_a_page_name():
     assert not missing, f"add a page name to fedseg.bench.tables.METHOD_NAMES for {missing}"
     assert approach_title({"method": "scaffold", "label": "scaffold"}) == "SCAFFOLD"
     assert approach_title({"method": "fedbn", "label": "fedbn", "model": "personalized"}) == "FedBN (personalised)"
+
+
+def test_bench_reuse_copies_runs_of_the_same_configuration_only(tmp_path, tiny_datalist, tiny_train_config, monkeypatch):
+    """``fedseg bench --reuse OTHER``: a run finished in OTHER with the same run configuration is copied, not trained
+    (seed 0 of a one-seed bench inside a three-seed one); a run of another budget is trained."""
+    import fedseg.bench.bench as bench
+    from fedseg.cli import main
+
+    trained = []
+
+    def fake_run(kind):
+        def run(spec, budget, *_):
+            trained.append((spec.label, spec.seed, budget.rounds))
+            rows = [{"id": "a.png", "dice": 0.5 + 0.01 * spec.seed, "hd95": 1.0, "assd": 0.5}]
+            return {"kind": kind, "label": spec.label, "method": spec.method, "seed": spec.seed, "task": "segmentation",
+                    "train_config": tiny_train_config, "num_rounds": budget.rounds, "final": {"global": {"site-a": rows[0]}},
+                    "per_image": {"global": {"site-a": rows}}, "wall_s": 1.0, "round_walls": [2.0, 1.0],
+                    "report_path": None}
+        return run
+
+    monkeypatch.setattr(bench, "run_method", fake_run("method"))
+    monkeypatch.setattr(bench, "run_reference", fake_run("reference"))
+    mapping = tmp_path / "sites.json"
+    mapping.write_text(json.dumps({"site-a": str(tiny_datalist)}))
+
+    def bench_argv(out, seeds, rounds):
+        return ["bench", "--out", str(tmp_path / out), "--site-datalists", str(mapping), "--methods", "fedavg",
+                "--references", "--seeds", *seeds, "--rounds", str(rounds)]
+
+    main(bench_argv("first", ["0"], 5))
+    assert trained == [("fedavg", 0, 5)]
+    main(bench_argv("second", ["0", "1"], 5) + ["--reuse", str(tmp_path / "first")])
+    assert trained == [("fedavg", 0, 5), ("fedavg", 1, 5)]  # seed 0 copied, seed 1 trained
+    copied = "method-fedavg-seed0.json"
+    assert json.loads((tmp_path / "second" / "runs" / copied).read_text()) == json.loads(
+        (tmp_path / "first" / "runs" / copied).read_text())
+    # another budget: a different run, trained although OTHER has the seed
+    main(bench_argv("third", ["0"], 7) + ["--reuse", str(tmp_path / "first")])
+    assert trained[-1] == ("fedavg", 0, 7)

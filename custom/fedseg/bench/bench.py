@@ -178,6 +178,7 @@ def run_bench(
     command: Optional[str] = None,
     baseline: Optional[str] = None,
     refresh: bool = False,
+    reuse: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """Run (or resume) a bench and write ``results.json``, ``results.md`` and ``plots/`` under ``out``.
 
@@ -196,6 +197,9 @@ def run_bench(
         refresh: re-read every finished method run from its workspace with this code instead of taking
             its stored record as it is (nothing is re-trained); references keep their stored records,
             since their models are not kept.
+        reuse: other bench output folders; a run missing here but finished in one of them with the same
+            ``run_config`` (method, options, seed, budget, data) is copied into ``out/runs`` instead of trained
+            again (e.g. seed 0 of a one-seed bench inside a three-seed bench of fewer methods).
 
     Returns:
         The ``results.json`` dict. Besides :func:`fedseg.bench.report.build_results`'s fields its header records
@@ -220,13 +224,19 @@ def run_bench(
     for i, spec in enumerate(specs):
         path = root / "runs" / f"{spec.id}.json"
         config = spec.run_config(budget, mapping)
-        record = load_finished(path, config)
+        record, how = load_finished(path, config), "finished earlier"
+        for other in reuse if record is None else ():
+            record = load_finished(Path(other).resolve() / "runs" / f"{spec.id}.json", config)
+            if record is not None:
+                save_run(path, record)
+                how = f"copied from {other}"
+                break
         if record is not None:
             refreshed = refresh and spec.kind == "method"  # references keep theirs: their models are not kept
             if refreshed:
                 record = refresh_method(record, spec, mapping)
                 save_run(path, record)
-            how = "re-read from its workspace" if refreshed else "finished earlier"
+                how = "re-read from its workspace"
             print(f"[{i + 1}/{len(specs)}] skipped {spec.label} seed {spec.seed}: {how} ({path})", flush=True)
             records.append(record)
             continue
