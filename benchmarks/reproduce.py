@@ -139,6 +139,11 @@ RUNS: Dict[str, Dict[str, Any]] = {
     **{f"retina-budget-{r}": real_bench("retina", f"issue29/retina_budget_{r}",
                                         f"--methods {BUDGET_APPROACHES} --references --seeds 0 --rounds {r}")
        for r in (10, 30, 100)},
+    # three seeds at 100 rounds for the approaches whose Δ to FedAvg grew from 10 to 30 rounds (seed 0 copied from
+    # the 100-round point of the curve when it ran first)
+    "retina-budget-100-seeds": real_bench("retina", "issue29/retina_budget_100_seeds",
+                                          "--methods fedavg feddyn pathfl fedefm_downstream --references --seeds 0 1 2 "
+                                          "--rounds 100 --reuse {root}/issue29/retina_budget_100"),
     # on one GPU (NVIDIA H100, 2026-11-26): run there with --out under /tmp, the output copied here
     "gpu-check": {"out": "gpu/check", "result": "gpu_check.json", "commands": [
         "python benchmarks/gpu_check.py --out {out}"]},
@@ -213,6 +218,9 @@ TABLES: Dict[str, Dict[str, Any]] = {
     "retina-budget-curve": {"run": ["retina-budget-10", "retina-all", "retina-budget-30", "retina-budget-100"],
                             "render": "budget", "seeds": [0], "missing_ok": True, "labels": BUDGET_APPROACHES.split(),
                             "title": "Is it the budget? Every method and FedAvg at 10 to 100 rounds on the real retina federation (seed 0)"},
+    "retina-budget-100-seeds-accuracy": {"run": "retina-budget-100-seeds", "render": "accuracy",
+                                         "metrics": ["dice_fov@DRIVE"],
+                                         "title": "FedDyn, PathFL and FedEFM against FedAvg at 100 rounds, three seeds (real retina)"},
     "retina-native-quiet-cost": {"run": "retina-native-quiet", "render": "cost",
                                  "title": "Cost at native resolution on the real retina federation, window samples (one seed, quiet machine)"},
     "baselines-vessel-accuracy": {"run": "baselines-vessel", "render": "accuracy",
