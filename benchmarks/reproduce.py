@@ -56,25 +56,23 @@ BUDGET_APPROACHES = "fedavg scaffold feddyn graphfedseg fedevi fvac pathfl fedef
 #: The retina federation is FVAC's Table 1 fundus setting (DRIVE / STARE / CHASE_DB1; 5 participants, 100 rounds x 5
 #: epochs); the nuclei sites are two of PathFL's Table 2 seven (KUMAR = MoNuSeg 2018 training set, TNBC; 60 rounds x
 #: 5 epochs; mean of the two sites' columns). Other rows: the method's own paper or the table that reports it, named.
+#: gains reported on other data (each names its paper, table and data): shown where no table matches the federation
+PAPER_ELSEWHERE = {"fedce": "+0.051 (FedEvi T1, polyp)", "ditto": "+0.004 (GraphFedSeg T2, polyp)",
+                   "fedrep": "+0.014 (GraphFedSeg T2, polyp)", "graphfedseg": "+0.041 (GraphFedSeg T2, polyp)",
+                   "fedevi": "+0.098 (FedEvi T1, polyp)", "scaffold": "not in the papers' tables"}
+#: FVAC's Table 1, fundus average (FedOpt is our FedAdam's family)
+FVAC_T1 = {"fedprox": "+0.004", "moon": "-0.004", "feddyn": "+0.000", "fedadam": "-0.037", "fvac": "+0.009"}
 PAPER_RETINA = {
     "title": "paper: Δ Dice vs FedAvg", "note": "published gain over FedAvg, Dice as a fraction; FVAC T1 = FVAC's "
     "Table 1, fundus average (the same three datasets, 100 rounds x 5 local epochs); other sources name their data.",
-    "values": {"fedprox": "+0.004 (FVAC T1)", "moon": "-0.004 (FVAC T1)", "feddyn": "+0.000 (FVAC T1)",
-               "fedadam": "-0.037 (FVAC T1, FedOpt)", "fvac": "+0.009 (FVAC T1)",
-               "fedbn": "+0.048 (FedEvi T1, polyp)", "fedce": "+0.051 (FedEvi T1, polyp)",
-               "ditto": "+0.004 (GraphFedSeg T2, polyp)", "fedrep": "+0.014 (GraphFedSeg T2, polyp)",
-               "graphfedseg": "+0.041 (GraphFedSeg T2, polyp)", "fedevi": "+0.098 (FedEvi T1, polyp)",
-               "pathfl": "+0.017 (PathFL T2, H&E)", "scaffold": "not in the papers' tables"}}
+    "values": {**PAPER_ELSEWHERE, "fedbn": "+0.048 (FedEvi T1, polyp)", "pathfl": "+0.017 (PathFL T2, H&E)",
+               **{k: f"{v} (FVAC T1{', FedOpt' if k == 'fedadam' else ''})" for k, v in FVAC_T1.items()}}}
 PAPER_NUCLEI = {
     "title": "paper: Δ Dice vs FedAvg", "note": "published gain over FedAvg, Dice as a fraction; PathFL T2 = the mean of "
     "the KUMAR (MoNuSeg) and TNBC columns of PathFL's Table 2 (a 7-site H&E federation, 60 rounds x 5 local epochs); "
     "other sources name their data.",
-    "values": {"fedprox": "-0.003 (PathFL T2)", "fedbn": "+0.009 (PathFL T2)", "pathfl": "+0.013 (PathFL T2)",
-               "moon": "-0.004 (FVAC T1, vessels)", "feddyn": "+0.000 (FVAC T1, vessels)",
-               "fedadam": "-0.037 (FVAC T1, vessels)", "fvac": "+0.009 (FVAC T1, vessels)",
-               "fedce": "+0.051 (FedEvi T1, polyp)", "ditto": "+0.004 (GraphFedSeg T2, polyp)",
-               "fedrep": "+0.014 (GraphFedSeg T2, polyp)", "graphfedseg": "+0.041 (GraphFedSeg T2, polyp)",
-               "fedevi": "+0.098 (FedEvi T1, polyp)", "scaffold": "not in the papers' tables"}}
+    "values": {**PAPER_ELSEWHERE, **{k: f"{v} (FVAC T1, vessels)" for k, v in FVAC_T1.items()},
+               "fedprox": "-0.003 (PathFL T2)", "fedbn": "+0.009 (PathFL T2)", "pathfl": "+0.013 (PathFL T2)"}}
 #: the real federations read in place: the import command and the site datalists it writes
 REAL_DATA = {
     "retina": ("fedseg data retina --src ../shared/data/retina_vessels --out {root}/cost/retina_data",
