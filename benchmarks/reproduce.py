@@ -721,7 +721,7 @@ def render_budget(table_id: str, table: Mapping[str, Any], outputs: Sequence[Opt
     the paired per-image difference to the baseline's global model of the same bench (Wilcoxon p). A bench with no
     output yet (``missing_ok``) is named in the note, not drawn."""
     from fedseg.bench.report import format_p
-    from fedseg.bench.tables import approach_title, baseline_title, caption, code_text, seed_cell
+    from fedseg.bench.tables import approach_title, baseline_title, caption, code_text, column_spread, paired_test, seed_cell
 
     present = [(r, o) for r, o in zip(run_ids(table), outputs) if o is not None]
     absent = [r for r, o in zip(run_ids(table), outputs) if o is None]
@@ -746,8 +746,8 @@ def render_budget(table_id: str, table: Mapping[str, Any], outputs: Sequence[Opt
                 cells.append("-")
                 continue
             title = title or approach_title(entry)
-            dice = seed_cell(((entry.get("summary") or {}).get("mean") or {}).get("dice") or {}, 3)
-            test = (((o.get("comparisons") or {}).get(name) or {}).get("metrics") or {}).get("dice", {}).get("all")
+            dice = seed_cell(column_spread(entry, "dice"), 3)
+            test = paired_test((o.get("comparisons") or {}).get(name), "dice")
             if name == o.get("baseline") or not test or test.get("mean_diff") is None:
                 cells.append(dice)
             else:

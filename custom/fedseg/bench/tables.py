@@ -219,14 +219,14 @@ def at_site(column: str) -> Tuple[str, Optional[str]]:
     return metric, (site if sep else None)
 
 
-def _spread(entry: Mapping[str, Any], column: str) -> Mapping[str, Any]:
+def column_spread(entry: Mapping[str, Any], column: str) -> Mapping[str, Any]:
     """The seed spread of a column: the mean over sites, or the named site's value."""
     metric, site = at_site(column)
     return (((entry.get("summary") or {}).get(site or "mean") or {}).get(metric)) or {}
 
 
 def _has_values(results: Mapping[str, Any], metric: str) -> bool:
-    return any(_spread(e, metric).get("mean") is not None for e in results.get("approaches", {}).values())
+    return any(column_spread(e, metric).get("mean") is not None for e in results.get("approaches", {}).values())
 
 
 def accuracy_metrics(results: Mapping[str, Any], extra: Sequence[str] = ()) -> List[str]:
@@ -266,7 +266,7 @@ def column_header(results: Mapping[str, Any], metric: str) -> str:
     return header
 
 
-def _test(comparison: Optional[Mapping[str, Any]], metric: str) -> Optional[Mapping[str, Any]]:
+def paired_test(comparison: Optional[Mapping[str, Any]], metric: str) -> Optional[Mapping[str, Any]]:
     """The paired test of a column: pooled over sites, or the named site's (:func:`at_site`)."""
     metric, site = at_site(metric)
     tests = ((comparison or {}).get("metrics") or {}).get(metric) or {}
@@ -283,9 +283,9 @@ def test_columns(results: Mapping[str, Any], metrics: Sequence[str]) -> List[str
     """The metrics of ``metrics`` that have a paired test in ``results["comparisons"]`` (segmentation: Dice and its
     per-class / per-region variants; classification: per-image correctness, shown as the accuracy difference)."""
     if results.get("task") == "classification":
-        return ["correct"] if any(_test(c, "correct") for c in results.get("comparisons", {}).values()) else []
+        return ["correct"] if any(paired_test(c, "correct") for c in results.get("comparisons", {}).values()) else []
     return [m for m in metrics if (split_metric_key(m)[0] == "dice" if "@" not in m else at_site(m)[0].startswith("dice"))
-            and any(_test(c, m) for c in results.get("comparisons", {}).values())]
+            and any(paired_test(c, m) for c in results.get("comparisons", {}).values())]
 
 
 def accuracy_table(results: Mapping[str, Any], extra_metrics: Sequence[str] = ()) -> List[str]:
@@ -305,16 +305,16 @@ def accuracy_table(results: Mapping[str, Any], extra_metrics: Sequence[str] = ()
     lines = ["| approach | " + " | ".join(headers) + " |", "|---" * (len(headers) + 1) + "|"]
     base_label = results.get("baseline")
     for name, entry in results.get("approaches", {}).items():
-        cells = [seed_cell(_spread(entry, m), _digits(at_site(m)[0])) for m in metrics]
+        cells = [seed_cell(column_spread(entry, m), _digits(at_site(m)[0])) for m in metrics]
         is_base = name == base_label
-        cells += ["" if is_base else _diff_cell(_test(results.get("comparisons", {}).get(name), m), p_key) for m in tests]
+        cells += ["" if is_base else _diff_cell(paired_test(results.get("comparisons", {}).get(name), m), p_key) for m in tests]
         lines.append(f"| {approach_title(entry)} | " + " | ".join(cells) + " |")
     return lines
 
 
 def pairs_text(results: Mapping[str, Any]) -> str:
     """``63 pairs`` (test images × seeds) when every comparison has as many, else ``pairs per approach differ``."""
-    counts = {(_test(c, "correct" if results.get("task") == "classification" else "dice") or {}).get("n")
+    counts = {(paired_test(c, "correct" if results.get("task") == "classification" else "dice") or {}).get("n")
               for c in results.get("comparisons", {}).values()}
     counts.discard(None)
     if not counts:
@@ -398,7 +398,7 @@ def glance_rows(results: Mapping[str, Any], data: str, table_id: str, link: Opti
         score = seed_cell(entry["summary"]["mean"][metric], _digits(metric))
         prefix = "accuracy " if classification else ""
         rows.append([approach_title(entry), data, f"{prefix}{score} ({base_score})",
-                     _diff_cell(_test(results.get("comparisons", {}).get(name), test_key), p_key), ratio, source])
+                     _diff_cell(paired_test(results.get("comparisons", {}).get(name), test_key), p_key), ratio, source])
     return rows
 
 
