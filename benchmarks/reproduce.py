@@ -679,7 +679,7 @@ def render_pairs(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from cost_table import load_runs, median_round_wall, per_image
     from fedseg.bench.stats import compare, summarise_seeds
-    from fedseg.bench.tables import approach_title, caption
+    from fedseg.bench.tables import approach_title, caption, column_header
 
     results = outputs[0]
     runs = load_runs(Path(results["_output_dir"]))
@@ -697,7 +697,8 @@ def render_pairs(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict
     def p_text(v: Optional[float]) -> str:
         return "-" if v is None else (f"{v:.3f}" if v >= 1e-3 else f"{v:.1e}")
 
-    head = ["method (A vs B)"] + [f"{m}: A | {m}: B | Δ {m} A − B (Wilcoxon p, pairs)" for m in metrics] + [
+    names = [column_header(results, m) for m in metrics]  # "Dice FOV", as the accuracy tables name it
+    head = ["method (A vs B)"] + [f"{h}: A | {h}: B | Δ {h} A − B (Wilcoxon p, pairs)" for h in names] + [
         "round wall A / B"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * (1 + 3 * len(metrics) + 1)]
     for a, b in table["pairs"]:
