@@ -136,7 +136,11 @@ RUNS: Dict[str, Dict[str, Any]] = {
                              f"--methods {ALL_APPROACHES} --references local pooled --seeds 0 1 2 --rounds 10"),
     **{f"retina-budget-{r}": real_bench("retina", f"issue29/retina_budget_{r}",
                                         f"--methods {BUDGET_APPROACHES} --references --seeds 0 --rounds {r}")
-       for r in (10, 30, 100)},
+       for r in (10, 30)},
+    # the 100-round point takes FedAvg's, GraphFedSeg's and FedEvi's runs from the bench of those three where stored
+    "retina-budget-100": real_bench("retina", "issue29/retina_budget_100",
+                                    f"--methods {BUDGET_APPROACHES} --references --seeds 0 --rounds 100 "
+                                    "--reuse {root}/issue29/retina_budget_100_ours"),
     # the 100-round point for the two methods that trailed FedAvg up to 30 rounds, alone (fits a session's end: ~40 min;
     # the full 100-round bench can take its runs with --reuse)
     "retina-budget-100-ours": real_bench("retina", "issue29/retina_budget_100_ours",
