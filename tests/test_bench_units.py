@@ -13,7 +13,7 @@ import torch
 from scipy import stats as sps
 
 from fedseg.bench.runs import parse_sets, parse_variant
-from fedseg.bench.stats import compare, paired_tests, paired_values, seed_spread, summarise_seeds
+from fedseg.bench.stats import compare, paired_tests, paired_values, seed_differences, seed_spread, summarise_seeds
 
 
 def _rows(ids, dice):
@@ -70,6 +70,20 @@ def test_seed_summary_mean_and_sample_std():
     assert out["s1"]["dice"]["std"] == pytest.approx(torch.tensor([0.5, 0.6]).double().std().item())
     assert out["mean"]["dice"]["values"] == pytest.approx([0.6, 0.75])
     assert seed_spread([0.3])["std"] == 0.0 and seed_spread([None])["mean"] is None
+
+
+def test_seed_differences_pair_site_means_seed_by_seed():
+    # hand numbers: site means a = 0.6, 0.75, 0.50 (seed 2 lacks a site for b: left out); b = 0.55, 0.80
+    a = {0: {"s1": {"dice": 0.5}, "s2": {"dice": 0.7}}, 1: {"s1": {"dice": 0.6}, "s2": {"dice": 0.9}},
+         2: {"s1": {"dice": 0.4}, "s2": {"dice": 0.6}}, 3: {"s1": {"dice": 0.1}, "s2": {"dice": 0.1}}}
+    b = {"1": {"s1": {"dice": 0.7}, "s2": {"dice": 0.9}}, "0": {"s1": {"dice": 0.4}, "s2": {"dice": 0.7}},
+         "2": {"s1": {"dice": 0.4}}}
+    a = {str(k): v for k, v in a.items()}  # seeds as results.json stores them
+    out = seed_differences(a, b, ["s1", "s2"])
+    assert out["seeds"] == [0, 1] and out["n"] == 2 and out["ahead"] == 1
+    assert out["values"] == pytest.approx([0.05, -0.05])
+    assert out["mean"] == pytest.approx(0.0) and out["std"] == pytest.approx(0.1 / 2 ** 0.5)
+    assert seed_differences(a, {}, ["s1"])["n"] == 0
 
 
 def test_parse_variant_keeps_compare_syntax():

@@ -124,7 +124,8 @@ def test_accuracy_table_cells_match_the_per_seed_finals_and_scipy(seg_records, s
 
     lines = accuracy_table(seg_results)
     assert _header(lines)[:5] == ["Dice (mean of rim, cup)", "Dice rim", "Dice cup", "Dice disc", "HD95 (px)"]
-    assert _header(lines)[5:] == [f"Δ {w} vs FedAvg (Wilcoxon p)" for w in ("Dice", "rim", "cup", "disc")]
+    assert _header(lines)[5:] == [f"Δ {w} vs FedAvg (Wilcoxon p)" for w in ("Dice", "rim", "cup", "disc")] + [
+        "Δ Dice per seed (mean ± std, seeds ahead)"]
     # rows: every approach, the personalised model included, references by their page names
     assert [line.split("|")[1].strip() for line in lines[2:]] == ["FedAvg", "FedEvi", "GraphFedSeg",
                                                                     "GraphFedSeg (personalised)", "local only"]
@@ -139,7 +140,12 @@ def test_accuracy_table_cells_match_the_per_seed_finals_and_scipy(seg_records, s
     assert pers[0] == _pm(_site_mean_per_seed(seg_records, "graphfedseg", "dice", "personalized"), 3)
     x, y = _pairs(seg_records, "graphfedseg", "fedavg", "dice", "personalized")
     assert pers[5] == f"{np.mean(x - y):+.3f} ({_fmt_p(sps.wilcoxon(x, y).pvalue)})"
-    assert _row(lines, "FedAvg")[5:] == ["", "", "", ""]  # the baseline is not tested against itself
+    assert _row(lines, "FedAvg")[5:] == ["", "", "", "", ""]  # the baseline is not tested against itself
+    # the per-seed column: each seed's site-mean Dice minus FedAvg's of the same seed, numpy on the finals
+    for name, label, model in (("FedEvi", "fedevi", "global"), ("GraphFedSeg (personalised)", "graphfedseg", "personalized")):
+        diffs = np.subtract(_site_mean_per_seed(seg_records, label, "dice", model),
+                            _site_mean_per_seed(seg_records, "fedavg", "dice"))
+        assert _row(lines, name)[9] == f"{np.mean(diffs):+.3f} ± {np.std(diffs, ddof=1):.3f} ({int((diffs > 0).sum())} of 3)"
 
 
 def test_accuracy_extra_metrics_and_single_seed(seg_records):
@@ -151,6 +157,7 @@ def test_accuracy_extra_metrics_and_single_seed(seg_records):
     # one seed: the mean alone, no ± 0.000
     assert _row(lines, "FedEvi")[0] == f"{_site_mean_per_seed(seg_records[:4], 'fedevi', 'dice')[0]:.3f}"
     assert "one seed: no spread" in accuracy_note(one) and "7 pairs" in accuracy_note(one)
+    assert not any("per seed" in h for h in _header(lines)) and "per seed" not in accuracy_note(one)  # nothing to pair
     volumes = {**one, "spatial": {s: {"spatial_mode": "patch", "spatial_dims": 3, "input_size": [64, 64, 16]} for s in SITES}}
     assert _header(accuracy_table(volumes))[4] == "HD95 (voxels)"
 
@@ -171,13 +178,16 @@ def test_classification_accuracy_table_uses_mcnemar():
     records = [rec("fedavg", s, fedavg[s]) for s in (0, 1)] + [rec("fedefm", s, fedefm[s]) for s in (0, 1)]
     res = build_results(records, ["s1"], {"seeds": [0, 1]})
     lines = accuracy_table(res)
-    assert _header(lines) == ["Accuracy", "Balanced accuracy", "Δ accuracy vs FedAvg (McNemar p)"]
+    assert _header(lines) == ["Accuracy", "Balanced accuracy", "Δ accuracy vs FedAvg (McNemar p)",
+                              "Δ accuracy per seed (mean ± std, seeds ahead)"]
     x, y = np.array(fedefm[0] + fedefm[1]), np.array(fedavg[0] + fedavg[1])
     b, c = int(np.sum((x == 1) & (y == 0))), int(np.sum((x == 0) & (y == 1)))
     p = sps.binomtest(b, b + c, 0.5).pvalue
     cells = _row(lines, "FedEFM")
     assert cells[0] == _pm([np.mean(fedefm[0]), np.mean(fedefm[1])], 3)
     assert cells[2] == f"{(b - c) / len(x):+.3f} ({_fmt_p(p)})"
+    diffs = [np.mean(fedefm[s]) - np.mean(fedavg[s]) for s in (0, 1)]
+    assert cells[3] == f"{np.mean(diffs):+.3f} ± {np.std(diffs, ddof=1):.3f} (2 of 2)"
     assert glance_rows(res, "x-ray", "t")[0][2].startswith("accuracy ")
 
 

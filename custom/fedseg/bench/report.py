@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from fedseg.bench.runs import VAL_METRIC, record_task, task_metrics, with_structures
 from fedseg.data.labels import split_metric_key
 from fedseg.fl.report import CLASSIFICATION_NOTE, METRIC_HEADERS, METRIC_NOTE, STRUCTURE_NOTE, metric_header
-from fedseg.bench.stats import compare, compare_correct, seed_spread, summarise_seeds
+from fedseg.bench.stats import compare, compare_correct, seed_differences, seed_spread, summarise_seeds
 
 #: the approach every other is tested against, unless the bench names another (``--baseline``)
 BASELINE = "fedavg"
@@ -67,7 +67,8 @@ def build_results(records: Sequence[Dict[str, Any]], sites: Sequence[str], heade
         of the task's metrics: Dice / HD95 / ASSD, or accuracy / balanced accuracy), ``comparisons``
         (paired tests of every approach against the baseline's global model, pooled over sites and seeds
         and per site: Wilcoxon and t-test per segmentation metric, McNemar's exact test on per-image
-        correctness for classification), ``timing`` (wall time per run, median round wall time and its
+        correctness for classification; ``seed_differences``: the headline metric's per-seed difference of
+        site means, :func:`fedseg.bench.stats.seed_differences`), ``timing`` (wall time per run, median round wall time and its
         ratio to the baseline's in this bench) and, for ``benchmarks/ablation_table.py``,
         ``methods`` / ``references`` with seed-mean per-site metrics.
     """
@@ -94,6 +95,7 @@ def build_results(records: Sequence[Dict[str, Any]], sites: Sequence[str], heade
         entry["summary"] = summarise_seeds(entry["final_by_seed"], sites, metrics=metrics)
 
     comparisons: Dict[str, Any] = {}
+    head = task_metrics(task)[0]
     base = approaches.get(base_label) if base_label else None
     if base is not None:
         for name, entry in approaches.items():
@@ -106,7 +108,10 @@ def build_results(records: Sequence[Dict[str, Any]], sites: Sequence[str], heade
                                 metrics=_present(entry["per_image_by_seed"], metrics))
             comparisons[name] = {"vs": base_label,
                                  "seeds": sorted(set(entry["per_image_by_seed"]) & set(base["per_image_by_seed"])),
-                                 "metrics": tests}
+                                 "metrics": tests,
+                                 # the headline metric's per-seed difference of site means (the three-seed rule)
+                                 "seed_differences": {head: seed_differences(entry["final_by_seed"],
+                                                                             base["final_by_seed"], sites, head)}}
 
     timing = _timing(records, base_label)
     results = dict(header)
@@ -266,15 +271,18 @@ def markdown(results: Dict[str, Any]) -> str:
         lines += [f"## Paired tests against {base_name} (per-image test Dice)", "",
                   f"Pairs: image i of site k of seed s vs the same image of {base_name}'s global model with seed s, pooled "
                   "over seeds (and over sites in the 'all sites' columns). Two-sided Wilcoxon signed-rank "
-                  "(`scipy.stats.wilcoxon`) and paired t-test (`scipy.stats.ttest_rel`).", "",
-                  "| approach | pairs | mean Dice diff | Wilcoxon p | t-test p | " + " | ".join(f"Wilcoxon p {s}" for s in sites) + " |",
-                  "|---" * (5 + len(sites)) + "|"]
+                  "(`scipy.stats.wilcoxon`) and paired t-test (`scipy.stats.ttest_rel`). Per seed: each seed's mean "
+                  f"Dice over sites minus {base_name}'s of the same seed, mean ± std over seeds (seeds ahead / seeds).", "",
+                  "| approach | pairs | mean Dice diff | Wilcoxon p | t-test p | " + " | ".join(f"Wilcoxon p {s}" for s in sites)
+                  + " | Dice diff per seed |", "|---" * (6 + len(sites)) + "|"]
         for name, comp in results["comparisons"].items():
             d = comp["metrics"]["dice"]
             a = d["all"]
             diff = "-" if a["mean_diff"] is None else f"{a['mean_diff']:+.3f}"
+            seeds = (comp.get("seed_differences") or {}).get("dice") or {}
+            per_seed = "-" if not seeds.get("n") else f"{seeds['mean']:+.3f} ± {seeds['std']:.3f} ({seeds['ahead']}/{seeds['n']})"
             lines.append(f"| {name} | {a['n']} | {diff} | {_p(a['wilcoxon_p'])} | {_p(a['ttest_p'])} | "
-                         + " | ".join(_p(d["per_site"][s]["wilcoxon_p"]) for s in sites) + " |")
+                         + " | ".join(_p(d["per_site"][s]["wilcoxon_p"]) for s in sites) + f" | {per_seed} |")
         lines.append("")
         regions = [m for m in metrics if split_metric_key(m)[0] == "dice" and split_metric_key(m)[1] is not None]
         if regions:

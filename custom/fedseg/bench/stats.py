@@ -115,6 +115,34 @@ def compare(a: PerImage, b: PerImage, sites: Sequence[str], metrics: Sequence[st
     return out
 
 
+def seed_differences(a: Mapping[Any, Mapping[str, Mapping[str, Optional[float]]]],
+                     b: Mapping[Any, Mapping[str, Mapping[str, Optional[float]]]], sites: Sequence[str],
+                     metric: str = "dice") -> Dict[str, Any]:
+    """Seed by seed, ``a``'s unweighted mean over sites of each site's ``metric`` minus ``b``'s: the paired reading of
+    "beyond the spread of three seeds" (seeds share data splits, so a seed that is hard for one approach is hard for
+    all; the per-seed difference removes that shared part of the spread).
+
+    Args:
+        a, b: ``{seed: {site: {metric: value}}}`` (a site's value = mean over its test images).
+        sites: the sites to average; a seed where either approach lacks a site's value is left out.
+
+    Returns:
+        :func:`seed_spread` of the differences over the seeds both ran (ascending) plus ``"seeds"`` (those seeds)
+        and ``"ahead"`` (in how many of them ``a`` is above ``b``).
+    """
+    seeds, diffs = [], []
+    for seed in sorted(set(a) & set(b), key=int):
+        va = [(a[seed].get(site) or {}).get(metric) for site in sites]
+        vb = [(b[seed].get(site) or {}).get(metric) for site in sites]
+        if any(v is None for v in va + vb):
+            continue
+        seeds.append(int(seed))
+        diffs.append(statistics.fmean(va) - statistics.fmean(vb))
+    out = seed_spread(diffs)
+    out.update(seeds=seeds, ahead=sum(1 for d in out["values"] if d > 0))
+    return out
+
+
 def mcnemar_exact(x: Sequence[float], y: Sequence[float]) -> Dict[str, Any]:
     """McNemar's exact test of paired per-image correctness ``x`` (approach A) and ``y`` (approach B), 0/1 each.
 

@@ -288,26 +288,46 @@ def test_columns(results: Mapping[str, Any], metrics: Sequence[str]) -> List[str
             and any(paired_test(c, m) for c in results.get("comparisons", {}).values())]
 
 
+def seed_difference(comparison: Optional[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
+    """The headline metric's per-seed difference to the baseline (:func:`fedseg.bench.stats.seed_differences`), where
+    the comparison has one over two or more seeds (``results.json`` written before it existed has none)."""
+    diffs = ((comparison or {}).get("seed_differences") or {}).values()
+    return next((d for d in diffs if d.get("n", 0) > 1), None)
+
+
+def _seed_difference_cell(diff: Optional[Mapping[str, Any]]) -> str:
+    if not diff:
+        return "-"
+    return f"{diff['mean']:+.3f} ± {diff['std']:.3f} ({diff['ahead']} of {diff['n']})"
+
+
 def accuracy_table(results: Mapping[str, Any], extra_metrics: Sequence[str] = ()) -> List[str]:
     """Rows = approaches; columns = the mean over sites (mean ± std over seeds) of :func:`accuracy_metrics`, then the
     paired test of each Dice column against the baseline's global model: mean per-image difference (Wilcoxon p)
-    — for classification the accuracy difference (McNemar p)."""
+    — for classification the accuracy difference (McNemar p) — and, over two or more seeds, the headline metric's
+    per-seed difference of site means: mean ± std over seeds (in how many seeds the approach is ahead)."""
     metrics = accuracy_metrics(results, extra_metrics)
     tests = test_columns(results, metrics)
     base = baseline_title(results)
     classification = results.get("task") == "classification"
     p_key = "mcnemar_p" if classification else "wilcoxon_p"
+    comparisons = results.get("comparisons", {})
+    per_seed = any(seed_difference(c) for c in comparisons.values())
     headers = [column_header(results, m) for m in metrics]
     for m in tests:
         what = ("accuracy" if m == "correct" else "Dice" if m == "dice" else
                 column_header(results, m) if "@" in m else split_metric_key(m)[1])
         headers.append(f"Δ {what} vs {base} ({'McNemar' if classification else 'Wilcoxon'} p)")
+    if per_seed:
+        headers.append(f"Δ {'accuracy' if classification else 'Dice'} per seed (mean ± std, seeds ahead)")
     lines = ["| approach | " + " | ".join(headers) + " |", "|---" * (len(headers) + 1) + "|"]
     base_label = results.get("baseline")
     for name, entry in results.get("approaches", {}).items():
         cells = [seed_cell(column_spread(entry, m), _digits(at_site(m)[0])) for m in metrics]
         is_base = name == base_label
-        cells += ["" if is_base else _diff_cell(paired_test(results.get("comparisons", {}).get(name), m), p_key) for m in tests]
+        cells += ["" if is_base else _diff_cell(paired_test(comparisons.get(name), m), p_key) for m in tests]
+        if per_seed:
+            cells.append("" if is_base else _seed_difference_cell(seed_difference(comparisons.get(name))))
         lines.append(f"| {approach_title(entry)} | " + " | ".join(cells) + " |")
     return lines
 
@@ -334,8 +354,12 @@ def accuracy_note(results: Mapping[str, Any]) -> str:
         test = "accuracy difference, McNemar's exact test on per-image correctness"
     else:
         test = "mean per-image difference, two-sided Wilcoxon signed-rank p"
-    return (f"{cells}; Δ: paired against {base}'s global model of the same seed over the test images "
+    note = (f"{cells}; Δ: paired against {base}'s global model of the same seed over the test images "
             f"({pairs_text(results)}; {test}).")
+    if any(seed_difference(c) for c in results["comparisons"].values()):
+        note += (f" Δ per seed: each seed's mean over sites minus {base}'s of the same seed, mean ± std over seeds, "
+                 "and in how many seeds the approach is ahead.")
+    return note
 
 
 # ------------------------------------------------------------------------------------------- cost
