@@ -216,6 +216,14 @@ def format_spread(spread: Dict[str, Any], digits: int) -> str:
     return f"{spread['mean']:.{digits}f} ± {spread['std']:.{digits}f}"
 
 
+def format_seed_difference(diff: Optional[Dict[str, Any]]) -> str:
+    """``"+0.019 ± 0.007 (3 of 3)"``: a :func:`fedseg.bench.stats.seed_differences` as signed mean ± sample std and
+    the seeds ahead; ``"-"`` where there is none."""
+    if not diff or not diff.get("n"):
+        return "-"
+    return f"{diff['mean']:+.3f} ± {diff['std']:.3f} ({diff['ahead']} of {diff['n']})"
+
+
 def format_p(v: Optional[float]) -> str:
     """A p-value: ``"3.43e-04"`` below 0.001, else ``"0.072"``; ``"-"`` where the test could not run."""
     return "-" if v is None else (f"{v:.2e}" if v < 1e-3 else f"{v:.3f}")
@@ -272,15 +280,14 @@ def markdown(results: Dict[str, Any]) -> str:
                   f"Pairs: image i of site k of seed s vs the same image of {base_name}'s global model with seed s, pooled "
                   "over seeds (and over sites in the 'all sites' columns). Two-sided Wilcoxon signed-rank "
                   "(`scipy.stats.wilcoxon`) and paired t-test (`scipy.stats.ttest_rel`). Per seed: each seed's mean "
-                  f"Dice over sites minus {base_name}'s of the same seed, mean ± std over seeds (seeds ahead / seeds).", "",
+                  f"Dice over sites minus {base_name}'s of the same seed, mean ± std over seeds (seeds ahead).", "",
                   "| approach | pairs | mean Dice diff | Wilcoxon p | t-test p | " + " | ".join(f"Wilcoxon p {s}" for s in sites)
                   + " | Dice diff per seed |", "|---" * (6 + len(sites)) + "|"]
         for name, comp in results["comparisons"].items():
             d = comp["metrics"]["dice"]
             a = d["all"]
             diff = "-" if a["mean_diff"] is None else f"{a['mean_diff']:+.3f}"
-            seeds = (comp.get("seed_differences") or {}).get("dice") or {}
-            per_seed = "-" if not seeds.get("n") else f"{seeds['mean']:+.3f} ± {seeds['std']:.3f} ({seeds['ahead']}/{seeds['n']})"
+            per_seed = format_seed_difference((comp.get("seed_differences") or {}).get("dice"))
             lines.append(f"| {name} | {a['n']} | {diff} | {_p(a['wilcoxon_p'])} | {_p(a['ttest_p'])} | "
                          + " | ".join(_p(d["per_site"][s]["wilcoxon_p"]) for s in sites) + f" | {per_seed} |")
         lines.append("")

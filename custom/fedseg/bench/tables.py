@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from fedseg.bench.bench import version_label
-from fedseg.bench.report import BASELINE, format_p, format_spread
+from fedseg.bench.report import BASELINE, format_p, format_seed_difference, format_spread
 from fedseg.bench.runs import task_metrics
 from fedseg.data.labels import split_metric_key
 from fedseg.fl.report import metric_header
@@ -295,12 +295,6 @@ def seed_difference(comparison: Optional[Mapping[str, Any]]) -> Optional[Mapping
     return next((d for d in diffs if d.get("n", 0) > 1), None)
 
 
-def _seed_difference_cell(diff: Optional[Mapping[str, Any]]) -> str:
-    if not diff:
-        return "-"
-    return f"{diff['mean']:+.3f} ± {diff['std']:.3f} ({diff['ahead']} of {diff['n']})"
-
-
 def accuracy_table(results: Mapping[str, Any], extra_metrics: Sequence[str] = ()) -> List[str]:
     """Rows = approaches; columns = the mean over sites (mean ± std over seeds) of :func:`accuracy_metrics`, then the
     paired test of each Dice column against the baseline's global model: mean per-image difference (Wilcoxon p)
@@ -327,7 +321,7 @@ def accuracy_table(results: Mapping[str, Any], extra_metrics: Sequence[str] = ()
         is_base = name == base_label
         cells += ["" if is_base else _diff_cell(paired_test(comparisons.get(name), m), p_key) for m in tests]
         if per_seed:
-            cells.append("" if is_base else _seed_difference_cell(seed_difference(comparisons.get(name))))
+            cells.append("" if is_base else format_seed_difference(seed_difference(comparisons.get(name))))
         lines.append(f"| {approach_title(entry)} | " + " | ".join(cells) + " |")
     return lines
 
