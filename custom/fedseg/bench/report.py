@@ -68,8 +68,8 @@ def build_results(records: Sequence[Dict[str, Any]], sites: Sequence[str], heade
         (paired tests of every approach against the baseline's global model, pooled over sites and seeds
         and per site: Wilcoxon and t-test per segmentation metric, McNemar's exact test on per-image
         correctness for classification; ``seed_differences``: the headline metric's per-seed difference of
-        site means, :func:`fedseg.bench.stats.seed_differences`), ``timing`` (wall time per run, median round wall time and its
-        ratio to the baseline's in this bench) and, for ``benchmarks/ablation_table.py``,
+        site means, :func:`fedseg.bench.stats.seed_differences`), ``timing`` (wall time per run, median round
+        wall time and its ratio to the baseline's in this bench) and, for ``benchmarks/ablation_table.py``,
         ``methods`` / ``references`` with seed-mean per-site metrics.
     """
     task = bench_task(records)

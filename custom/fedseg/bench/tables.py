@@ -288,11 +288,17 @@ def test_columns(results: Mapping[str, Any], metrics: Sequence[str]) -> List[str
             and any(paired_test(c, m) for c in results.get("comparisons", {}).values())]
 
 
-def seed_difference(comparison: Optional[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
+def seed_difference(results: Mapping[str, Any], comparison: Optional[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
     """The headline metric's per-seed difference to the baseline (:func:`fedseg.bench.stats.seed_differences`), where
     the comparison has one over two or more seeds (``results.json`` written before it existed has none)."""
-    diffs = ((comparison or {}).get("seed_differences") or {}).values()
-    return next((d for d in diffs if d.get("n", 0) > 1), None)
+    head = task_metrics(results.get("task", "segmentation"))[0]
+    diff = ((comparison or {}).get("seed_differences") or {}).get(head)
+    return diff if diff and diff.get("n", 0) > 1 else None
+
+
+def has_seed_differences(results: Mapping[str, Any]) -> bool:
+    """Whether any approach has a per-seed difference to show (two or more seeds, a ``results.json`` that has them)."""
+    return any(seed_difference(results, c) for c in (results.get("comparisons") or {}).values())
 
 
 def accuracy_table(results: Mapping[str, Any], extra_metrics: Sequence[str] = ()) -> List[str]:
@@ -306,7 +312,7 @@ def accuracy_table(results: Mapping[str, Any], extra_metrics: Sequence[str] = ()
     classification = results.get("task") == "classification"
     p_key = "mcnemar_p" if classification else "wilcoxon_p"
     comparisons = results.get("comparisons", {})
-    per_seed = any(seed_difference(c) for c in comparisons.values())
+    per_seed = has_seed_differences(results)
     headers = [column_header(results, m) for m in metrics]
     for m in tests:
         what = ("accuracy" if m == "correct" else "Dice" if m == "dice" else
@@ -321,7 +327,7 @@ def accuracy_table(results: Mapping[str, Any], extra_metrics: Sequence[str] = ()
         is_base = name == base_label
         cells += ["" if is_base else _diff_cell(paired_test(comparisons.get(name), m), p_key) for m in tests]
         if per_seed:
-            cells.append("" if is_base else format_seed_difference(seed_difference(comparisons.get(name))))
+            cells.append("" if is_base else format_seed_difference(seed_difference(results, comparisons.get(name))))
         lines.append(f"| {approach_title(entry)} | " + " | ".join(cells) + " |")
     return lines
 
@@ -350,7 +356,7 @@ def accuracy_note(results: Mapping[str, Any]) -> str:
         test = "mean per-image difference, two-sided Wilcoxon signed-rank p"
     note = (f"{cells}; Δ: paired against {base}'s global model of the same seed over the test images "
             f"({pairs_text(results)}; {test}).")
-    if any(seed_difference(c) for c in results["comparisons"].values()):
+    if has_seed_differences(results):
         note += (f" Δ per seed: each seed's mean over sites minus {base}'s of the same seed, mean ± std over seeds, "
                  "and in how many seeds the approach is ahead.")
     return note
