@@ -50,6 +50,9 @@ WINDOW_PAIRS = [["graphfedseg", "graph_whole"], ["fedevi", "fedevi_whole"]]
 #: issue 29's comparison: FedAvg, the nine baselines and the suite's five methods (FedEFM: its downstream job)
 ALL_APPROACHES = ("fedavg fedprox scaffold fedadam fedbn ditto fedrep moon feddyn fedce "
                   "graphfedseg fedevi fvac pathfl fedefm_downstream")
+#: FedAvg's plateau on retina: one thing varied per row
+PLATEAU_ROWS = ("fedavg fedavg_lr_decay=fedavg:lr_decay_per_round=0.95 fedavg_adam_reset=fedavg:optimizer_state=reset "
+                "fedavgm=fedadam:server_optimizer=sgd,server_lr=1.0,momentum=0.9 feddyn")
 #: the budget curve: FedAvg, the baselines that led on built-in vessel (SCAFFOLD, FedDyn) and the five methods
 BUDGET_APPROACHES = "fedavg scaffold feddyn graphfedseg fedevi fvac pathfl fedefm_downstream"
 #: published gains over FedAvg (Dice, as a fraction like ours; the papers print percent) beside issue 29's tables.
@@ -150,6 +153,11 @@ RUNS: Dict[str, Dict[str, Any]] = {
     "retina-budget-100-seeds": real_bench("retina", "issue29/retina_budget_100_seeds",
                                           "--methods fedavg feddyn pathfl fedefm_downstream --references --seeds 0 1 2 "
                                           "--rounds 100 --reuse {root}/issue29/retina_budget_100"),
+    # why FedAvg plateaus far below the pooled model on retina (0.585 at 100 rounds, pooled 0.672 at 20 epochs) while
+    # FedDyn does not: FedAvg with a decaying local lr, with Adam's state reset every round, with server momentum
+    # (FedAvgM: FedOpt's SGD step, lr 1, momentum 0.9), FedDyn and the pooled model at the same budget
+    "retina-fedavg-plateau": real_bench("retina", "issue29/retina_fedavg_plateau", f"--methods {PLATEAU_ROWS} "
+                                        "--references pooled --seeds 0 --rounds 30"),
     # on one GPU (NVIDIA H100, 2026-11-26): run there with --out under /tmp, the output copied here
     "gpu-check": {"out": "gpu/check", "result": "gpu_check.json", "commands": [
         "python benchmarks/gpu_check.py --out {out}"]},
@@ -226,6 +234,9 @@ TABLES: Dict[str, Dict[str, Any]] = {
     "retina-budget-100-seeds-accuracy": {"run": "retina-budget-100-seeds", "render": "accuracy",
                                          "metrics": ["dice_fov@DRIVE"],
                                          "title": "FedDyn, PathFL and FedEFM against FedAvg at 100 rounds, three seeds (real retina)"},
+    "retina-fedavg-plateau-accuracy": {"run": "retina-fedavg-plateau", "render": "accuracy", "metrics": ["dice_fov@DRIVE"],
+                                       "title": "Why FedAvg plateaus on the real retina federation: its local optimiser "
+                                                "and server step varied one at a time (30 rounds, seed 0)"},
     "retina-native-quiet-cost": {"run": "retina-native-quiet", "render": "cost",
                                  "title": "Cost at native resolution on the real retina federation, window samples (one seed, quiet machine)"},
     "baselines-vessel-accuracy": {"run": "baselines-vessel", "render": "accuracy",

@@ -68,3 +68,48 @@ def test_same_seed_same_result(tiny_datalist, tiny_train_config):
         model = engine.build_network()
         results.append(engine.train(model, ClientObjective(), RoundContext("site-a", 0, 1))["train_loss"])
     assert results[0] == results[1]
+
+
+def _one_adam_step(model, optimizer, inputs):
+    """One step of ``optimizer`` on a fixed loss of ``model(inputs)``."""
+    optimizer.zero_grad(set_to_none=True)
+    model(inputs).square().mean().backward()
+    optimizer.step()
+
+
+def test_optimizer_state_keep_and_reset(tiny_datalist, tiny_train_config):
+    """``keep``: a round continues Adam's moments and step count; ``reset``: the round's first step equals a fresh
+    ``torch.optim.Adam``'s on the same weights and gradient."""
+    from fedseg.engine import SegEngine
+
+    steps = {}
+    for mode in ("keep", "reset"):
+        engine = SegEngine("site-a", tiny_datalist, {**tiny_train_config, "optimizer_state": mode})
+        torch.manual_seed(0)
+        model = engine.build_network()
+        steps[mode] = engine.train(model, ClientObjective(), RoundContext("site-a", 0, 2))["steps"]
+        optimizer = engine.prepare_optimizer(model, RoundContext("site-a", 1, 2))
+        state = optimizer.state_dict()["state"]
+        if mode == "keep":
+            assert state and all(float(s["step"]) == steps[mode] for s in state.values())
+            continue
+        assert state == {}
+        reference = copy.deepcopy(model)
+        fresh = torch.optim.Adam(reference.parameters(), lr=optimizer.param_groups[0]["lr"],
+                                 betas=optimizer.param_groups[0]["betas"], eps=optimizer.param_groups[0]["eps"])
+        inputs = torch.rand(2, 3, tiny_train_config["image_size"], tiny_train_config["image_size"])
+        _one_adam_step(model, optimizer, inputs)
+        _one_adam_step(reference, fresh, inputs)
+        for (name, mine), theirs in zip(model.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-7, msg=name)
+    assert steps["keep"] == steps["reset"] > 0
+
+
+def test_optimizer_state_refuses_an_unknown_mode(tiny_datalist, tiny_train_config):
+    import pytest
+
+    from fedseg.engine import SegEngine
+
+    engine = SegEngine("site-a", tiny_datalist, {**tiny_train_config, "optimizer_state": "forget"})
+    with pytest.raises(ValueError, match="optimizer_state.*'keep', 'reset'.*'forget'"):
+        engine.prepare_optimizer(engine.build_network(), RoundContext("site-a", 0, 1))

@@ -61,6 +61,9 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     "adam_betas": [0.9, 0.999],
     # learning rate at round r = learning_rate * lr_decay_per_round ** r (ExponentialLR stepped per round)
     "lr_decay_per_round": 1.0,
+    # the local optimiser's state (Adam moments) between rounds: "keep" (one optimiser per site for the job) or
+    # "reset" (emptied at the start of every round)
+    "optimizer_state": "keep",
     "batch_size": 4,
     "augment": True,
     # "basic": flips and 90-degree rotations; "strong": + random crop, rotation, colour jitter, gamma

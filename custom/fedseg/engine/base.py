@@ -7,7 +7,8 @@ same way where they should:
 * the site name, its datalist (the raw JSON's top-level fields in ``datalist_info``) and a copy of the
   server's ``train_config``; determinism seeded from ``train_config["seed"]``;
 * the device (CUDA when available, else CPU);
-* one optimiser per model object, built once and kept, so Adam moments survive across rounds;
+* one optimiser per model object, built once and kept, so Adam moments survive across rounds
+  (``train_config["optimizer_state"] = "reset"``: the trained model's optimiser starts each round afresh);
 * the per-round learning-rate schedule ``learning_rate * lr_decay_per_round ** round``, derived from
   the round index so a restarted site resumes the same schedule;
 * a shuffle generator seeded once per engine (each epoch and round gets a new order, reproducibly);
@@ -34,6 +35,11 @@ from fedseg.data.datalist import read_datalist_json
 from fedseg.objectives.base import BatchOutput, ClientObjective, RoundContext
 
 SPLITS = ("training", "validation", "test")
+
+#: what a site does with its optimiser's state (Adam moments, step counts) between rounds: "keep" it (NVFlare's
+#: learners build the optimiser once) or "reset" it at the start of every round (a fresh local optimiser per
+#: round, as in Reddi et al.'s FedOpt experiments)
+OPTIMIZER_STATES = ("keep", "reset")
 
 #: the tasks an engine can be built for (``fedseg.engine.factory``)
 TASKS = ("segmentation", "classification")
@@ -106,8 +112,18 @@ class LocalEngine(ABC):
         return float(cfg.get("learning_rate", 1e-3)) * float(cfg.get("lr_decay_per_round", 1.0)) ** int(round_)
 
     def prepare_optimizer(self, model: nn.Module, ctx: RoundContext) -> torch.optim.Optimizer:
-        """``make_optimizer(model)`` with this round's learning rate set on every parameter group."""
+        """``make_optimizer(model)`` with this round's learning rate set on every parameter group; its state
+        emptied first when ``train_config["optimizer_state"]`` is ``"reset"`` (default ``"keep"``).
+
+        Raises:
+            ValueError: an ``optimizer_state`` other than ``OPTIMIZER_STATES``.
+        """
+        mode = self.train_config.get("optimizer_state", "keep")
+        if mode not in OPTIMIZER_STATES:
+            raise ValueError(f"train_config['optimizer_state'] must be one of {OPTIMIZER_STATES}, got {mode!r}")
         optimizer = self.make_optimizer(model)
+        if mode == "reset":
+            optimizer.state.clear()  # the next step starts Adam's moments and bias correction from zero
         lr = self.round_learning_rate(ctx.round)
         for group in optimizer.param_groups:
             group["lr"] = lr
