@@ -51,8 +51,9 @@ WINDOW_PAIRS = [["graphfedseg", "graph_whole"], ["fedevi", "fedevi_whole"]]
 ALL_APPROACHES = ("fedavg fedprox scaffold fedadam fedbn ditto fedrep moon feddyn fedce "
                   "graphfedseg fedevi fvac pathfl fedefm_downstream")
 #: FedAvg's plateau on retina: one thing varied per row
-PLATEAU_ROWS = ("fedavg fedavg_lr_decay=fedavg:lr_decay_per_round=0.95 fedavg_adam_reset=fedavg:optimizer_state=reset "
-                "fedavgm=fedadam:server_optimizer=sgd,server_lr=1.0,momentum=0.9 feddyn")
+PLATEAU_ROWS = ("fedavg fedavg_uniform=fedavg:weighting=uniform fedavg_lr_decay=fedavg:lr_decay_per_round=0.95 "
+                "fedavg_adam_reset=fedavg:optimizer_state=reset fedavgm=fedadam:server_optimizer=sgd,server_lr=1.0,"
+                "momentum=0.9 feddyn")
 #: the budget curve: FedAvg, the baselines that led on built-in vessel (SCAFFOLD, FedDyn) and the five methods
 BUDGET_APPROACHES = "fedavg scaffold feddyn graphfedseg fedevi fvac pathfl fedefm_downstream"
 #: published gains over FedAvg (Dice, as a fraction like ours; the papers print percent) beside issue 29's tables.
@@ -154,8 +155,9 @@ RUNS: Dict[str, Dict[str, Any]] = {
                                           "--methods fedavg feddyn pathfl fedefm_downstream --references --seeds 0 1 2 "
                                           "--rounds 100 --reuse {root}/issue29/retina_budget_100"),
     # why FedAvg plateaus far below the pooled model on retina (0.585 at 100 rounds, pooled 0.672 at 20 epochs) while
-    # FedDyn does not: FedAvg with a decaying local lr, with Adam's state reset every round, with server momentum
-    # (FedAvgM: FedOpt's SGD step, lr 1, momentum 0.9), FedDyn and the pooled model at the same budget
+    # FedDyn does not: FedAvg with uniform site weights (FedDyn's), with a decaying local lr, with Adam's state reset
+    # every round, with server momentum (FedAvgM: FedOpt's SGD step, lr 1, momentum 0.9), FedDyn and the pooled
+    # model at the same budget
     "retina-fedavg-plateau": real_bench("retina", "issue29/retina_fedavg_plateau", f"--methods {PLATEAU_ROWS} "
                                         "--references pooled --seeds 0 --rounds 30"),
     # on one GPU (NVIDIA H100, 2026-11-26): run there with --out under /tmp, the output copied here
