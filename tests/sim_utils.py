@@ -352,7 +352,7 @@ ROBUSTNESS_FAULTS = "site-2:scale=100@0,site-3:zero@0,site-2:sign_flip@1,site-3:
 #: ``fedseg run`` / ``fedseg export --family`` add to a job)
 FUNDUS_FIELDS = federation_label_config(family="fundus")
 VOLUME_FIELDS = check_federation(family="prostate3d", explicit={"data_profile": "tiny"})
-BASELINES = ("fedprox", "scaffold", "fedadam", "fedbn", "ditto", "fedrep", "moon", "feddyn", "fedce")
+BASELINES = ("fedprox", "scaffold", "fedadam", "fedavgm", "fedbn", "ditto", "fedrep", "moon", "feddyn", "fedce")
 MULTICLASS_METHODS = ("fedavg", "fedevi", "graphfedseg", "fvac", "pathfl", "fedefm_downstream")
 #: (method, spatial mode) -> extra options; PathFL runs in slice mode (its style statistics are 2-D)
 VOLUME_RUNS = {

@@ -3,7 +3,9 @@ optimiser, NVFlare's own aggregator, and hypothesis properties of the new aggreg
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +29,8 @@ from fedseg.strategies.feddyn import FedDynStrategy, feddyn_server_update
 from fedseg.strategies.fedopt import FedOptStrategy
 from fedseg.strategies.local_layers import FedBNStrategy, FedRepStrategy
 from fedseg.strategies.scaffold import ScaffoldStrategy, control_update
+
+JOBS = Path(__file__).resolve().parents[1] / "jobs"
 
 
 def _ctx(round_=0, **kw):
@@ -164,6 +168,51 @@ def test_fedadam_server_state_survives_a_server_restart():
     first.aggregate(1, step, None)
     restarted.aggregate(1, step, None)
     assert all(torch.equal(first.global_params()[k], restarted.global_params()[k]) for k in glob)
+
+
+
+# -------------------------------------------------------------------------------------------- FedAvgM
+def _random_updates(glob, rng, scale=1.0):
+    return {site: ClientUpdate(site, {k: (v + scale * torch.as_tensor(rng.normal(size=v.shape), dtype=v.dtype)
+                                          if v.is_floating_point() else v) for k, v in glob.items()}, n_samples=n)
+            for site, n in (("a", 1), ("b", 3))}
+
+
+def test_fedavgm_is_heavy_ball_momentum_on_the_average_update_by_hand():
+    # the job's server step, as exported
+    server = json.loads((JOBS / "fedavgm" / "app" / "config" / "config_fed_server.json").read_text())
+    (controller,) = [w["args"] for w in server["workflows"] if w["path"].endswith("FedSegController")]
+    args = controller["strategy_args"]
+    assert (args["server_optimizer"], args["server_lr"], args["momentum"]) == ("sgd", 1.0, 0.9)
+    strategy = _start(FedOptStrategy(**args), _bn_net, ("a", "b"))
+    names = dict(_bn_net().named_parameters())
+    # Hsu et al.'s FedAvgM by hand: v <- beta v + Delta_t, w <- w + lr v, Delta_t = weighted average - w
+    w = {k: v.clone().double() for k, v in strategy.global_params().items() if k in names}
+    velocity = {k: torch.zeros_like(v) for k, v in w.items()}
+    rng = np.random.default_rng(7)
+    for round_ in range(4):
+        glob = strategy.global_params()
+        updates = _random_updates(glob, rng)
+        strategy.aggregate(round_, updates, None)
+        for k in w:
+            delta = 0.25 * updates["a"].params[k].double() + 0.75 * updates["b"].params[k].double() - w[k]
+            velocity[k] = 0.9 * velocity[k] + delta
+            w[k] = w[k] + 1.0 * velocity[k]
+            assert torch.allclose(strategy.global_params()[k].double(), w[k], atol=1e-5), (round_, k)
+    # after the first round the momentum makes the global model leave the plain average
+    assert not torch.allclose(strategy.global_params()["0.weight"],
+                              0.25 * updates["a"].params["0.weight"] + 0.75 * updates["b"].params["0.weight"])
+
+
+def test_fedavgm_without_momentum_is_fedavg():
+    strategy = _start(FedOptStrategy(server_optimizer="sgd", server_lr=1.0, momentum=0.0), _bn_net, ("a", "b"))
+    rng = np.random.default_rng(8)
+    for round_ in range(3):
+        updates = _random_updates(strategy.global_params(), rng)
+        strategy.aggregate(round_, updates, None)
+        for k, v in strategy.global_params().items():
+            if v.is_floating_point():
+                assert torch.allclose(v, 0.25 * updates["a"].params[k] + 0.75 * updates["b"].params[k], atol=1e-6), k
 
 
 # -------------------------------------------------------------------------------------------- FedBN / FedRep

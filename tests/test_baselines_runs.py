@@ -1,6 +1,6 @@
 """Every baseline end to end: the real server workflow with in-process sites (``fedseg.bench.inprocess``: the
 controller, the sites' objectives and the report as in a job, without NVFlare's transport; about a second a run) for
-each of the nine, and SCAFFOLD, the one whose payload carries more than the weights, once through NVFlare's
+each of the ten, and SCAFFOLD, the one whose payload carries more than the weights, once through NVFlare's
 simulator (shared run ``scaffold``, ``tests/sim_utils.py``). Tiny profile, 2 sites, 2 rounds so that round-to-round
 site state is exercised; all checks on each run: the report, what left the sites (privacy audit), the bytes of extra payloads,
 and the personalised / cross-site evaluation of the personalised methods."""
@@ -24,6 +24,7 @@ METHODS = {
     "fedprox": ((), False, {}),
     "scaffold": (("control_norm",), False, {}),
     "fedadam": (("average_update_norm", "server_lr"), False, {}),
+    "fedavgm": (("average_update_norm", "server_lr"), False, {}),
     "fedbn": (("local_entries",), True, {}),
     "ditto": ((), True, {}),
     "fedrep": (("local_entries",), True, {}),

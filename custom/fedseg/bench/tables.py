@@ -21,7 +21,7 @@ METHOD_NAMES = {
     "fedavg": "FedAvg", "fedevi": "FedEvi", "graphfedseg": "GraphFedSeg", "fvac": "FVAC", "pathfl": "PathFL",
     "fedefm": "FedEFM", "fedefm_downstream": "FedEFM downstream", "local": "local only", "pooled": "pooled",
     # the papers' baselines
-    "fedprox": "FedProx", "scaffold": "SCAFFOLD", "fedadam": "FedAdam", "fedbn": "FedBN", "ditto": "Ditto",
+    "fedprox": "FedProx", "scaffold": "SCAFFOLD", "fedadam": "FedAdam", "fedavgm": "FedAvgM", "fedbn": "FedBN", "ditto": "Ditto",
     "fedrep": "FedRep", "moon": "MOON", "feddyn": "FedDyn", "fedce": "FedCE",
 }
 #: train_config keys of the label space (shown as classes and regions, not as ``--set`` values)

@@ -18,6 +18,7 @@ _RECIPES: Dict[str, str] = {
     "fedprox": "fedseg.recipes.fedprox:FedProxRecipe",
     "scaffold": "fedseg.recipes.scaffold:ScaffoldRecipe",
     "fedadam": "fedseg.recipes.fedadam:FedAdamRecipe",
+    "fedavgm": "fedseg.recipes.fedavgm:FedAvgMRecipe",
     "fedbn": "fedseg.recipes.fedbn:FedBNRecipe",
     "ditto": "fedseg.recipes.ditto:DittoRecipe",
     "fedrep": "fedseg.recipes.fedrep:FedRepRecipe",
