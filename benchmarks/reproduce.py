@@ -162,6 +162,11 @@ RUNS: Dict[str, Dict[str, Any]] = {
     # model at the same budget
     "retina-fedavg-plateau": real_bench("retina", "issue29/retina_fedavg_plateau", f"--methods {PLATEAU_ROWS} "
                                         "--references pooled --seeds 0 --rounds 30"),
+    # FedAvgM's lead at 30 rounds against 100: momentum 0.9 (the plateau row) and 0.6 (NVFlare's FedOpt default) next
+    # to FedAvg and FedDyn; seed 0 of the 100-round bench taken with --reuse where it is stored
+    "retina-fedavgm-100": real_bench("retina", "issue29/retina_fedavgm_100",
+                                     f"--methods fedavg {FEDAVGM} fedavgm_m06=fedavgm:momentum=0.6 feddyn --references "
+                                     "--seeds 0 --rounds 100 --reuse {root}/issue29/retina_budget_100_seeds"),
     # on one GPU (NVIDIA H100, 2026-11-26): run there with --out under /tmp, the output copied here
     "gpu-check": {"out": "gpu/check", "result": "gpu_check.json", "commands": [
         "python benchmarks/gpu_check.py --out {out}"]},
@@ -241,6 +246,9 @@ TABLES: Dict[str, Dict[str, Any]] = {
     "retina-fedavg-plateau-accuracy": {"run": "retina-fedavg-plateau", "render": "accuracy", "metrics": ["dice_fov@DRIVE"],
                                        "title": "Why FedAvg plateaus on the real retina federation: its local optimiser "
                                                 "and server step varied one at a time (30 rounds, seed 0)"},
+    "retina-fedavgm-100-accuracy": {"run": "retina-fedavgm-100", "render": "accuracy", "metrics": ["dice_fov@DRIVE"],
+                                    "title": "FedAvgM at 100 rounds: server momentum 0.9 and 0.6 against FedAvg and "
+                                             "FedDyn (real retina, seed 0)"},
     "retina-native-quiet-cost": {"run": "retina-native-quiet", "render": "cost",
                                  "title": "Cost at native resolution on the real retina federation, window samples (one seed, quiet machine)"},
     "baselines-vessel-accuracy": {"run": "baselines-vessel", "render": "accuracy",
