@@ -52,11 +52,11 @@ ALL_APPROACHES = ("fedavg fedprox scaffold fedadam fedbn ditto fedrep moon feddy
                   "graphfedseg fedevi fvac pathfl fedefm_downstream")
 #: FedAvg's plateau on retina: one thing varied per row
 #: FedAvgM (Hsu et al. 2019): FedAvg's sites, an SGD step with momentum on the server (the FedAdam job's FedOpt step)
-FEDAVGM = "fedavgm=fedadam:server_optimizer=sgd,server_lr=1.0,momentum=0.9"
+FEDAVGM_09 = "fedavgm=fedadam:server_optimizer=sgd,server_lr=1.0,momentum=0.9"
 #: the named FedAvgM with its default momentum (0.6) stated, so that the row is the same run in every bench that has it
 FEDAVGM_06 = "fedavgm_m06=fedavgm:momentum=0.6"
 PLATEAU_ROWS = ("fedavg fedavg_uniform=fedavg:weighting=uniform fedavg_lr_decay=fedavg:lr_decay_per_round=0.95 "
-                f"fedavg_adam_reset=fedavg:optimizer_state=reset {FEDAVGM} feddyn")
+                f"fedavg_adam_reset=fedavg:optimizer_state=reset {FEDAVGM_09} feddyn")
 #: the budget curve: FedAvg, the baselines that led on built-in vessel (SCAFFOLD, FedDyn) and the five methods
 BUDGET_APPROACHES = "fedavg scaffold feddyn graphfedseg fedevi fvac pathfl fedefm_downstream"
 #: published gains over FedAvg (Dice, as a fraction like ours; the papers print percent) beside issue 29's tables.
@@ -168,7 +168,7 @@ RUNS: Dict[str, Dict[str, Any]] = {
     # FedAvgM's lead at 30 rounds against 100: momentum 0.9 (the plateau row) and 0.6 (NVFlare's FedOpt default) next
     # to FedAvg and FedDyn; seed 0 of the 100-round bench taken with --reuse where it is stored
     "retina-fedavgm-100": real_bench("retina", "issue29/retina_fedavgm_100",
-                                     f"--methods fedavg {FEDAVGM} {FEDAVGM_06} feddyn --references "
+                                     f"--methods fedavg {FEDAVGM_09} {FEDAVGM_06} feddyn --references "
                                      "--seeds 0 --rounds 100 --reuse {root}/issue29/retina_budget_100_seeds"),
     # on one GPU (NVIDIA H100, 2026-11-26): run there with --out under /tmp, the output copied here
     "gpu-check": {"out": "gpu/check", "result": "gpu_check.json", "commands": [
