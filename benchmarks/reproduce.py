@@ -153,8 +153,8 @@ RUNS: Dict[str, Dict[str, Any]] = {
     "retina-budget-100-ours": real_bench("retina", "issue29/retina_budget_100_ours",
                                          "--methods fedavg graphfedseg fedevi --references --seeds 0 --rounds 100"),
     # three seeds at 100 rounds for the approaches whose Δ to FedAvg grew from 10 to 30 rounds, and FedAvgM (FedAvg with
-    # server momentum: the plateau bench found FedAvg's retina deficit in its server step) beside FedDyn (seed 0
-    # copied from the 100-round point of the curve where it is stored)
+    # server momentum: the plateau bench found FedAvg's retina deficit in its server step) beside FedDyn (seed 0 taken
+    # with --reuse from the curve's 100-round point and from retina-fedavgm-100 where they are stored)
     "retina-budget-100-seeds": real_bench("retina", "issue29/retina_budget_100_seeds",
                                           f"--methods fedavg {FEDAVGM_06} feddyn pathfl fedefm_downstream --references "
                                           "--seeds 0 1 2 --rounds 100 --reuse {root}/issue29/retina_budget_100 "
