@@ -19,7 +19,8 @@ Adding a table: a run in ``RUNS`` (output folder or file relative to the output 
 for accuracy tables of runs whose baseline is FedAvg; ``"metrics"``: extra accuracy columns such as ``hd95_mm`` or
 ``dice_fov@DRIVE``, one site's value of a metric only that site reports; ``"seeds"``: render only these seeds of a
 bench, re-aggregated from its run records, which also accepts a bench whose command differs only in ``--seeds`` as
-long as it ran them; ``"missing_ok"``: a multi-run table drawn from the runs that exist, naming the others;
+long as it ran them; ``"baseline"``: another of the bench's labels as the baseline of the paired tests, the bench
+re-aggregated from its run records; ``"missing_ok"``: a multi-run table drawn from the runs that exist, naming the others;
 ``"paper"``: a column of published numbers).
 
 A stored output made by another command than the registry's is refused (the registry or the output is stale):
@@ -246,6 +247,11 @@ TABLES: Dict[str, Dict[str, Any]] = {
     "retina-budget-100-seeds-accuracy": {"run": "retina-budget-100-seeds", "render": "accuracy",
                                          "metrics": ["dice_fov@DRIVE"],
                                          "title": "FedDyn, FedAvgM, PathFL and FedEFM against FedAvg at 100 rounds, three seeds (real retina)"},
+    # the same runs tested against FedAvgM: is a lead over FedAvg more than a larger server step?
+    "retina-budget-100-seeds-vs-fedavgm": {"run": "retina-budget-100-seeds", "render": "accuracy",
+                                           "baseline": "fedavgm_m06", "metrics": ["dice_fov@DRIVE"],
+                                           "title": "The same runs against FedAvgM (momentum 0.6): 100 rounds, three "
+                                                    "seeds (real retina)"},
     "retina-fedavg-plateau-accuracy": {"run": "retina-fedavg-plateau", "render": "accuracy", "metrics": ["dice_fov@DRIVE"],
                                        "title": "Why FedAvg plateaus on the real retina federation: its local optimiser "
                                                 "and server step varied one at a time (30 rounds, seed 0)"},
@@ -400,10 +406,11 @@ def same_but_seeds(stored: Optional[str], expected: str) -> bool:
 HEADER_FIELDS = ("benchmark", "date", "command", "code_version", "machine", "budget", "spatial", "site_datalists", "data")
 
 
-def select_seeds(results: Dict[str, Any], seeds: Sequence[int]) -> Dict[str, Any]:
+def select_seeds(results: Dict[str, Any], seeds: Sequence[int], baseline: Optional[str] = None) -> Dict[str, Any]:
     """``results`` rebuilt from the bench's stored run records of ``seeds`` only (``runs/<id>.json`` in its output
-    folder): the same aggregation (:func:`fedseg.bench.report.build_results`) over fewer seeds. ``_seeds_of`` keeps the
-    bench's own seeds for the caption.
+    folder): the same aggregation (:func:`fedseg.bench.report.build_results`) over fewer seeds, and with ``baseline``
+    against another of the bench's labels than its own baseline. ``_seeds_of`` keeps the bench's own seeds for the
+    caption.
 
     Raises:
         ReproduceError: a seed the bench did not run, or a run record missing.
@@ -428,17 +435,17 @@ def select_seeds(results: Dict[str, Any], seeds: Sequence[int]) -> Dict[str, Any
     header = {k: results[k] for k in HEADER_FIELDS if k in results}
     header.update(seeds=sorted(int(s) for s in seeds), run_code_versions=run_code_versions(records),
                   runs={r["id"]: str(folder / f"{r['id']}.json") for r in records})
-    rebuilt = build_results(records, list(results["sites"]), header, baseline=results.get("baseline"))
+    rebuilt = build_results(records, list(results["sites"]), header, baseline=baseline or results.get("baseline"))
     rebuilt.update({k: v for k, v in results.items() if k.startswith("_")}, _seeds_of=ran)
     return rebuilt
 
 
 # ------------------------------------------------------------------------------------------ loading
 def load_output(run_id: str, root: Path, runs: Mapping[str, Mapping[str, Any]] = RUNS, ignore_command: bool = False,
-                seeds: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+                seeds: Optional[Sequence[int]] = None, baseline: Optional[str] = None) -> Dict[str, Any]:
     """The stored JSON of run ``run_id`` under ``root``; with ``seeds``, a bench's results over those seeds only
     (:func:`select_seeds`), from a bench whose command is the registry's but for its ``--seeds``, as long as it ran
-    every one of ``seeds``.
+    every one of ``seeds``; with ``baseline``, re-aggregated with that label as the baseline of the paired tests.
 
     Raises:
         MissingOutput: it does not exist (the message gives the commands, and the finished runs of a bench in progress).
@@ -467,6 +474,8 @@ def load_output(run_id: str, root: Path, runs: Mapping[str, Mapping[str, Any]] =
                                  f"  {cmds[-1]}\nfix the registry or re-run (--run); --ignore-command renders it anyway")
         data["_command_differs"] = data.get("command")
     data["_output_dir"] = str(output_path(run, root))  # where the bench's per-run records are
+    if baseline is not None:  # every seed of the bench, tested against another label
+        return select_seeds(data, seeds if seeds is not None else data.get("seeds") or [], baseline)
     return select_seeds(data, seeds) if seeds is not None else data
 
 
@@ -845,7 +854,8 @@ def render(table_id: str, root: Path = Path(DEFAULT_ROOT), run: bool = False, li
         outputs = []
         for run_id in run_ids(table):
             try:
-                outputs.append(load_output(run_id, root, runs, ignore_command, seeds=table.get("seeds")))
+                outputs.append(load_output(run_id, root, runs, ignore_command, seeds=table.get("seeds"),
+                                           baseline=table.get("baseline")))
             except MissingOutput:
                 if not table.get("missing_ok") or run:
                     raise

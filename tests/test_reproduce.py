@@ -561,6 +561,33 @@ def test_a_table_of_one_seed_re_aggregates_the_bench_and_accepts_other_seeds_onl
     assert not reproduce.same_but_seeds("fedseg bench --seeds 0 --rounds 10", "fedseg bench --seeds 0 1 2 --rounds 20")
 
 
+def test_a_table_with_another_baseline_re_aggregates_every_seed_against_it(reproduce, seg_records, tmp_path):
+    """``"baseline": "fedevi"``: each Δ is against FedEvi of the same seed (scipy's Wilcoxon over the pooled image
+    pairs, and the per-seed site means from the records); FedAvg becomes a compared row; an unknown label is refused."""
+    command = "fedseg bench --family fundus --seeds 0 1 2 --out {out}"
+    runs = {"toy": {"out": "toy", "commands": [command]}}
+    tables = {"vs": {"run": "toy", "render": "accuracy", "baseline": "fedevi", "title": "Against FedEvi"},
+              "bad": {"run": "toy", "render": "accuracy", "baseline": "nobody", "title": "Against nobody"}}
+    _store_bench(tmp_path, "toy", seg_records, "fedseg bench --family fundus --seeds 0 1 2 --out elsewhere")
+    lines = [line for line in reproduce.render("vs", tmp_path, runs=runs, tables=tables).splitlines()
+             if line.startswith("|")]
+    header = _header(lines)
+    delta = next(i for i, h in enumerate(header) if h.startswith("Δ Dice vs"))
+    assert header[delta].startswith("Δ Dice vs FedEvi")
+    pairs = [(a["dice"], b["dice"]) for seed in SEEDS for s in SITES for a, b in zip(
+        next(r for r in seg_records if r["label"] == "fedavg" and r["seed"] == seed)["per_image"]["global"][s],
+        next(r for r in seg_records if r["label"] == "fedevi" and r["seed"] == seed)["per_image"]["global"][s])]
+    x, y = (np.array(v) for v in zip(*pairs))
+    fedavg = _row(lines, "FedAvg")
+    assert fedavg[delta] == f"{np.mean(x - y):+.3f} ({_fmt_p(sps.wilcoxon(x, y).pvalue)})"
+    per_seed = np.array(_site_mean_per_seed(seg_records, "fedavg", "dice")) - np.array(
+        _site_mean_per_seed(seg_records, "fedevi", "dice"))
+    assert fedavg[header.index("Δ Dice per seed (mean ± std, seeds ahead)")] == f"{per_seed.mean():+.3f} ± {per_seed.std(ddof=1):.3f} ({int((per_seed > 0).sum())} of 3)"
+    assert _row(lines, "FedEvi")[delta] == ""
+    with pytest.raises(ValueError, match="nobody"):
+        reproduce.render("bad", tmp_path, runs=runs, tables=tables)
+
+
 def test_budget_curve_has_a_column_per_bench_and_names_the_missing_one(reproduce, tmp_path):
     """``render: budget``: per approach, each bench's Dice and its paired Δ to FedAvg (scipy's Wilcoxon), the
     bench's rounds in the header; a bench not run yet is named, not drawn."""
