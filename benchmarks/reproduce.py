@@ -81,6 +81,40 @@ PAPER_NUCLEI = {
     "other sources name their data.",
     "values": {**PAPER_ELSEWHERE, **{k: f"{v} (FVAC T1, vessels)" for k, v in FVAC_T1.items()},
                "fedprox": "-0.003 (PathFL T2)", "fedbn": "+0.009 (PathFL T2)", "pathfl": "+0.013 (PathFL T2)"}}
+#: FedEvi's protocol ablation: one bench per local-protocol setting (name, methods, train_config sets)
+PROTOCOL_BENCHES = (
+    ("base", "fedavg fedevi fedevi_ref_surrogate=fedevi:uncertainty_grid=network,clamp_epistemic=false "
+             "fedevi_assign=fedevi:accumulate=false", ""),
+    ("optimiser", "fedavg fedevi", " --set adam_betas=[0.9,0.99] weight_decay=1e-5 lr_decay_per_round=0.99"),
+    ("batch", "fedavg fedevi", " --set batch_size=8 drop_last=true"),
+    ("augment", "fedavg fedevi", " --set augment_level=flip"),
+    ("intensity", "fedavg fedevi", " --set intensity=image_max"),
+    ("network", "fedavg fedevi", " --set network_variant=three_conv_nearest"),
+    # the network's two parts apart: the reference layout with PyTorch's initialisation, ours with Kaiming fan-out
+    ("architecture", "fedavg fedevi", " --set network_variant=three_conv_nearest network_init=pytorch"),
+    ("init", "fedavg fedevi", " --set network_init=kaiming_fan_out"),
+    # every difference at once: the paper protocol (FedAvg with the authors' Dice-only loss) at the default budget
+    ("authors", "fedavg fedavg_dicece=fedavg:lambda_ce=1.0 fedevi",
+     " --profile paper --rounds 10 --local-epochs 1 --set image_size=64"),
+)
+#: the ablation's rows: (bench, FedAvg label, FedEvi label, what differs from the suite default, metric, model)
+PROTOCOL_ROWS = [
+    ("base", "fedavg", "fedevi", "suite default", "dice", "global"),
+    ("optimiser", "fedavg", "fedevi", "+ optimiser: Adam betas (0.9, 0.99), weight decay 1e-5, lr x 0.99 per round", "dice", "global"),
+    ("batch", "fedavg", "fedevi", "+ batch 8, last incomplete batch dropped", "dice", "global"),
+    ("augment", "fedavg", "fedevi", "+ augmentation: one flip along a random axis (p 0.5)", "dice", "global"),
+    ("intensity", "fedavg", "fedevi", "+ intensity: each image / its maximum", "dice", "global"),
+    ("network", "fedavg", "fedevi", "+ network: three-conv U-Net, nearest upsampling, Kaiming fan-out", "dice", "global"),
+    ("architecture", "fedavg", "fedevi", "... its layout alone (PyTorch's initialisation)", "dice", "global"),
+    ("init", "fedavg", "fedevi", "... its initialisation alone (Kaiming fan-out on the suite's U-Net)", "dice", "global"),
+    ("base", "fedavg", "fedevi_ref_surrogate", "+ surrogate uncertainties on the network grid, epistemic unclamped", "dice", "global"),
+    ("base", "fedavg", "fedevi_assign", "+ weights from each round's G / A alone (the repository's other main loop)", "dice", "global"),
+    ("authors", "fedavg_dicece", "fedevi", "all of the above (the `paper` protocol), FedAvg with Dice + CE", "dice", "global"),
+    ("authors", "fedavg", "fedevi", "all of the above, FedAvg with the authors' Dice-only loss", "dice", "global"),
+    ("authors", "fedavg", "fedevi", "... scored after largest-component post-processing", "dice_lcc", "global"),
+    ("authors", "fedavg", "fedevi", "... the best validation round's model", "dice", "global_best_val"),
+]
+
 #: the real federations read in place: the import command and the site datalists it writes
 REAL_DATA = {
     "retina": ("fedseg data retina --src ../shared/data/retina_vessels --out {root}/cost/retina_data",
@@ -171,6 +205,25 @@ RUNS: Dict[str, Dict[str, Any]] = {
     "retina-fedavgm-100": real_bench("retina", "issue29/retina_fedavgm_100",
                                      f"--methods fedavg {FEDAVGM_09} {FEDAVGM_06} feddyn --references "
                                      "--seeds 0 --rounds 100 --reuse {root}/issue29/retina_budget_100_seeds"),
+    # FedEvi's local protocol (issue: the authors' code beats FedAvg, ours trailed): FedAvg and FedEvi under the suite's
+    # default, then one difference from the authors' protocol switched at a time, then all of them (the `paper`
+    # profile at the default budget), on the built-in polyp family, three seeds
+    **{f"fedevi-protocol-{name}": {"out": f"fedevi_protocol/{name}", "commands": [
+        f"fedseg bench --family polyp --references --seeds 0 1 2 --methods {methods}{sets} --out {{out}}"]}
+       for name, methods, sets in PROTOCOL_BENCHES},
+    # the suite default and the authors' protocol on the real federations (native resolution; their budgets above)
+    **{f"fedevi-protocol-{fed}-{name}": real_bench(fed, f"fedevi_protocol/{fed}_{name}",
+                                                   f"--methods {methods} --references --seeds 0 1 2 --rounds {rounds}{extra}")
+       for fed, rounds in (("retina", 20), ("nuclei", 10))
+       for name, methods, extra in (("base", "fedavg fedevi", ""),
+                                    ("authors", "fedavg fedavg_dicece=fedavg:lambda_ce=1.0 fedevi", " --profile paper"),
+                                    ("architecture", "fedavg fedevi",
+                                     " --set network_variant=three_conv_nearest network_init=pytorch"))
+       if (fed, name) != ("nuclei", "architecture")},
+    # the check at three times the budget: does the authors' protocol train, and FedEvi gain, when sites take more steps?
+    "fedevi-protocol-authors-30": {"out": "fedevi_protocol/authors_30", "commands": [
+        "fedseg bench --family polyp --references --seeds 0 1 2 --methods fedavg fedavg_dicece=fedavg:lambda_ce=1.0 fedevi "
+        "--profile paper --rounds 30 --local-epochs 1 --set image_size=64 --out {out}"]},
     # on one GPU (NVIDIA H100, 2026-11-26): run there with --out under /tmp, the output copied here
     "gpu-check": {"out": "gpu/check", "result": "gpu_check.json", "commands": [
         "python benchmarks/gpu_check.py --out {out}"]},
@@ -275,6 +328,34 @@ TABLES: Dict[str, Dict[str, Any]] = {
                    "title": "GPU check: engine vs a plain PyTorch loop, training throughput on one GPU"},
     "gpu-simulator": {"run": "gpu-check", "render": "gpu-check", "part": "simulator",
                       "title": "GPU check: FedAvg rounds with 4 sites on one GPU (NVFlare simulator)"},
+    "fedevi-protocol": {"run": [f"fedevi-protocol-{b[0]}" for b in PROTOCOL_BENCHES], "render": "protocol-ablation",
+                        "rows": PROTOCOL_ROWS, "reference": ("base", "fedavg", "fedevi"), "missing_ok": True,
+                        "paper": "the authors' code on Kvasir-SEG + CVC-ClinicDB (128 px, 6 rounds x 1 epoch, one seed): "
+                                 "FedEvi - FedAvg +0.040 (their FedAvg: Dice-only loss); FedEvi paper Table 1 "
+                                 "(4 polyp sites, 200 rounds): +0.098",
+                        "title": "What carries FedEvi's gain: FedAvg and FedEvi under the suite's local protocol, one "
+                                 "difference from the authors' protocol at a time, and all of them (built-in polyp)"},
+    **{f"fedevi-protocol-{fed}": {
+        "run": [f"fedevi-protocol-{fed}-base", f"fedevi-protocol-{fed}-authors"]
+               + ([f"fedevi-protocol-{fed}-architecture"] if fed == "retina" else []), "render": "protocol-ablation",
+        "missing_ok": True, "reference": (f"{fed}-base", "fedavg", "fedevi"),
+        "rows": [(f"{fed}-base", "fedavg", "fedevi", "suite default", "dice", "global"),
+                 (f"{fed}-architecture", "fedavg", "fedevi", "+ the reference U-Net's layout (PyTorch's initialisation)",
+                  "dice", "global"),
+                 (f"{fed}-authors", "fedavg_dicece", "fedevi", "the authors' protocol, FedAvg with Dice + CE", "dice", "global"),
+                 (f"{fed}-authors", "fedavg", "fedevi", "the authors' protocol, FedAvg with the authors' Dice-only loss", "dice", "global"),
+                 (f"{fed}-authors", "fedavg", "fedevi", "... scored after largest-component post-processing", "dice_lcc", "global"),
+                 (f"{fed}-authors", "fedavg", "fedevi", "... the best validation round's model", "dice", "global_best_val")],
+        "title": f"FedEvi against FedAvg under the suite's and the authors' local protocol, real {title}"}
+       for fed, title in (("retina", "retina federation (native resolution, 20 rounds)"),
+                          ("nuclei", "nuclei federation (native resolution, 10 rounds)"))},
+    # the check the suite keeps: FedEvi's paper protocol for every method, FedEvi against FedAvg (built-in polyp)
+    "fedevi-paper-polyp-accuracy": {"run": "fedevi-protocol-authors", "render": "accuracy", "metrics": ["dice_lcc"],
+                                    "title": "FedEvi against FedAvg, both with the authors' local protocol "
+                                             "(`--profile paper`), built-in polyp at the default budget"},
+    "fedevi-paper-polyp-30-accuracy": {"run": "fedevi-protocol-authors-30", "render": "accuracy", "metrics": ["dice_lcc"],
+                                       "title": "The same at 30 rounds: FedEvi against FedAvg with the authors' local "
+                                                "protocol, built-in polyp"},
     "glance": {"render": "glance", "title": "Results at a glance",
                "from": ["fundus-accuracy", "fundus-gpu40-accuracy", "prostate3d-accuracy", "prostate3d-slices-accuracy",
                         "retina-native-accuracy", "nuclei-native-accuracy"]},
@@ -817,7 +898,74 @@ def render_budget(table_id: str, table: Mapping[str, Any], outputs: Sequence[Opt
     return [caption(first, table["title"], note), "", *lines]
 
 
+def render_protocol_ablation(table_id: str, table: Mapping[str, Any], outputs: Sequence[Optional[Dict[str, Any]]],
+                             **_) -> List[str]:
+    """One row per ``rows`` entry ``(bench, baseline label, method label, setting, metric, model)``: the baseline's and
+    the method's score (mean over sites, mean ± std over seeds), the method − baseline difference per seed (mean ±
+    std, seeds ahead) and per test image (pooled over seeds and sites, Wilcoxon), and each one's paired difference
+    to the ``reference`` row's runs (the same images and seeds in another bench: what the setting does to each
+    method). Benches with no output yet are named in the note (``missing_ok``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from cost_table import load_runs
+    from fedseg.bench.report import format_p, format_seed_difference
+    from fedseg.bench.stats import compare, seed_differences, summarise_seeds
+    from fedseg.bench.tables import caption, column_header
+
+    benches = {r[len("fedevi-protocol-"):] if r.startswith("fedevi-protocol-") else r: o
+               for r, o in zip(run_ids(table), outputs)}
+    present = {name: o for name, o in benches.items() if o is not None}
+    runs = {name: load_runs(Path(o["_output_dir"])) for name, o in present.items()}
+    first = next(iter(present.values()))
+    sites = list(first["sites"])
+
+    def per_image(records, model):
+        return {r["seed"]: r["per_image"].get(model, {}) for r in records}
+
+    def finals(records, model):
+        return {r["seed"]: r["final"].get(model, {}) for r in records}
+
+    def score(records, metric, model) -> str:
+        s = summarise_seeds(finals(records, model), sites, metrics=(metric,))["mean"][metric]
+        return "-" if s.get("mean") is None else f"{s['mean']:.3f} ± {s['std']:.3f}"
+
+    def paired(a, b, metric, model_a, model_b="global") -> str:
+        t = compare(per_image(a, model_a), per_image(b, model_b), sites, metrics=(metric,))[metric]["all"]
+        return "-" if t.get("mean_diff") is None else f"{t['mean_diff']:+.3f} ({format_p(t.get('wilcoxon_p'))})"
+
+    ref_bench, ref_base, ref_method = table["reference"]
+    head = ["local protocol (FedAvg / FedEvi trained alike)", "score", "FedAvg", "FedEvi",
+            "FedEvi − FedAvg per seed", "FedEvi − FedAvg per image (Wilcoxon p)",
+            "FedAvg vs suite default (p)", "FedEvi vs suite default (p)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for bench, base, method, setting, metric, model in table["rows"]:
+        if bench not in runs or base not in runs[bench] or method not in runs[bench]:
+            continue
+        a, b = runs[bench][method], runs[bench][base]
+        per_seed = seed_differences(finals(a, model), finals(b, model), sites, metric)
+        label = column_header(first, metric) + ("" if model == "global" else ", best val round")
+        cells = [setting, label, score(b, metric, model), score(a, metric, model), format_seed_difference(per_seed),
+                 paired(a, b, metric, model, model)]
+        same_reading = metric == "dice" and model == "global" and (bench, base, method) != tuple(table["reference"])
+        if same_reading and ref_bench in runs:
+            cells += [paired(b, runs[ref_bench][ref_base], "dice", "global") if (bench, base) != (ref_bench, ref_base) else "",
+                      paired(a, runs[ref_bench][ref_method], "dice", "global") if (bench, method) != (ref_bench, ref_method) else ""]
+        else:
+            cells += ["", ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    absent = [f"`{name}`" for name, o in benches.items() if o is None]
+    dates = sorted(str(o.get("date", ""))[:16].replace("T", " ") for o in present.values())
+    note = ("One bench per setting (the same built-in federation, seeds and budget); in each, FedAvg and FedEvi train with "
+            "the same local protocol. Score cells: mean over sites, mean ± std over seeds. Per seed: each seed's mean over "
+            "sites, FedEvi minus FedAvg (seeds ahead). Per image: mean per-image difference, same seed, pooled over seeds "
+            "and sites, two-sided Wilcoxon. 'vs suite default': the same method's per-image difference to its run under the "
+            f"suite default (first row). Benches dated {dates[0]} to {dates[-1]}."
+            + (f" Not run yet: {', '.join(absent)}." if absent else "")
+            + (f" Published: {table['paper']}." if table.get("paper") else "") + f" {_remake(table_id)}{_stale(first)}")
+    return [caption(first, table["title"], note), "", *lines]
+
+
 RENDERERS: Dict[str, Callable[..., List[str]]] = {
+    "protocol-ablation": render_protocol_ablation,
     "pairs": render_pairs, "budget": render_budget,
     "accuracy": render_accuracy, "cost": render_cost, "overview": render_overview,
     "multiclass-cost": render_multiclass_cost, "engine-throughput": render_engine_throughput,

@@ -202,6 +202,63 @@ def run_cli(argv: Sequence[str], log: Path, timeout: int = 1200) -> None:
     assert proc.returncode == 0, f"fedseg {' '.join(map(str, argv))} failed:\n{log.read_text()[-5000:]}"
 
 
+def run_fresh(cmd: Sequence[str], workspace: Path, log: Path, cwd: Path, timeout: float = 900, retries: int = 2,
+              poll_s: float = 1.0) -> "subprocess.CompletedProcess":
+    """Run a command that starts NVFlare's simulator in ``workspace`` and prepares that workspace itself (``jobs/job.py``:
+    the recipe's ``SimEnv``), from the folder ``cwd``, its output to ``log``; returns the completed process (output in
+    ``stdout``). The workspace's parent is removed first: nothing is prepared for the command.
+
+    Like ``fedseg.bench.simulator.run_simulator_command``, a run whose site process died at start on a taken port is
+    stopped at once and started again (at most ``retries`` times).
+
+    Raises:
+        subprocess.TimeoutExpired: the command ran past ``timeout`` seconds (it is killed, with its simulator).
+    """
+    import shutil
+    import subprocess
+    import time
+
+    import psutil
+
+    from fedseg.bench.simulator import SITE_START_FAILURE, failed_site_start
+
+    def kill(proc: subprocess.Popen) -> None:
+        # the command and every process below it (NVFlare starts its simulator in a session of its own)
+        try:
+            family = psutil.Process(proc.pid).children(recursive=True) + [psutil.Process(proc.pid)]
+        except psutil.NoSuchProcess:
+            family = []
+        for p in family:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        proc.wait()
+
+    env = {**os.environ, **SIMULATOR_ENV, "PYTHONDONTWRITEBYTECODE": "1"}
+    cwd.mkdir(parents=True, exist_ok=True)
+    for _ in range(retries + 1):
+        shutil.rmtree(workspace.parent, ignore_errors=True)
+        deadline = time.monotonic() + timeout
+        with open(log, "w") as out:
+            proc = subprocess.Popen(list(map(str, cmd)), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            failed = None
+            while proc.poll() is None:
+                time.sleep(poll_s)
+                failed = failed_site_start(workspace)
+                if failed or time.monotonic() > deadline:
+                    kill(proc)
+                    if not failed:
+                        raise subprocess.TimeoutExpired(cmd, timeout, log.read_text())
+        text = log.read_text()
+        if not failed and proc.returncode != 0 and SITE_START_FAILURE in text:
+            failed = "server"
+        if not failed:
+            return subprocess.CompletedProcess(list(cmd), proc.returncode, text, "")
+    raise RuntimeError(f"a site could not start on {retries + 1} tries ({SITE_START_FAILURE}): {' '.join(map(str, cmd))}")
+
+
 def prepare(name: str, spec: "RunSpec | JobSpec", root: Path) -> Callable[[], Any]:
     """Make a run's inputs under ``root`` (site datalists, the exported job; a :class:`JobSpec`'s own) and return
     the part a background worker runs: the simulator in workspace ``root/ws`` -> :class:`SimRun`.
@@ -400,7 +457,10 @@ SHARED_RUNS: Dict[str, "RunSpec | JobSpec"] = {
     "fedefm_downstream": JobSpec("test_fedefm_downstream:downstream_run"),
     # volumes (built-in prostate3d, two zones) through NVFlare: GraphFedSeg on 3-D patches (its personalised payloads
     # and the checkpoint's volume settings); every (method, mode) of VOLUME_RUNS runs in process
-    # (tests/test_volume_runs.py)
-    "graphfedseg_patch3d": RunSpec("graphfedseg", sites(2), {"num_rounds": 1, "local_epochs": 1, "data_family": "prostate3d",
-                                                             "spatial_mode": "patch", **VOLUME_FIELDS}),
+    # (tests/test_volume_runs.py). Run by the README's `python jobs/job.py graphfedseg --env sim ...` line with this
+    # configuration's options added (the recipe in NVFlare's SimEnv, a fresh folder and workspace: tests/test_job_py.py)
+    "graphfedseg_patch3d": JobSpec("test_job_py:readme_sim_run"),
 }
+#: what the ``graphfedseg_patch3d`` run is (the README's job.py line makes the same job: test_job_py.py checks it)
+GRAPHFEDSEG_PATCH3D = RunSpec("graphfedseg", sites(2), {"num_rounds": 1, "local_epochs": 1, "data_family": "prostate3d",
+                                                        "spatial_mode": "patch", **VOLUME_FIELDS})

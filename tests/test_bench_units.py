@@ -133,6 +133,15 @@ def test_unknown_method_in_bench_fails_before_any_job(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+def test_a_paper_bench_of_two_published_methods_needs_its_protocol_named(tmp_path):
+    from fedseg.cli import main
+
+    with pytest.raises(SystemExit, match="--protocol"):
+        main(["bench", "--out", str(tmp_path / "b"), "--methods", "fedavg", "fedevi", "graphfedseg", "--profile", "paper",
+              "--references"])
+    assert not (tmp_path / "b").exists()
+
+
 def test_evaluate_per_image_rows_match_summary(tiny_engine):
     model = tiny_engine.build_network()
     summary, rows = tiny_engine.evaluate(model, "test", per_image=True)

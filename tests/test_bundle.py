@@ -284,6 +284,28 @@ def test_inference_on_folder(tmp_path, trained_ckpt):
         assert set(np.unique(np.asarray(img)).tolist()) <= {0, 255}, name
 
 
+def test_inference_keeps_the_largest_component_when_asked(tmp_path, trained_ckpt):
+    """``largest_component=True``: each written mask is the raw mask's largest 4-connected foreground component
+    (``scipy.ndimage.label``), on the input's own grid."""
+    from scipy import ndimage
+
+    rng = np.random.default_rng(1)
+    src = tmp_path / "new"
+    src.mkdir()
+    for i in range(3):
+        Image.fromarray((rng.random((40, 56, 3)) * 255).astype(np.uint8)).save(src / f"img{i}.png")
+    raw = run_inference(trained_ckpt, tmp_path / "raw", input_dir=src, overrides=SMALL)
+    kept = run_inference(trained_ckpt, tmp_path / "lcc", input_dir=src, overrides=SMALL, largest_component=True)
+    reduced = 0
+    for a, b in zip(sorted(raw), sorted(kept)):
+        fg = np.asarray(Image.open(a)) > 0
+        labels, n = ndimage.label(fg)
+        expected = labels == (np.bincount(labels.ravel())[1:].argmax() + 1) if n else fg
+        assert np.array_equal(np.asarray(Image.open(b)) > 0, expected), b.name
+        reduced += n > 1
+    assert reduced, "no mask had more than one component: the test would not see the option"
+
+
 def test_inference_mask_aligns_with_input(tmp_path):
     """A known 'network' (1x1 conv: foreground where red > 0.5) pins orientation and the inverse resize.
 

@@ -10,32 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from job_configs import ResourcesWorkspace, job_components
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _components(node):
-    """Every ``{"path": ...}`` component config inside a job config, nested ones (e.g. the persistor's model) too."""
-    if isinstance(node, dict):
-        if isinstance(node.get("path"), str):
-            yield node
-        for value in node.values():
-            yield from _components(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _components(value)
-
-
-class _Workspace:
-    """What NVFlare's ComponentPathAuthorizer asks of a workspace: where the site's resources file is."""
-
-    def __init__(self, resources_file: Path):
-        self.resources_file = resources_file
-
-    def get_resources_file_path(self) -> str:
-        return str(self.resources_file)
-
-    def get_root_dir(self) -> str:
-        return str(self.resources_file.parent)
 
 
 @pytest.mark.parametrize("method", sorted(p.name for p in (REPO / "jobs").iterdir() if (p / "meta.json").is_file()))
@@ -57,12 +34,12 @@ def test_committed_job_carries_no_code_and_every_component_is_allowed(method, tm
 
     resources = tmp_path / "local" / "resources.json"
     add_to_resources(resources)
-    authorizer, workspace = ComponentPathAuthorizer(), _Workspace(resources)
+    authorizer, workspace = ComponentPathAuthorizer(), ResourcesWorkspace(resources)
     configs = list(job.rglob("config_fed_*.json"))
     assert len(configs) == 2
     paths = []
     for config in configs:
-        for component in _components(json.loads(config.read_text())):
+        for component in job_components(json.loads(config.read_text())):
             authorizer.authorize_component_config(component, workspace=workspace)  # raises if not allowed
             paths.append(component["path"])
     assert "fedseg.fl.site_executor.FedSegSiteExecutor" in paths and "fedseg.fl.controller.FedSegController" in paths
@@ -155,7 +132,7 @@ def test_summarise_names_the_missing_step_when_nvflare_refused_our_components(tm
     fresh = tmp_path / "fresh" / "local" / "resources.json"  # never written: NVFlare falls back to its default list
     with pytest.raises(UnsafeComponentError) as refused:
         ComponentPathAuthorizer().authorize_component_config(
-            {"path": "fedseg.fl.controller.FedSegController", "args": {}}, workspace=_Workspace(fresh))
+            {"path": "fedseg.fl.controller.FedSegController", "args": {}}, workspace=ResourcesWorkspace(fresh))
     ws = tmp_path / "ws"
     (ws / "server").mkdir(parents=True)
     (ws / "server" / "log.txt").write_text(f"2026-01-01 - ServerRunner - ERROR - {type(refused.value).__name__}: {refused.value}\n")

@@ -3,7 +3,8 @@
 Fast tests provision kits with ``nvflare provision`` / ``nvflare poc prepare`` and check what they contain.
 Slow tests start the real FL server of ``deploy/project.yml`` (a copy with free loopback ports, bound to
 127.0.0.1): a client with a certificate from another project's CA never registers, the genuine hospital-a
-does; a job folder carrying code is refused for every role, our exported job is accepted. About 1 minute.
+does; a job folder carrying code is refused for every role, our recipe runs through NVFlare's ``ProdEnv`` (one tiny
+round, result downloaded). About 1.5 minutes.
 """
 
 from __future__ import annotations
@@ -228,9 +229,10 @@ def test_client_with_a_certificate_from_another_ca_is_refused(deployment):
 
 @pytest.mark.slow
 @pytest.mark.exclusive
-def test_job_with_custom_code_is_refused_and_our_job_is_accepted(deployment, tmp_path):
+def test_job_with_custom_code_is_refused_and_our_recipe_runs_in_prod_env(deployment, tmp_path, capsys):
     """NVFlare checks the byoc right when it deploys a job (at the server, then at each site, each with its own
-    authorization.json): a job with app/custom code never runs, whoever submits it; our exported job runs."""
+    authorization.json): a job with app/custom code never runs, whoever submits it; our recipe, submitted by NVFlare's
+    ProdEnv with the admin's startup kit, runs to the end and its downloaded result reads like a simulator's."""
     deployment.ensure_sites()  # the job needs min_clients=2 sites to be scheduled at all
     our_job = REPO / "jobs" / "fedavg"
     for admin in (PROJECT_ADMIN, LEAD):  # the two roles NVFlare's default policy lets submit custom code
@@ -242,19 +244,26 @@ def test_job_with_custom_code_is_refused_and_our_job_is_accepted(deployment, tmp
         assert any("BYOC not permitted" in d for d in meta.get("job_deploy_detail", [])), meta
         assert meta.get("start_time") in ("", None), meta  # it never started anywhere
 
-    # our exported job (configuration only): deployed to the server and both sites and running; then aborted
-    session = deployment.session(PROJECT_ADMIN)
-    job_id = session.submit_job(str(stage_job(our_job, tmp_path / "ours" / "fedavg", with_code=False)))
+    # our recipe (configuration only) through NVFlare's ProdEnv, the FLARE API session of the admin's startup kit:
+    # accepted by the server and both sites under their own policies, run to the end, its result downloaded
+    from fedseg.cli import main as fedseg_main
+    from fedseg.recipes.environments import ExecEnvError, prod_env, report_in
+    from fedseg.recipes.fedavg import FedAvgRecipe
+
+    for kit, fix in ((deployment.prod / "hospital-a", "not an admin's startup kit"), (deployment.prod / LEAD, "log in as")):
+        with pytest.raises(ExecEnvError, match=fix):  # a site's kit; a kit whose certificate names someone else
+            prod_env(kit, username=PROJECT_ADMIN)
+    run = FedAvgRecipe(profile="tiny", num_rounds=1, local_epochs=1).run(prod_env(deployment.prod / PROJECT_ADMIN))
     try:
-        meta = wait_status(session, job_id, lambda s: s != "SUBMITTED" and s != "DISPATCHED", timeout=90.0)
-        assert meta["status"] == "RUNNING", meta
-        assert not meta.get("byoc") and not any("BYOC" in d for d in meta.get("job_deploy_detail", [])), meta
-        for site in SITES:  # each site accepted it under its own policy: the job's app is in its workspace
-            deadline = time.monotonic() + 30
-            while not (deployment.prod / site / job_id).is_dir():
-                assert time.monotonic() < deadline, f"{site} did not deploy job {job_id}"
-                time.sleep(1.0)
+        result = run.get_result(timeout=240.0, clean_up=False)
+        assert run.get_status() == "FINISHED:COMPLETED" and result, (run.get_status(), result)
     finally:
-        session.abort_job(job_id)
-    meta = wait_status(session, job_id, lambda s: s.startswith("FINISHED"), timeout=60.0)
-    assert meta["status"] == "FINISHED:ABORTED", meta
+        if run.get_status() not in ("FINISHED:COMPLETED", None):
+            deployment.session(PROJECT_ADMIN).abort_job(run.get_job_id())
+    meta = deployment.session(PROJECT_ADMIN).get_job_meta(run.get_job_id())
+    assert not meta.get("byoc") and not any("BYOC" in d for d in meta.get("job_deploy_detail", [])), meta
+    assert sorted(meta["job_deploy_detail"]) == sorted(f"{p}: OK" for p in ["server", *SITES]), meta
+    report = json.loads(report_in(result).read_text())
+    assert report["method"] == "fedavg" and sorted(report["clients"]) == SITES and len(report["rounds"]) == 1
+    fedseg_main(["summarise", str(result)])  # reads the downloaded result as it reads a simulator workspace
+    assert "fedavg — final global model (test split)" in capsys.readouterr().out

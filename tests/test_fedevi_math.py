@@ -73,6 +73,14 @@ def test_decomposition_matches_scipy_and_is_consistent(alpha):
     assert u_tot <= math.log(len(alpha)) + 1e-12
 
 
+def test_unclamped_epistemic_is_exactly_total_minus_aleatoric():
+    torch.manual_seed(0)
+    alpha = dirichlet_alpha(torch.randn(4, 3, 5, 5) * 30)  # many near-certain pixels: differences of ~0 can round below 0
+    difference = total_uncertainty(alpha) - aleatoric_uncertainty(alpha)
+    assert torch.equal(epistemic_uncertainty(alpha, clamp=False), difference)
+    assert torch.equal(epistemic_uncertainty(alpha), difference.clamp_min(0.0))
+
+
 def test_aleatoric_is_expected_entropy_by_monte_carlo():
     # U_ale = E_{p ~ Dir(alpha)} [ -sum p log p ], estimated by sampling (independent of the digamma form)
     rng = np.random.default_rng(0)
@@ -248,6 +256,13 @@ def test_update_beta_two_rounds_by_hand():
     # delta scales the step: delta = 0.5 halves G*R
     half = update_beta(beta0, G=[0.1, 0.2, 0.3], R=[2.0, 1.0, 1.0], delta=0.5)
     np.testing.assert_allclose(half, np.array([0.6, 0.4, 0.35]) / 1.35, rtol=1e-12)
+
+
+def test_update_beta_without_accumulation_forgets_the_previous_weights():
+    # G*R = (0.2, 0.2, 0.3) alone, sum 0.7: whatever the previous weights were
+    for beta0 in ([0.5, 0.3, 0.2], [0.1, 0.1, 0.8]):
+        np.testing.assert_allclose(update_beta(beta0, G=[0.1, 0.2, 0.3], R=[2.0, 1.0, 1.0], accumulate=False),
+                                   [2 / 7, 2 / 7, 3 / 7], rtol=1e-12)
 
 
 def test_update_beta_mapping_keeps_sites():

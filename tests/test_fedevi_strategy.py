@@ -111,8 +111,18 @@ def test_paper_form_and_uniform_start():
     assert report["R"] == pytest.approx({s: STATS[s]["R_paper"] for s in SITES})
     assert strategy.config() == {
         "strategy": "fedevi", "delta": 0.5, "weight_form": "paper", "beta0": "uniform", "clip": 1e-3,
-        "use_gap": True, "use_reliability": True,
+        "use_gap": True, "use_reliability": True, "accumulate": True,
     }
+
+
+def test_a_strategy_that_does_not_accumulate_weights_each_round_by_its_own_evidence():
+    """``accumulate=False``: beta^r = normalise(delta * G * R) whatever beta^{r-1} was (the repository's other main
+    loop), by hand from the stand-in sites' statistics."""
+    strategy = _started(accumulate=False)
+    report = strategy.aggregate(0, _updates(), FakeExchange(STATS))
+    gr = np.array([STATS[s]["G"] / STATS[s]["A"] for s in SITES])
+    assert [report["beta"][s] for s in SITES] == pytest.approx(list(gr / gr.sum()))
+    assert strategy.config()["accumulate"] is False
 
 
 def test_surrogate_payload_carries_only_params_and_small_meta():
@@ -215,7 +225,7 @@ class StandInEngine:
         self.spatial_mode = "resize"  # whole images: no window sample (tests/test_window_sample.py covers patch mode)
         self.window_sample_available = False
 
-    def iterate_logits(self, model, split, with_features=False):
+    def iterate_logits(self, model, split, with_features=False, network_grid=False):
         self.splits.append(split)
         model.eval()
         with torch.no_grad():

@@ -25,7 +25,7 @@ from fedseg.alignment import (
 )
 from fedseg.alignment.style import ORIENTATIONS
 from fedseg.fl.validation import InvalidUpdateError, validate_arrays
-from fedseg.networks import FeatureAlignment, FeatureUNet
+from fedseg.networks import UNET_VARIANTS, FeatureAlignment, FeatureUNet
 from fedseg.objectives.pathfl import PathFLObjective
 from fedseg.objectives.base import RoundContext
 from fedseg.strategies.base import ClientUpdate
@@ -162,9 +162,10 @@ def test_feature_alignment_layer():
     torch.testing.assert_close(layer.eval()(z), out)
 
 
-def test_unet_with_alignment_keeps_initial_weights_and_scripts():
-    plain = FeatureUNet(**TINY, init_seed=0)
-    aligned = FeatureUNet(**TINY, init_seed=0, feature_alignment=True)
+@pytest.mark.parametrize("variant", UNET_VARIANTS)
+def test_unet_with_alignment_keeps_initial_weights_and_scripts(variant):
+    plain = FeatureUNet(**TINY, init_seed=0, variant=variant)
+    aligned = FeatureUNet(**TINY, init_seed=0, feature_alignment=True, variant=variant)
     extra = set(aligned.state_dict()) - set(plain.state_dict())
     assert extra == {f"bottleneck_alignment.{b}" for b in ("target_mean", "target_std", "active", "at_inference")}
     for k, v in plain.state_dict().items():

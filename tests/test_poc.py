@@ -1,9 +1,12 @@
-"""The tiny FedAvg job in NVFlare POC mode: server + site-1..site-3 as separate processes on loopback.
+"""The tiny FedAvg recipe in NVFlare's PocEnv: server + site-1..site-3 as separate processes on loopback.
 
-Runs ``poc_workspace/run_poc.py`` (prepare -> start -> submit -> wait -> download -> verify -> stop -> clean) on a
-job exported into tmp_path, then checks the report it fetched. About 1.5 minutes on 2 cores. Everything is
-written under tmp_path (the POC workspace included); every process started for that workspace is killed at
-the end, also when the test fails or times out.
+Runs ``python jobs/job.py fedavg --env poc`` (the recipe's ``run(PocEnv)``: NVFlare prepares the POC from a copy of
+``poc_workspace/project.yml`` with free ports — its ``SitePolicyBuilder`` gives every kit fedseg's allow list —, starts
+it, submits the job through the FLARE API, waits, downloads the result and stops the POC), then checks the report it
+downloaded and what ``fedseg summarise`` printed for it. About 1.5 minutes on 2 cores. Everything is written under
+tmp_path (the POC workspace included, with a private HOME); every process started for that workspace is killed at the
+end, also when the test fails or times out. ``poc_workspace/run_poc.py`` (a job folder through the same POC) shares
+its port, process and report helpers with this test.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from sim_utils import exclusive
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "poc_workspace" / "run_poc.py"
+JOB_PY = REPO / "jobs" / "job.py"
 SITES = ["site-1", "site-2", "site-3"]
 RUN_TIMEOUT = 420  # seconds for the whole POC cycle (it normally takes ~90 s); generous for a loaded CI machine
 
@@ -46,70 +50,60 @@ def _finite(x) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.exclusive
-def test_poc_runs_tiny_fedavg_across_processes(tmp_path):
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1", FEDSEG_NUM_THREADS="1")
-    env.pop("NVFLARE_POC_WORKSPACE", None)  # the test chooses its own workspace
-    jobs = tmp_path / "jobs"
-    # `fedseg export` in this process (a fresh interpreter would only import torch and MONAI once more)
-    from fedseg.cli import main
-
-    main(["export", "--method", "fedavg", "--profile", "tiny", "--out", str(jobs)])
-    job = jobs / "fedavg"
-    assert (job / "meta.json").is_file()
-    job_files = sorted(p.relative_to(job) for p in job.rglob("*"))
-
+def test_recipe_runs_in_poc_env_across_processes(tmp_path):
+    run_poc = _load_run_poc()
+    project = tmp_path / "project.yml"  # poc_workspace/project.yml on free loopback ports
+    run_poc.write_project_with_ports(REPO / "poc_workspace" / "project.yml", project, *run_poc.pick_free_ports(2))
     workspace = tmp_path / "poc"
-    out = tmp_path / "out" / "report.json"
-    cmd = [
-        sys.executable, str(SCRIPT),
-        "--job", str(job), "--out", str(out), "--workspace", str(workspace),
-        "--timeout", "240", "--start-timeout", "120",
-        "--expect-method", "fedavg", "--expect-rounds", "2",
-    ]
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1", FEDSEG_NUM_THREADS="1",
+               HOME=str(tmp_path / "home"), NVFLARE_POC_WORKSPACE=str(workspace))  # NVFlare's POC workspace setting
+    (tmp_path / "home").mkdir()
+    cmd = [sys.executable, str(JOB_PY), "fedavg", "--env", "poc", "--project", str(project), "--profile", "tiny",
+           "--timeout", "300", "--result-dir", str(tmp_path / "result")]
     with exclusive():  # the POC's server and sites: no shared simulator run at the same time
-        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
         output, leftovers = "", []
         try:
             try:
                 output, _ = proc.communicate(timeout=RUN_TIMEOUT)
             except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGTERM)  # run_poc.py stops and cleans the POC on SIGTERM
-                try:
-                    output, _ = proc.communicate(timeout=120)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    output, _ = proc.communicate()
-                pytest.fail(f"run_poc.py did not finish in {RUN_TIMEOUT}s:\n{output[-8000:]}")
+                os.killpg(proc.pid, signal.SIGKILL)
+                output, _ = proc.communicate()
+                pytest.fail(f"job.py --env poc did not finish in {RUN_TIMEOUT}s:\n{output[-8000:]}")
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-            # whatever run_poc.py left behind (it should be nothing): server, clients, job processes of this workspace
-            leftovers = _load_run_poc().kill_poc_processes(workspace)
+            # PocEnv stops the POC once the result is in (processes may take a few seconds to exit); whatever is left
+            # after that (server, sites, job processes of this workspace) is killed
+            stopped = run_poc.wait_processes_gone(workspace, None, 30.0)
+            leftovers = run_poc.kill_poc_processes(workspace)
 
-    assert proc.returncode == 0, f"run_poc.py failed (exit {proc.returncode}):\n{output[-8000:]}"
-    assert not leftovers, f"processes left running after run_poc.py: {leftovers}\n{output[-4000:]}"
-    assert not workspace.exists(), "run_poc.py did not clean the POC workspace"
-    assert "verify: OK" in output
-    # submitting signs a job folder in place; run_poc.py submits a copy, so the exported job is unchanged
-    assert sorted(p.relative_to(job) for p in job.rglob("*")) == job_files
+    assert proc.returncode == 0, f"job.py --env poc failed (exit {proc.returncode}):\n{output[-8000:]}"
+    # every kit PocEnv prepared allows fedseg's components: the project file's SitePolicyBuilder wrote the list
+    from fedseg.fl.component_policy import class_allow_list
 
-    report = json.loads(out.read_text())
-    assert report["method"] == "fedavg"
+    kits = workspace / "fedseg_poc" / "prod_00"
+    for participant in ("server", *SITES):
+        resources = json.loads((kits / participant / "local" / "resources.json.default").read_text())
+        assert resources["class_allow_list"] == class_allow_list()
+
+    # the result folder the Run object downloaded (copied by --result-dir), and the report fedseg summarise printed
+    (result,) = [p for p in (tmp_path / "result").iterdir() if p.is_dir()]
+    assert f"job result: {result}" in output
+    reports = list(result.rglob("report.json"))
+    assert len(reports) == 1, reports
+    assert "fedavg — final global model (test split)" in output and f"report:  {reports[0]}" in output
+    report = json.loads(reports[0].read_text())
+    assert run_poc.verify_report(report, SITES, "fedavg", 2) == []
     assert report["clients"] == SITES
-    assert len(report["rounds"]) == 2
     for entry in report["rounds"]:
         assert sorted(entry["metrics"]) == SITES, entry
-        for site in SITES:
-            metrics = entry["metrics"][site]
-            assert _finite(metrics["train_loss"]), (entry["round"], site, metrics)
-            assert _finite(metrics["val_dice"]) and 0.0 <= metrics["val_dice"] <= 1.0, (entry["round"], site, metrics)
     final = report["final"]["global"]
-    assert sorted(final) == SITES
     for site in SITES:
-        for key in ("dice", "hd95", "assd"):
-            assert _finite(final[site][key]), (site, key, final[site])
-        assert 0.0 <= final[site]["dice"] <= 1.0
+        assert all(_finite(final[site][key]) for key in ("dice", "hd95", "assd")), final[site]
+    assert stopped and not leftovers, f"processes left running 30 s after PocEnv stopped the POC: {leftovers}"
 
 
 def test_verify_report_flags_missing_sites():

@@ -46,6 +46,8 @@ BUNDLE_KEYS = (
     "regions",
     "label_values",
     "channels",
+    "network_variant",
+    "network_init",
     "dropout",
     "norm",
     "feature_alignment",
@@ -58,6 +60,7 @@ BUNDLE_KEYS = (
     "batch_size",
     "augment",
     "augment_level",
+    "intensity",
     "seed",
     # native resolution (patch mode) and sliding-window inference
     "spatial_mode",

@@ -13,7 +13,7 @@
     fedseg bench        --out DIR (--site-datalists FILE | --family polyp --sites ...) --methods fedavg fedevi ...
                         [--references local pooled] [--seeds 0 1 2] [--rounds R] [--local-epochs E] [--set key=value ...]
     fedseg summarise    WORKSPACE_OR_REPORT
-    fedseg infer        --checkpoint CKPT --input DIR --output DIR [--bundle bundles/unetr_seg]
+    fedseg infer        --checkpoint CKPT --input DIR --output DIR [--bundle bundles/unetr_seg] [--largest-component]
 """
 
 from __future__ import annotations
@@ -227,31 +227,22 @@ def _cmd_run(args: argparse.Namespace) -> None:
 def _preflight(mapping: Optional[dict], family: Optional[str], overrides: dict, command: str,
                data_profile: Optional[str] = None) -> dict:
     """Check every site's datalist (or the built-in family) before a job starts; the label-space (and, for volumes,
-    volume) ``train_config`` fields the job needs (``fedseg.data.checks.check_federation``). Exits with every problem
-    named. ``data_profile``: the built-in family's profile (a volume family's target spacing depends on it)."""
-    from fedseg.data.checks import check_federation
+    volume) ``train_config`` fields the job needs (``fedseg.recipes.job_options.federation_fields``). Exits with every
+    problem named."""
     from fedseg.data.datalist import DatalistError
-
-    if data_profile and "data_profile" not in overrides:
-        overrides = {**overrides, "data_profile": data_profile}
+    from fedseg.recipes.job_options import federation_fields
 
     try:
-        if mapping:
-            from fedseg.bench.runs import federation_task
-
-            if federation_task(mapping) != "segmentation":
-                return {}
-        fields = check_federation(mapping, family=None if mapping else (family or "polyp"), explicit=overrides)
+        return federation_fields(mapping, family, overrides, data_profile)
     except (DatalistError, ValueError) as e:
         raise SystemExit(f"fedseg {command}: {e}") from None
-    return {k: v for k, v in fields.items() if overrides.get(k) is None}
 
 
 def _profile_data(profile: str) -> Optional[str]:
     """The built-in data profile a training profile generates (``tiny`` -> ``tiny``, else ``default``)."""
-    from fedseg.config import PROFILES
+    from fedseg.recipes.job_options import profile_data
 
-    return (PROFILES.get(profile) or {}).get("train_config", {}).get("data_profile")
+    return profile_data(profile)
 
 
 def _print_summary(report_path: Path) -> None:
@@ -320,10 +311,18 @@ def _cmd_bench(args: argparse.Namespace) -> None:
 
         mapping = read_site_datalists(args.site_datalists) if args.site_datalists else None
         sets.update(_preflight(mapping, args.family, sets, "bench", args.data_profile))
-    budget = Budget(profile=args.profile, rounds=args.rounds, local_epochs=args.local_epochs, sets=sets,
-                    task_check_period=args.task_check_period, task_request_interval=args.task_request_interval,
-                    omp_threads=args.omp_threads)
     try:
+        protocol = None
+        if args.profile == "paper" or args.protocol:
+            # the local recipe belongs to the comparison: every method of the bench trains with one protocol
+            from fedseg.bench.runs import parse_variant
+            from fedseg.recipes import comparison_protocol
+
+            protocol = comparison_protocol([parse_variant(m)[1] for m in args.methods], args.protocol)
+            print(f"fedseg bench: every method trains with the local protocol of {protocol}'s paper profile")
+        budget = Budget(profile=args.profile, rounds=args.rounds, local_epochs=args.local_epochs, sets=sets,
+                        task_check_period=args.task_check_period, task_request_interval=args.task_request_interval,
+                        omp_threads=args.omp_threads, protocol=protocol)
         run_bench(args.out, methods=args.methods, references=args.references, seeds=args.seeds,
                   site_datalists=args.site_datalists, family=args.family, sites=args.sites,
                   data_profile=args.data_profile, data_seed=args.data_seed, budget=budget,
@@ -357,6 +356,7 @@ def _cmd_infer(args: argparse.Namespace) -> None:
     written = run_inference(
         args.checkpoint, args.output, input_dir=args.input, datalist=args.datalist, split=args.split, overrides=overrides,
         bundle_dir=args.bundle, label_values=label_values, class_indices=args.class_indices,
+        largest_component=args.largest_component,
     )
     print(f"wrote {len(written)} masks to {args.output}")
 
@@ -516,6 +516,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="label every approach is tested against (default fedavg, else the only label starting with fedavg)")
     bench.add_argument("--seeds", nargs="+", type=int, default=[0])
     bench.add_argument("--profile", default="default")
+    bench.add_argument("--protocol", default=None, metavar="METHOD",
+                       help="every method trains with this method's paper local protocol (network, optimiser, batches, "
+                            "epochs, augmentation, intensity, loss, evaluation options); --profile paper: default the "
+                            "bench's one published method, else fedavg")
     bench.add_argument("--rounds", type=int, default=None)
     bench.add_argument("--local-epochs", type=int, default=None)
     bench.add_argument("--image-size", type=int, default=None, help="shorthand for --set image_size=N")
@@ -552,6 +556,8 @@ def build_parser() -> argparse.ArgumentParser:
              "(default: the --datalist's own, else the one the checkpoint's job recorded, else class indices; 0/255 "
              "for a binary model)")
     infer.add_argument("--class-indices", action="store_true", help="write class indices 0..C-1 instead")
+    infer.add_argument("--largest-component", action="store_true",
+                       help="keep only each class's largest connected component in every mask")
     infer.add_argument(
         "--bundle", default=None,
         help="segmentation bundle folder (default bundles/unet2d_seg; bundles/unetr_seg for a fine-tuned FedEFM UNETR)",

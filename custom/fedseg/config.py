@@ -34,6 +34,12 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     "partial_depth": False,
     # test metrics of the final evaluation (None = dice, hd95, assd; fedseg.metrics.AVAILABLE_METRICS)
     "eval_metrics": None,
+    # the final evaluation also scores each prediction with only its largest connected component per class
+    # (MONAI's KeepLargestConnectedComponent, 4-/6-connectivity): <metric>_lcc beside the raw <metric>, never instead
+    "eval_largest_component": False,
+    # also validate the aggregated global model every round (mean validation Dice over the sites) and evaluate the
+    # best round's model on the test splits: final.global_best_val beside final.global (the last round's model)
+    "eval_best_val_round": False,
     # network / optimisation (bundle variables)
     "image_size": 64,
     "in_channels": 3,
@@ -47,6 +53,13 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     "regions": None,
     "label_values": None,
     "channels": [16, 32, 64, 128, 256],
+    # U-Net variant (fedseg.networks.FeatureUNet): "two_conv_transpose" (two 3x3 convolutions per block, transposed
+    # convolutions up, PyTorch's default initialisation) or "three_conv_nearest" (three 3x3 convolutions per encoder
+    # block, nearest-neighbour upsampling + 1x1 convolution, Kaiming-normal fan-out initialisation: the U-Net of the
+    # FedEvi authors' code)
+    "network_variant": "two_conv_transpose",
+    # initial weights: None = the variant's own; "pytorch" or "kaiming_fan_out" (fedseg.networks.unet.INIT_SCHEMES)
+    "network_init": None,
     "dropout": 0.0,
     # "instance" (MONAI: not affine), "instance_affine" (learnable scale and shift) or "batch"; [name, {args}] works too
     "norm": "instance",
@@ -65,9 +78,15 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     # "reset" (emptied at the start of every round)
     "optimizer_state": "keep",
     "batch_size": 4,
+    # drop each epoch's last incomplete training batch (a site with fewer training images than batch_size is refused)
+    "drop_last": False,
     "augment": True,
-    # "basic": flips and 90-degree rotations; "strong": + random crop, rotation, colour jitter, gamma
+    # "basic": flips on both axes and 90-degree rotations; "strong": + random crop, rotation, colour jitter, gamma;
+    # "flip": one flip along a randomly chosen axis with probability 0.5, nothing else
     "augment_level": "basic",
+    # image intensities (2-D bundles): "fixed" = stored value / 255; "image_max" = each image divided by its own
+    # maximum, on the network's grid (after resizing or rescaling)
+    "intensity": "fixed",
     "seed": 0,
     # spatial mode (fedseg.engine.spatial): None = the datalist's "spatial_mode", else "resize";
     # "resize" = every image resized to image_size; "patch" = native resolution, random patch_size
@@ -165,6 +184,47 @@ TASK_SECONDS_PER_EPOCH_64PX = 300
 TASK_TIMEOUT_RANGE = (300, 24 * 3600)
 
 
+#: the train_config keys of a *local training protocol*: how a site trains and scores a model, whatever the method
+#: (network, optimiser, batches, epochs, augmentation, intensity, the bundle's loss, the evaluation options). A method
+#: is a client objective + a server strategy; the protocol belongs to the comparison: ``fedseg bench --profile paper``
+#: gives every method of a bench one protocol (:func:`fedseg.recipes.paper_protocol`)
+LOCAL_PROTOCOL_KEYS = (
+    "image_size", "channels", "norm", "network_variant", "network_init", "dropout",
+    "optimizer_name", "learning_rate", "adam_betas", "weight_decay", "lr_decay_per_round", "optimizer_state",
+    "batch_size", "drop_last", "local_epochs", "augment", "augment_level", "intensity", "lambda_dice", "lambda_ce",
+    "patch_size", "patch_samples",
+    "eval_largest_component", "eval_best_val_round",
+)
+
+
+#: values of the train_config choices checked by :func:`check_training_options`
+AUGMENT_LEVELS = ("basic", "strong", "flip")
+INTENSITY_MODES = ("fixed", "image_max")
+BOOLEAN_OPTIONS = ("drop_last", "augment", "eval_largest_component", "eval_best_val_round")
+
+
+def check_training_options(train_config: Dict[str, Any]) -> None:
+    """Fail with the allowed values when a local-training choice of ``train_config`` is unknown: a misspelt
+    ``augment_level`` must not silently train with another augmentation.
+
+    Raises:
+        ValueError: an unknown ``augment_level`` or ``intensity``, a non-boolean switch, or ``intensity="image_max"``
+            for volumes (their intensity follows the modality: ``fedseg.data.volumes``).
+    """
+    level = train_config.get("augment_level", BASE_TRAIN_CONFIG["augment_level"])
+    if level not in AUGMENT_LEVELS:
+        raise ValueError(f"train_config['augment_level'] must be one of {AUGMENT_LEVELS}, got {level!r}")
+    intensity = train_config.get("intensity", BASE_TRAIN_CONFIG["intensity"])
+    if intensity not in INTENSITY_MODES:
+        raise ValueError(f"train_config['intensity'] must be one of {INTENSITY_MODES}, got {intensity!r}")
+    if intensity == "image_max" and int(train_config.get("spatial_dims") or 2) == 3:
+        raise ValueError("train_config['intensity']='image_max' applies to 2-D images; volumes are normalised by modality "
+                         "(train_config['modality'])")
+    for key in BOOLEAN_OPTIONS:
+        if not isinstance(train_config.get(key, False), bool):
+            raise ValueError(f"train_config[{key!r}] must be true or false, got {train_config[key]!r}")
+
+
 def validation_due(train_config: Dict[str, Any], round_: int, total_rounds: int) -> bool:
     """Whether a site computes its validation metric after training round ``round_`` (0-based)."""
     every = train_config.get("validate_every", BASE_TRAIN_CONFIG["validate_every"])
@@ -222,4 +282,5 @@ def resolve_profile(
             if key not in chosen.get("train_config", {}) and key not in given:
                 train_config[key] = copy.deepcopy(value)
     train_config.update(given)
+    check_training_options(train_config)
     return {"num_rounds": int(num_rounds or chosen["num_rounds"]), "train_config": train_config}

@@ -306,6 +306,7 @@ def run_inference(
     overrides: Optional[Mapping[str, Any]] = None,
     label_values: Optional[Mapping[str, int]] = None,
     class_indices: bool = False,
+    largest_component: bool = False,
 ) -> List[Path]:
     """Segment new images with ``checkpoint`` through the bundle's ``inference.json``.
 
@@ -329,6 +330,9 @@ def run_inference(
             else the encoding the checkpoint's job recorded (every site shared it), else class indices — and
             0 / 255 for a binary model, as always.
         class_indices: write class indices ``0..C-1`` instead of any stored encoding.
+        largest_component: keep only each class's largest connected component in every mask, on the input's own
+            grid (``fedseg.metrics.segmentation.keep_largest_component``'s rule; MONAI's
+            ``KeepLargestConnectedComponentd``).
 
     Returns:
         The written mask paths, in input order.
@@ -348,6 +352,7 @@ def run_inference(
         "datalist": str(Path(datalist).absolute()) if datalist else "",
         "split": split,
         "output_class_indices": bool(class_indices),
+        "largest_component": bool(largest_component),
     }
     if label_values is None and datalist and not input_dir:
         # masks go back to the site in the datalist's own encoding, so its tools read them

@@ -2,7 +2,8 @@
 
 For a U-Net with ``L = len(channels)`` levels (``depth = L - 1``) the strata are, input to output:
 ``enc0 .. enc{depth-1}`` (encoder blocks), ``bottleneck``, ``dec{depth-1} .. dec0`` (each decoder block with
-the transposed convolution that feeds it) and ``head`` (the 1x1 classifier). Every parameter and buffer
+the up step that feeds it: the transposed convolution, or in the ``three_conv_nearest`` variant the 3x3
+reduction, nearest upsampling and 1x1 projection) and ``head`` (the 1x1 classifier). Every parameter and buffer
 belongs to exactly one stratum, except the ``FeatureAlignment`` moments (``bottleneck_alignment.*``), which
 the server sets rather than averages (stratum ``None``).
 """

@@ -48,8 +48,12 @@ def resolve_baseline(labels: Sequence[str], baseline: Optional[str] = None) -> O
     return candidates[0] if len(candidates) == 1 else None
 
 
+#: how each evaluated model of a run is named in the tables (``global``: the run's label alone)
+MODEL_SUFFIXES = {"global": "", "personalized": " (personalised)", "global_best_val": " (best val round)"}
+
+
 def _approach_name(record: Dict[str, Any], model: str) -> str:
-    return record["label"] if model == "global" else f"{record['label']} (personalised)"
+    return record["label"] + MODEL_SUFFIXES[model]
 
 
 def build_results(records: Sequence[Dict[str, Any]], sites: Sequence[str], header: Dict[str, Any],

@@ -137,7 +137,14 @@ def run_id(kind: str, label: str, seed: int) -> str:
 # ----------------------------------------------------------------------------------------- specs
 @dataclass
 class Budget:
-    """What every run of a bench shares: schedule, profile, ``train_config`` overrides, job settings."""
+    """What every run of a bench shares: schedule, profile, ``train_config`` overrides, job settings.
+
+    ``protocol``: the method whose ``paper`` local protocol every run of the bench trains with
+    (:func:`fedseg.recipes.paper_protocol`: network, optimiser, batches, epochs, augmentation, intensity, loss,
+    evaluation options), under the ``sets`` and ``local_epochs`` given here; None = each method its own profile.
+    ``fedseg bench --profile paper`` always sets one (:func:`fedseg.recipes.comparison_protocol`), so that the
+    local recipe belongs to the comparison, not to the method.
+    """
 
     profile: str = "default"
     rounds: Optional[int] = None
@@ -147,10 +154,12 @@ class Budget:
     task_check_period: float = 0.5
     task_request_interval: Optional[float] = None
     omp_threads: Optional[str] = "1"
+    protocol: Optional[str] = None
 
     def overrides(self, seed: int) -> Dict[str, Any]:
-        """``train_config`` overrides of a run with ``seed``."""
-        out = dict(self.sets)
+        """``train_config`` overrides of a run with ``seed`` (the protocol's keys under the bench's own sets)."""
+        out = dict(self.protocol_config()["train_config"]) if self.protocol else {}
+        out.update(self.sets)
         if self.data_family:
             out.setdefault("data_family", self.data_family)
         if self.local_epochs is not None:
@@ -158,8 +167,20 @@ class Budget:
         out["seed"] = int(seed)
         return out
 
+    def num_rounds(self) -> Optional[int]:
+        """``rounds`` where given, else the protocol's (None: each method's profile decides)."""
+        if self.rounds is not None or not self.protocol:
+            return self.rounds
+        return self.protocol_config()["num_rounds"]
+
+    def protocol_config(self) -> Dict[str, Any]:
+        from fedseg.recipes import paper_protocol
+
+        return paper_protocol(self.protocol)
+
     def to_dict(self) -> Dict[str, Any]:
-        return dict(self.__dict__)
+        # without a protocol, the record of a bench stored before protocols existed (its runs resume as they are)
+        return {k: v for k, v in self.__dict__.items() if k != "protocol" or v is not None}
 
 
 @dataclass
@@ -272,7 +293,7 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
 
     sites = list(mapping)
     job = export_job(
-        spec.method, out / "jobs" / spec.id, budget.profile, num_rounds=budget.rounds,
+        spec.method, out / "jobs" / spec.id, budget.profile, num_rounds=budget.num_rounds(),
         script_args=f"--site_datalists {Path(site_map_file).resolve()}", min_clients=len(sites),
         task_check_period=budget.task_check_period, **{**budget.overrides(spec.seed), **spec.variant_args},
     )
@@ -309,7 +330,7 @@ def method_record(spec: RunSpec, mapping: Mapping[str, str], workspace: Path, re
         "download_mb_per_site_round": _payload_mb(report["rounds"], "bytes_sent", len(sites)),
         "final": {}, "per_image": {},
     }
-    for model in ("global", "personalized"):
+    for model in ("global", "personalized", "global_best_val"):
         final = (report.get("final") or {}).get(model)
         if not final:
             continue
@@ -413,16 +434,24 @@ def _train(name: str, datalist: str, cfg: Dict[str, Any], rounds: int, val_engin
 def reference_config(budget: Budget, seed: int, mapping: Mapping[str, str]) -> Dict[str, Any]:
     """``{"num_rounds", "train_config"}`` of a reference run.
 
-    Segmentation: the base profile with the budget's overrides. Classification: also FedEFM's
+    Segmentation: the base profile with the budget's overrides (with a protocol, its keys too: the references
+    train as every method of the bench does; a profile other than ``tiny`` / ``default`` needs one, or
+    ``rounds``). Classification: also FedEFM's
     classification defaults and ``paper`` profile (``fedseg.recipes.fedefm``) under the budget's
     overrides, and ``num_classes`` = the sites' label-space size, so that the references train the same
     ViT as the federated runs.
     """
-    from fedseg.config import resolve_profile
+    from fedseg.config import PROFILES, resolve_profile
 
     overrides = budget.overrides(seed)
     if federation_task(mapping) != "classification":
-        return resolve_profile(budget.profile, None, budget.rounds, **overrides)
+        # a paper profile: the protocol's keys are in the overrides already; the rest is the base configuration
+        profiles = None
+        if budget.profile not in PROFILES:
+            if budget.num_rounds() is None:
+                raise ValueError(f"a reference run with profile {budget.profile!r} needs the bench's protocol or rounds")
+            profiles = {budget.profile: {"num_rounds": budget.num_rounds()}}
+        return resolve_profile(budget.profile, profiles, budget.num_rounds(), **overrides)
     from fedseg.data.classification import label_space
     from fedseg.data.datalist import read_datalist_json
     from fedseg.recipes.fedefm import CLASSIFICATION_DEFAULTS, PAPER_PROFILES

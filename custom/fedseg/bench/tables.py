@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from fedseg.bench.bench import version_label
-from fedseg.bench.report import BASELINE, format_p, format_seed_difference, format_spread
+from fedseg.bench.report import BASELINE, MODEL_SUFFIXES, format_p, format_seed_difference, format_spread
 from fedseg.bench.runs import task_metrics
 from fedseg.data.labels import split_metric_key
 from fedseg.fl.report import metric_header
@@ -39,8 +39,7 @@ def approach_title(entry: Mapping[str, Any]) -> str:
         name += " (" + ", ".join(f"{k}={v}" for k, v in args.items()) + ")"
     elif label and label != method:
         name += f" `{label}`"
-    if entry.get("model", "global") != "global":
-        name += " (personalised)"
+    name += MODEL_SUFFIXES.get(entry.get("model", "global"), "")
     return name
 
 

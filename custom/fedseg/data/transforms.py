@@ -290,6 +290,46 @@ class ChannelStatisticsd(MapTransform):
         return d
 
 
+class DivideByMaxd(MapTransform):
+    """Divide each image by its own maximum (over every channel and pixel): ``(C, *spatial)`` -> same shape, values
+    in [0, 1] for non-negative images. ``train_config["intensity"] = "image_max"``: the bundles apply it on the
+    network's grid, after resizing or rescaling, so the network sees the same range whatever an image's exposure.
+
+    An image whose maximum is not positive (all black) is left unchanged: there is nothing to scale, and dividing
+    would give NaN or flip the sign.
+    """
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            img = d[key]
+            peak = float(img.max())
+            if peak > 0:
+                d[key] = img / peak
+        return d
+
+
+class KeepLargestComponentd(MapTransform):
+    """Keep each foreground class's largest connected component of a class-index map: ``(1, *spatial)`` ->
+    the same shape (:func:`fedseg.metrics.segmentation.keep_largest_component`, the rule the final evaluation's
+    ``*_lcc`` metrics use); ``fedseg infer --largest-component`` applies it to every mask before writing."""
+
+    def __init__(self, keys: KeysCollection, num_classes: int = 2, allow_missing_keys: bool = False):
+        super().__init__(keys, allow_missing_keys)
+        self.num_classes = int(num_classes)
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
+        from fedseg.metrics.segmentation import keep_largest_component
+
+        d = dict(data)
+        for key in self.key_iterator(d):
+            pred = d[key]
+            kept = keep_largest_component(torch.as_tensor(pred)[None], self.num_classes)[0]
+            # copy_ keeps MONAI's metadata (file name, affine) for SaveImaged
+            d[key] = pred.clone().copy_(kept) if isinstance(pred, torch.Tensor) else kept.numpy()
+        return d
+
+
 class ResizeToReferenced(MapTransform):
     """Resize ``keys`` (channel-first logits or probabilities) to the spatial size of ``ref_key``.
 

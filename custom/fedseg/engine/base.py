@@ -149,16 +149,25 @@ class LocalEngine(ABC):
         bs = int(batch_size or self.train_config.get("batch_size", 4)) if train else 1
         return self.data_loader(self._dataset(split, train), bs, shuffle, train)
 
+    @property
+    def drop_last(self) -> bool:
+        """Whether training epochs drop their last incomplete batch (``train_config["drop_last"]``, default off)."""
+        return bool(self.train_config.get("drop_last", False))
+
     def data_loader(self, dataset, batch_size: int, shuffle: bool, train: bool) -> DataLoader:
         """A MONAI ``DataLoader`` over ``dataset``: one seeded generator per engine (each epoch and round gets a
-        new, reproducible order); training loaders get ``train_config["num_workers"]`` worker processes, and
-        pinned memory when the engine runs on CUDA."""
+        new, reproducible order); training loaders get ``train_config["num_workers"]`` worker processes, drop
+        their last incomplete batch with ``train_config["drop_last"]``, and pinned memory when the engine runs
+        on CUDA."""
+        if train and self.drop_last and len(dataset) < batch_size:
+            raise ValueError(f"{self.site}: {len(dataset)} training images, fewer than batch_size {batch_size} with drop_last: "
+                             "every batch would be dropped and the site would not train; lower batch_size or set drop_last false")
         workers = int(self.train_config.get("num_workers") or 0) if train else 0
         if workers < 0:
             raise ValueError(f"train_config['num_workers'] must be >= 0, got {workers}")
         return DataLoader(
             dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers, generator=self._shuffle_generator,
-            pin_memory=self.device.type == "cuda", persistent_workers=workers > 0,
+            pin_memory=self.device.type == "cuda", persistent_workers=workers > 0, drop_last=train and self.drop_last,
         )
 
     def autocast_dtype(self) -> Optional[torch.dtype]:

@@ -47,6 +47,7 @@ from monai.engines import SupervisedTrainer
 from torch import nn
 
 from fedseg.bundle import bundle_for_task, load_bundle
+from fedseg.config import check_training_options
 from fedseg.data.datalist import load_datalist
 from fedseg.data.labels import resolve_patch_sampler, site_label_space
 from fedseg.data.transforms import resize_scores
@@ -56,6 +57,7 @@ from fedseg.engine.spatial import WholeImagePredictor, check_patch_size, pixel_s
 from fedseg.engine.volume import invert_to_scan, plain, scan_spacing
 from fedseg.uncertainty.window_sample import SampledImage, crop_windows, sample_generator, sample_windows, window_cell_size
 from fedseg.metrics import SegmentationMetrics
+from fedseg.metrics.segmentation import LARGEST_COMPONENT_SUFFIX, keep_largest_component, largest_component_key
 from fedseg.objectives.base import BatchOutput, ClientObjective, RoundContext
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -101,6 +103,7 @@ class SegEngine(LocalEngine):
         dp_seed: Optional[int] = None,
     ):
         super().__init__(site, datalist, train_config, device=device, dp_seed=dp_seed)
+        check_training_options(self.train_config)
         self.data = load_datalist(datalist)
         self.train_config.update(resolve_spatial_settings(self.train_config, self.datalist_info, f"({site}: {datalist})"))
         # the site's classes must be the job's (fedseg.data.labels); the stored encoding is the site's own
@@ -349,20 +352,30 @@ class SegEngine(LocalEngine):
 
     @torch.no_grad()
     def iterate_logits(
-        self, model: nn.Module, split: str, with_features: bool = False
+        self, model: nn.Module, split: str, with_features: bool = False, network_grid: bool = False
     ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]]:
         """Yield ``(inputs, labels, logits, features)`` for each image of ``split`` in eval mode without
         gradients, at the image's own size: ``inputs (1, C, H, W)``, ``labels (1, 1, H, W)``, ``logits
-        (1, num_classes, H, W)``; ``features`` on the network's grid."""
-        for batch, logits, features in self._iterate(model, split, with_features):
+        (1, num_classes, H, W)``; ``features`` on the network's grid. ``network_grid=True`` (2-D images only):
+        ``inputs`` and ``logits`` stay on the network's grid ``(1, *, h, w)`` (the resized or rescaled image),
+        ``labels`` at the image's own size.
+
+        Raises:
+            ValueError: ``network_grid`` for volumes (their scores are always inverted to the scan's geometry).
+        """
+        if network_grid and self.volumes:
+            raise ValueError(f"{self.site}: network_grid applies to 2-D images; volume scores are scored in the scan's geometry")
+        for batch, logits, features in self._iterate(model, split, with_features, resize_back=not network_grid):
             labels = plain(batch["label"]).to(self.device)
             if self.volumes:
                 inputs = invert_to_scan(batch, batch["image"], self._eval_transform).to(self.device)
+            elif network_grid:
+                inputs = plain(batch["image"]).to(self.device)
             else:
                 inputs = resize_scores(batch["image"].to(self.device), labels.shape[2:])
             yield inputs, labels, logits, features
 
-    def _iterate(self, model: nn.Module, split: str, with_features: bool):
+    def _iterate(self, model: nn.Module, split: str, with_features: bool, resize_back: bool = True):
         was_training = model.training
         model.eval()
         try:
@@ -373,9 +386,11 @@ class SegEngine(LocalEngine):
                 if self.volumes:
                     # scores inverted to the scan's own orientation, spacing and shape (Invertd) before the argmax
                     yield batch, invert_to_scan(batch, logits, self._eval_transform), features
-                else:
+                elif resize_back:
                     # scores back to the image's own size before the argmax (thin structures survive)
                     yield batch, resize_scores(logits, batch["label"].shape[2:]), features
+                else:
+                    yield batch, logits, features
         finally:
             model.train(was_training)
 
@@ -452,14 +467,21 @@ class SegEngine(LocalEngine):
         split: str,
         metrics: Optional[Sequence[str]] = None,
         per_image: bool = False,
+        largest_component: Optional[bool] = None,
     ):
         """Mean foreground metrics of ``model`` over the images of ``split``, each scored at its own size
         against its mask on disk (inside the FOV and in mm too where the datalist provides them; see
         ``fedseg.metrics.segmentation``). ``metrics`` None = ``train_config["eval_metrics"]``, else Dice, HD95
         and ASSD. With ``per_image`` returns ``(means, rows)``, one row per image in datalist order:
-        ``{"id": image file name, <metric>: value, ...}``."""
+        ``{"id": image file name, <metric>: value, ...}``. ``largest_component`` (None =
+        ``train_config["eval_largest_component"]``): also every metric of the prediction reduced to each class's
+        largest connected component, under ``<metric>_lcc`` (``keep_largest_component``), beside the raw one."""
+        if largest_component is None:
+            largest_component = bool(self.train_config.get("eval_largest_component", False))
         metrics = metrics or self.train_config.get("eval_metrics") or DEFAULT_EVAL_METRICS
-        meter = SegmentationMetrics(self.num_classes, metrics, label_space=self.label_space)
+        meters = {"": SegmentationMetrics(self.num_classes, metrics, label_space=self.label_space)}
+        if largest_component:
+            meters[LARGEST_COMPONENT_SUFFIX] = SegmentationMetrics(self.num_classes, metrics, label_space=self.label_space)
         entries = self.data[split]
         for i, (batch, logits, _) in enumerate(self._iterate(model, split, False)):
             fov = batch.get("fov")
@@ -467,21 +489,26 @@ class SegEngine(LocalEngine):
                 spacing = scan_spacing(batch["label"])
             else:
                 spacing = tensor_spacing(pixel_spacing(entries[i], self.datalist_info), entries[i]["image"])
-            meter.update(
-                logits.argmax(dim=1, keepdim=True).cpu(),
-                plain(batch["label"]).cpu(),
-                fov=None if fov is None else fov.cpu(),
-                spacing=spacing,
-            )
-        means = meter.aggregate()
-        if not per_image:
-            return means
-        rows = [{"id": os.path.basename(e["image"]), **row} for e, row in zip(entries, meter.per_image())]
-        return means, rows
+            pred = logits.argmax(dim=1, keepdim=True).cpu()
+            for suffix, meter in meters.items():
+                meter.update(
+                    keep_largest_component(pred, self.num_classes) if suffix else pred,
+                    plain(batch["label"]).cpu(),
+                    fov=None if fov is None else fov.cpu(),
+                    spacing=spacing,
+                )
+        # the post-processed scores beside the raw ones, under their own keys (dice_lcc, ...)
+        means, rows = {}, [{"id": os.path.basename(e["image"])} for e in entries]
+        for suffix, meter in meters.items():
+            rename = largest_component_key if suffix else (lambda key: key)
+            means.update({rename(k): v for k, v in meter.aggregate().items()})
+            for row, values in zip(rows, meter.per_image()):
+                row.update({rename(k): v for k, v in values.items()})
+        return (means, rows) if per_image else means
 
     def validation_metrics(self, model: nn.Module) -> Dict[str, float]:
         """``{"val_dice": mean Dice on the validation split}`` (sent with the trained weights)."""
-        return {"val_dice": self.evaluate(model, "validation", metrics=("dice",))["dice"]}
+        return {"val_dice": self.evaluate(model, "validation", metrics=("dice",), largest_component=False)["dice"]}
 
     def save_evaluation_figures(self, model: nn.Module, output_dir: os.PathLike, model_name: str) -> None:
         """Overlay strip (image / truth / prediction) of the test split, for the global model only."""

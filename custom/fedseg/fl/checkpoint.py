@@ -9,6 +9,7 @@ After every completed round the controller (``fedseg.fl.controller``) replaces t
     global            the global model after that round ({name: CPU tensor})
     strategy          ``ServerStrategy.state_dict()`` (FedEvi's beta, GraphFedSeg's graph, ...)
     report            report.json so far: ``rounds`` (each completed round once) and ``resumed_at``
+    model_selection   (only with ``eval_best_val_round``) the best validation round so far and its global model
 
 Why our own file and not NVFlare's snapshot: NVFlare 2.9's ``ServerEngine.persist_components`` is a no-op
 (component snapshot persistence was removed) and nothing calls ``JobRunner.restore_running_job``, so a
@@ -64,6 +65,7 @@ def save_checkpoint(
     strategy_state: Dict[str, Any],
     rounds: List[Dict[str, Any]],
     resumed_at: List[int],
+    model_selection: Optional[Dict[str, Any]] = None,
 ) -> Path:
     """Atomically replace ``directory/round_checkpoint.pt``; returns its path.
 
@@ -74,6 +76,7 @@ def save_checkpoint(
         strategy_state: ``ServerStrategy.state_dict()`` after ``completed_round``.
         rounds: report.json's round entries 0..completed_round.
         resumed_at: rounds at which this job resumed so far.
+        model_selection: the best validation round so far (``fedseg.fl.model_selection``), when the job selects one.
     """
     if [r.get("round") for r in rounds] != list(range(completed_round + 1)):
         raise ValueError(
@@ -88,6 +91,8 @@ def save_checkpoint(
         "strategy": strategy_state,
         "report": {"rounds": _jsonable(rounds), "resumed_at": [int(r) for r in resumed_at]},
     }
+    if model_selection is not None:
+        state["model_selection"] = model_selection
     path = checkpoint_path(directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

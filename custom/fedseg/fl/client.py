@@ -6,6 +6,8 @@ What leaves the site (``FLModel`` sent back):
               the objective's declared statistics;
   * evaluate: ``metrics`` of the received model on the test split ({dice, hd95, assd} or {accuracy,
               balanced_accuracy, accuracy_class_<k>}), nothing else (the per-image values stay in ``<site workspace>/fedseg_outputs/<site>/per_image_<model>.json``);
+              with ``split: "validation"`` in the task meta (best-round model selection), only the engine's
+              validation metric of the received model;
   * weight tasks (the objective's ``weight_tasks``, e.g. FedEFM's overseas training and gossip): weights
     (main and/or extra named models, ``fedseg.fl.protocol.pack_models``), ``meta`` {n_samples, round} plus
     declared statistics;
@@ -34,6 +36,7 @@ from fedseg.engine.base import LocalEngine
 from fedseg.engine.factory import build_engine, resolve_task
 from fedseg.engine.site_state import SiteState, job_key
 from fedseg.fl.faults import FAULT_ENV, apply_faults, faults_for
+from fedseg.fl.model_selection import SPLIT_META_KEY, VALIDATION_SPLIT
 from fedseg.fl.payload import from_wire, payload_dtype, to_wire
 from fedseg.fl.protocol import (BASE_STATISTICS, EVALUATE_TASK, META_KEY, SPATIAL_KEY, SPATIAL_MODE_CODES, TRAIN_TASK,
                                 pack_models, unpack_models)
@@ -128,6 +131,8 @@ class SiteRunner:
         if task == TRAIN_TASK:
             return self._train(ctx)
         if task == EVALUATE_TASK:
+            if meta.get(SPLIT_META_KEY) == VALIDATION_SPLIT:  # model selection: the validation metric only
+                return {"params": {}, "metrics": self.engine.validation_metrics(self.model), "meta": {}}
             return self._evaluate(meta.get("model_name", "global"), ctx.round)
         if task in self.objective.weight_tasks:
             weights, models, statistics = self.objective.handle_weight_task(task, ctx, self.model, self.engine)
@@ -282,6 +287,8 @@ def main(argv=None) -> None:
     import nvflare.client as flare
     from nvflare.client.tracking import SummaryWriter
 
+    from fedseg.fl.tracking import tracked_metrics
+
     args = parse_args(argv)
     set_site_threads()
     flare.init()
@@ -293,8 +300,7 @@ def main(argv=None) -> None:
             break
         task = flare.get_task_name()
         out = service.answer(task, received.params or {}, received.meta or {}, received.current_round)
-        if task == TRAIN_TASK:
-            step = int(received.current_round or 0)
-            for name, value in out["metrics"].items():
-                writer.add_scalar(name, float(value), global_step=step)
+        step = int(received.current_round or 0)
+        for tag, value in tracked_metrics(task, out["metrics"], received.meta or {}).items():
+            writer.add_scalar(tag, value, global_step=step)
         flare.send(result_model(out, received.current_round))

@@ -21,6 +21,7 @@ from nvflare.app_common.workflows.model_controller import ModelController
 from fedseg.bundle import build_network
 from fedseg.config import default_task_timeout
 from fedseg.fl.checkpoint import load_checkpoint, save_checkpoint
+from fedseg.fl.model_selection import BEST_VAL_MODEL, SPLIT_META_KEY, VALIDATION_SPLIT, BestValidationRound
 from fedseg.fl.payload import payload_dtype, to_wire
 from fedseg.fl.protocol import (BASE_STATISTICS, EVALUATE_TASK, META_KEY, SPATIAL_KEY, SPATIAL_MODE_CODES,
                                 SUBMIT_MODEL_TASK, TRAIN_TASK, unpack_models)
@@ -141,6 +142,8 @@ class FedSegController(ModelController):
         self._payload_dtype = payload_dtype(self.train_config)
         #: each segmentation site's [patch?, rescale] (protocol.SPATIAL_KEY), from its train results
         self._site_spatial: Dict[str, List[float]] = {}
+        #: the best round's global model by mean validation metric (train_config eval_best_val_round), else None
+        self._selection = BestValidationRound() if self.train_config.get("eval_best_val_round") else None
 
     # ---------------------------------------------------------------------------------- workflow
     def run(self) -> None:
@@ -182,6 +185,8 @@ class FedSegController(ModelController):
             fields = self._strategy.aggregate(
                 round_, updates, lambda task, p, r=round_: self._exchange(task, p, r, require_params=task in self._weight_tasks)
             )
+            if self._selects_best_round():
+                fields["global_val"] = self._validate_global(clients, round_)
             report.add_round(
                 round_,
                 metrics={s: u.metrics for s, u in updates.items()},
@@ -222,11 +227,30 @@ class FedSegController(ModelController):
         self.info(f"report written to {path}")
 
     # ---------------------------------------------------------------------------------- final phase
+    def _selects_best_round(self) -> bool:
+        """Best-validation-round selection is on and applies: the method has a complete global model."""
+        return self._selection is not None and self._strategy.has_global_model and self._strategy.evaluates_global
+
+    def _validate_global(self, clients: List[str], round_: int) -> Dict[str, float]:
+        """Every site's validation metric of this round's global model (``fedseg.fl.model_selection``); the round
+        is offered to the selection. A site that does not answer is left out of the mean; training goes on."""
+        params = self._strategy.global_params()
+        payloads = {s: SitePayload(params=params, meta={"model_name": "global", SPLIT_META_KEY: VALIDATION_SPLIT}) for s in clients}
+        results = self._exchange(EVALUATE_TASK, payloads, round_, require_params=False, min_results=0)
+        scores = {s: float(next(iter(u.metrics.values()))) for s, u in sorted(results.items()) if u.metrics}
+        self._selection.offer(round_, scores, params)
+        return scores
+
     def _final_evaluation(self, report: RunReport, clients: List[str]) -> None:
-        """``final.global`` (unless the strategy has no complete global model), ``final.personalized`` (models
-        held by the strategy, or collected from the sites with ``submit_model``) and ``final.cross_site``."""
+        """``final.global`` (unless the strategy has no complete global model), ``final.global_best_val`` (the best
+        validation round's global model, with ``eval_best_val_round``), ``final.personalized`` (models held by
+        the strategy, or collected from the sites with ``submit_model``) and ``final.cross_site``."""
         if self._strategy.evaluates_global:
             report.final["global"] = self._evaluate({s: self._strategy.global_params() for s in clients}, "global")
+        if self._selects_best_round() and self._selection.params is not None:
+            report.final["best_val_round"] = self._selection.best_round
+            report.final["best_val_score"] = self._selection.best_score
+            report.final[BEST_VAL_MODEL] = self._evaluate({s: self._selection.params for s in clients}, BEST_VAL_MODEL)
         personalised = self._strategy.personalized_params()
         if personalised is None and self._strategy.personalized_at_sites:
             personalised = self._collect_personalised(clients)
@@ -286,6 +310,8 @@ class FedSegController(ModelController):
         if state is None:
             return 0
         self._strategy.load_state_dict(state["strategy"])
+        if self._selection is not None:
+            self._selection.load_state_dict(state.get("model_selection"))
         first = int(state["completed_round"]) + 1
         report.rounds = list(state["report"]["rounds"])
         report.resumed_at = list(state["report"]["resumed_at"]) + [first]
@@ -305,6 +331,7 @@ class FedSegController(ModelController):
             strategy_state=state,
             rounds=report.rounds,
             resumed_at=report.resumed_at,
+            model_selection=self._selection.state_dict() if self._selection is not None else None,
         )
 
     # ---------------------------------------------------------------------------------- helpers
@@ -375,7 +402,7 @@ class FedSegController(ModelController):
     def _evaluate(self, models: Dict[str, Dict[str, torch.Tensor]], model_name: str) -> Dict[str, Dict[str, float]]:
         payloads = {s: SitePayload(params=p, meta={"model_name": model_name}) for s, p in models.items()}
         # personalised models may exist for fewer sites than min_clients (a site that missed the submission)
-        minimum = None if model_name == "global" else min(self.min_clients, len(models))
+        minimum = None if model_name in ("global", BEST_VAL_MODEL) else min(self.min_clients, len(models))
         results = self._exchange(EVALUATE_TASK, payloads, self.num_rounds, require_params=False, min_results=minimum)
         return {s: {k: float(v) for k, v in u.metrics.items()} for s, u in sorted(results.items())}
 

@@ -5,7 +5,9 @@ Schema (fields every method writes; methods add their own per-round fields):
     rounds: [{round, metrics: {site: {train_loss, val_dice, ...}}, missing: [site], wall_time,
               task_times: {task: seconds from sending it to the last answer},
               task_breakdown: {task: {deliver, site, return, total, answers}} (fedseg.fl.task_clock), ...}],
-    final: {global: {site: {dice, hd95, assd}}, personalized: {...} (personalised methods only)}
+    final: {global: {site: {dice, hd95, assd}}, personalized: {...} (personalised methods only),
+            global_best_val, best_val_round, best_val_score (train_config eval_best_val_round: the best
+            validation round's global model; each round's validation metrics in rounds[].global_val)}
 Only numbers the sites chose to send are here — no images, labels or predictions.
 """
 
@@ -90,12 +92,14 @@ class RunReport:
 #: ``eval_metrics``, e.g. FedEFM's downstream job), inside the field of view, distances in mm
 METRIC_ORDER = (
     "dice", "iou", "miou", "hd95", "assd", "dice_fov", "hd95_fov", "assd_fov", "hd95_mm", "assd_mm",
+    "dice_lcc", "hd95_lcc", "assd_lcc",
     "accuracy", "balanced_accuracy",
 )
 METRIC_HEADERS = {
     "accuracy": "Accuracy", "balanced_accuracy": "Balanced accuracy",
     "dice": "Dice", "iou": "Jaccard (IoU)", "miou": "mIoU (with background)", "hd95": "HD95 (px)", "assd": "ASSD (px)", "dice_fov": "Dice FOV", "hd95_fov": "HD95 FOV (px)",
     "assd_fov": "ASSD FOV (px)", "hd95_mm": "HD95 (mm)", "assd_mm": "ASSD (mm)",
+    "dice_lcc": "Dice LCC", "hd95_lcc": "HD95 LCC (px)", "assd_lcc": "ASSD LCC (px)",
 }
 #: what the final metrics mean (written into report.json)
 CLASSIFICATION_NOTE = (
@@ -111,7 +115,8 @@ METRIC_NOTE = (
     "test metrics per site are means over its test images, each scored at the image's own size against its mask on "
     "disk (distances in pixels of the original image); *_fov: prediction and truth restricted to the image's "
     "field-of-view mask; *_mm: distances in millimetres from the datalist's pixel spacing (volumes: each scored in "
-    "its own geometry, distances in voxels, and *_mm from its header)"
+    "its own geometry, distances in voxels, and *_mm from its header); *_lcc (with train_config eval_largest_component): "
+    "the same prediction reduced to each class's largest connected component, reported beside the raw metric"
 )
 
 
@@ -196,12 +201,14 @@ def summarise(data: Dict[str, Any], figures: Optional[List[Path]] = None, base: 
             cells = [_fmt((r["metrics"].get(s) or {}).get(val)) for s in data["clients"]]
             lines.append(f"| {r['round']} | " + " | ".join(cells) + f" | {_fmt(r.get('wall_time'))} |")
         lines.append("")
-    for which in ("global", "personalized"):
+    titles = {"global": "Final global model", "personalized": "Final personalized model",
+              "global_best_val": f"Best validation round's global model (round {(data.get('final') or {}).get('best_val_round')})"}
+    for which in ("global", "global_best_val", "personalized"):
         rows = final_table(data, which)
         if rows:
             names = metric_columns(data, which)
             note = CLASSIFICATION_NOTE if validation_metric(data) == "val_accuracy" else METRIC_NOTE
-            lines += [f"## Final {which} model on each site's test split", "", note + ".", ""]
+            lines += [f"## {titles[which]} on each site's test split", "", note + ".", ""]
             lines += ["| site | " + " | ".join(METRIC_HEADERS[n] for n in names) + " |", "|---" * (len(names) + 1) + "|"]
             lines += ["| " + " | ".join(r) + " |" for r in rows]
             lines.append("")

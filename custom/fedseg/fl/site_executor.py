@@ -35,7 +35,7 @@ from nvflare.client.config import ExchangeFormat, TransferType
 from nvflare.fuel.utils import fobs
 
 from fedseg.fl.client import SiteService, parse_args, result_model, set_site_threads
-from fedseg.fl.protocol import TRAIN_TASK
+from fedseg.fl.tracking import tracked_metrics
 
 #: the Client API site entry inside the installed package (``python -m fedseg.fl.client`` does the same)
 INSTALLED_SITE_SCRIPT = Path(__file__).resolve().parent / "site_script.py"
@@ -76,14 +76,14 @@ class FedSegSiteExecutor(Executor):
         if abort_signal.triggered:
             return make_reply(ReturnCode.TASK_ABORTED)
         out = self._service.answer(task_name, received.params or {}, received.meta or {}, received.current_round)
-        if task_name == TRAIN_TASK:
-            self._track(out["metrics"], int(received.current_round or 0), fl_ctx)
+        self._track(tracked_metrics(task_name, out["metrics"], received.meta or {}), int(received.current_round or 0), fl_ctx)
         return FLModelUtils.to_shareable(result_model(out, received.current_round))
 
-    def _track(self, metrics: dict, step: int, fl_ctx: FLContext) -> None:
-        """Per-round training metrics as NVFlare analytics events (the job's TensorBoard receiver)."""
-        for name, value in metrics.items():
-            dxo = create_analytic_dxo(tag=name, value=float(value), data_type=AnalyticsDataType.SCALAR, global_step=step)
+    def _track(self, scalars: dict, step: int, fl_ctx: FLContext) -> None:
+        """Training metrics of a round and final test metrics as NVFlare analytics events (the job's tracking
+        receivers: TensorBoard, MLflow; ``fedseg.fl.tracking``)."""
+        for tag, value in scalars.items():
+            dxo = create_analytic_dxo(tag=tag, value=value, data_type=AnalyticsDataType.SCALAR, global_step=step)
             send_analytic_dxo(self, dxo, fl_ctx)
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from monai.metrics import DiceMetric, HausdorffDistanceMetric, MeanIoU, SurfaceDistanceMetric
 from monai.networks.utils import one_hot
@@ -160,6 +161,44 @@ class SegmentationMetrics:
 
     def reset(self) -> None:
         self._rows = []
+
+
+#: suffix of a metric scored after :func:`keep_largest_component` (``dice_lcc``, ``dice_lcc:cup``)
+LARGEST_COMPONENT_SUFFIX = "_lcc"
+
+
+def keep_largest_component(pred_labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Keep only the largest connected component of every foreground class in each image of a batch of class maps:
+    ``(B, 1, *spatial)`` class indices -> the same shape and dtype, the removed pixels set to background (0).
+
+    Components are ``scipy.ndimage.label``'s with its default structure, connectivity 1 (4-neighbours in 2-D, 6 in
+    3-D), as the FedEvi reference code uses; each class on its own (MONAI's ``KeepLargestConnectedComponent`` with
+    ``independent=True`` computes the same, but needs scikit-image). Of two equally large components the one with
+    the lower label (first in scan order) is kept. A class with no pixel stays empty (the reference code turns an
+    empty prediction into the whole image; we do not).
+    """
+    from scipy import ndimage
+
+    out = pred_labels.detach().cpu().clone()
+    maps = out.numpy()
+    for image in maps:
+        for c in range(1, int(num_classes)):
+            inside = image[0] == c
+            components, count = ndimage.label(inside)
+            if count > 1:
+                sizes = np.bincount(components.ravel())
+                sizes[0] = 0  # background of this class
+                image[0][inside & (components != int(sizes.argmax()))] = 0
+    return out.to(pred_labels.device)
+
+
+def largest_component_key(key: str) -> str:
+    """The key of ``key``'s metric after :func:`keep_largest_component`: ``"dice" -> "dice_lcc"``,
+    ``"dice:cup" -> "dice_lcc:cup"``, ``"hd95_fov" -> "hd95_fov_lcc"``."""
+    from fedseg.data.labels import metric_key, split_metric_key
+
+    base, name = split_metric_key(key)
+    return base + LARGEST_COMPONENT_SUFFIX if name is None else metric_key(base + LARGEST_COMPONENT_SUFFIX, name)
 
 
 def _member(label_map: torch.Tensor, classes: Sequence[int]) -> torch.Tensor:

@@ -1,4 +1,4 @@
 from .feature_alignment import FeatureAlignment
-from .unet import FeatureUNet
+from .unet import UNET_VARIANTS, FeatureUNet
 
-__all__ = ["FeatureAlignment", "FeatureUNet"]
+__all__ = ["FeatureAlignment", "FeatureUNet", "UNET_VARIANTS"]

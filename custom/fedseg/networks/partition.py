@@ -10,7 +10,7 @@ network, so they agree by construction. Keys are ``state_dict`` names: parameter
   statistics) has no entries at all.
 * :func:`head_state_keys` — FeatureUNet's output layers: ``"conv1x1"`` = the 1x1 classifier ``head``
   (``head.weight``, ``head.bias``); ``"last_block"`` = the full-resolution decoder block
-  (``decoders.<last>``, two conv-norm-act units) and ``head``.
+  (``decoders.<last>``: two conv-norm-act units, one in the ``three_conv_nearest`` variant) and ``head``.
 """
 
 from __future__ import annotations

@@ -19,13 +19,18 @@ site and round, the same windows for both models (``fedseg.uncertainty.window_sa
 uncertainty is the mean over its sampled cells' pixels, the three statistics the same means over the
 sampled images. ``surrogate_windows=None`` (or ``"whole_image"``) keeps the whole images. Resize mode is
 unaffected.
+
+Where the pixel uncertainties are measured (whole images): ``uncertainty_grid="image"`` (default) at each
+image's own size, the scores interpolated back as for the metrics; ``"network"`` on the grid the network
+predicts on (the resized or rescaled image), as the reference code does (it never resizes back). The
+epistemic part is clamped at 0 against rounding unless ``clamp_epistemic=False`` (reference code).
 """
 
 from __future__ import annotations
 
-import math
-
 import copy
+import functools
+import math
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
@@ -50,6 +55,8 @@ MIN_ALEATORIC = 1e-12
 DEFAULT_SURROGATE_WINDOWS = 32
 #: the window sample's ``purpose`` (part of its seed)
 SAMPLE_PURPOSE = "fedevi_surrogate"
+#: where the surrogate task measures pixel uncertainties (module docstring)
+UNCERTAINTY_GRIDS = ("image", "network")
 
 
 def _per_image_mean(pixel_map: torch.Tensor) -> torch.Tensor:
@@ -68,6 +75,8 @@ class FedEviObjective(ClientObjective):
         seg_loss: accepted for the common interface; FedEvi trains with its evidential loss instead.
         surrogate_windows: in patch mode, the number of validation windows the surrogate task draws per
             round (module docstring); ``None`` or ``"whole_image"``: every whole validation image.
+        uncertainty_grid: "image" (each image's own size) or "network" (the network's grid; 2-D images).
+        clamp_epistemic: clamp the pixel epistemic uncertainty at 0 (default) or keep it as computed.
     """
 
     name = "fedevi"
@@ -84,9 +93,15 @@ class FedEviObjective(ClientObjective):
         eps: float = 1e-5,
         seg_loss: Optional[nn.Module] = None,
         surrogate_windows: Union[int, str, None] = DEFAULT_SURROGATE_WINDOWS,
+        uncertainty_grid: str = "image",
+        clamp_epistemic: bool = True,
     ):
         super().__init__(seg_loss=seg_loss)
         self.surrogate_windows = check_window_count(surrogate_windows, "surrogate_windows")
+        if uncertainty_grid not in UNCERTAINTY_GRIDS:
+            raise ValueError(f"uncertainty_grid must be one of {UNCERTAINTY_GRIDS}, got {uncertainty_grid!r}")
+        self.uncertainty_grid = uncertainty_grid
+        self.clamp_epistemic = bool(clamp_epistemic)
         self.kl_weight = kl_weight
         self.anneal_rounds = anneal_rounds
         self.dice_form = dice_form
@@ -156,11 +171,13 @@ class FedEviObjective(ClientObjective):
         sample = None  # whole images, or this round's windows for both models
         if self.surrogate_windows is not None and engine.window_sample_available:
             sample = engine.window_sample("validation", self.surrogate_windows, int(expected_round), SAMPLE_PURPOSE)
-        gap = float(self._per_image(engine, model, epistemic_uncertainty, sample).mean())
+        grid = self.uncertainty_grid == "network" and not getattr(engine, "volumes", False)
+        epistemic = functools.partial(epistemic_uncertainty, clamp=self.clamp_epistemic)
+        gap = float(self._per_image(engine, model, epistemic, sample, grid).mean())
 
         local_model = copy.deepcopy(model)
         local_model.load_state_dict(local["state_dict"])
-        aleatoric = self._per_image(engine, local_model, aleatoric_uncertainty, sample)
+        aleatoric = self._per_image(engine, local_model, aleatoric_uncertainty, sample, grid)
         return {
             "G": gap,
             "A": float(aleatoric.mean()),
@@ -168,12 +185,14 @@ class FedEviObjective(ClientObjective):
         }
 
     @staticmethod
-    def _per_image(engine: "SegEngine", model: nn.Module, uncertainty, sample: Optional[List] = None) -> torch.Tensor:
-        """Pixel-mean uncertainty of every validation image, ``(N_val,)`` float64 on the CPU; with a window
-        ``sample`` (``engine.window_sample``), of every sampled image over its sampled cells' pixels."""
+    def _per_image(engine: "SegEngine", model: nn.Module, uncertainty, sample: Optional[List] = None,
+                   network_grid: bool = False) -> torch.Tensor:
+        """Pixel-mean uncertainty of every validation image, ``(N_val,)`` float64 on the CPU (at the image's own
+        size, or on the network's grid with ``network_grid``); with a window ``sample`` (``engine.window_sample``),
+        of every sampled image over its sampled cells' pixels."""
         values = []
         if sample is None:
-            for _inputs, _labels, logits, _features in engine.iterate_logits(model, "validation"):
+            for _inputs, _labels, logits, _features in engine.iterate_logits(model, "validation", network_grid=network_grid):
                 values.append(_per_image_mean(uncertainty(dirichlet_alpha(logits.float()))).cpu())
         else:
             for _entry, logits, masks in engine.iterate_window_logits(model, "validation", sample):

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import Dict
+from typing import Any, Dict, Optional, Sequence
 
 _RECIPES: Dict[str, str] = {
     "fedavg": "fedseg.recipes.fedavg:FedAvgRecipe",
@@ -37,3 +37,49 @@ def get_recipe_class(method: str):
 
 def available_methods():
     return sorted(_RECIPES)
+
+
+#: the published methods of the suite, whose ``paper`` profiles are their authors' local protocols
+PUBLISHED_METHODS = ("graphfedseg", "fedevi", "fvac", "pathfl", "fedefm_downstream")
+
+
+def paper_protocol(method: str) -> Dict[str, Any]:
+    """The local training protocol of ``method``'s ``paper`` profile: ``{"num_rounds", "train_config"}`` with every
+    key of :data:`fedseg.config.LOCAL_PROTOCOL_KEYS` (the base value where the profile leaves one unset), so that a
+    method given these as overrides trains exactly as the protocol says, whatever its own profile sets.
+
+    Raises:
+        ValueError: an unknown method, or one without a ``paper`` profile.
+    """
+    from fedseg.config import LOCAL_PROTOCOL_KEYS, resolve_profile
+
+    module = importlib.import_module(_RECIPES[method].split(":")[0]) if method in _RECIPES else None
+    profiles = getattr(module, "PAPER_PROFILES", None) if module is not None else None
+    if not profiles or "paper" not in profiles:
+        raise ValueError(f"method {method!r} has no paper profile to take a local protocol from; "
+                         f"methods with one: {[m for m in available_methods() if _has_paper_profile(m)]}")
+    resolved = resolve_profile("paper", profiles)
+    return {"num_rounds": resolved["num_rounds"],
+            "train_config": {k: resolved["train_config"][k] for k in LOCAL_PROTOCOL_KEYS}}
+
+
+def _has_paper_profile(method: str) -> bool:
+    module = importlib.import_module(_RECIPES[method].split(":")[0])
+    return "paper" in (getattr(module, "PAPER_PROFILES", None) or {})
+
+
+def comparison_protocol(methods: Sequence[str], protocol: Optional[str] = None) -> str:
+    """The method whose ``paper`` protocol a comparison of ``methods`` shares: ``protocol`` when given, else the one
+    published method among ``methods`` (:data:`PUBLISHED_METHODS`), else ``fedavg``'s.
+
+    Raises:
+        ValueError: ``protocol`` is unknown, or ``methods`` hold several published methods and no ``protocol``.
+    """
+    if protocol is not None:
+        get_recipe_class(protocol)
+        return protocol
+    published = sorted({m for m in methods if m in PUBLISHED_METHODS})
+    if len(published) > 1:
+        raise ValueError(f"the methods {published} each have their authors' local protocol; name the one this comparison "
+                         "uses (fedseg bench --protocol METHOD)")
+    return published[0] if published else "fedavg"

@@ -8,8 +8,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from nvflare.app_opt.pt.job_config.base_fed_job import BaseFedJob
-from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
-from nvflare.recipe.spec import Recipe
+from nvflare.recipe.spec import ExecEnv, Recipe
 
 from fedseg.bundle import build_network
 from fedseg.config import default_task_timeout
@@ -17,6 +16,8 @@ from fedseg.fl.audit import ResultAuditFilter
 from fedseg.fl.controller import FedSegController
 from fedseg.fl.protocol import EVALUATE_TASK, TRAIN_TASK
 from fedseg.fl.site_executor import FedSegScriptExecutor, FedSegSiteExecutor
+from fedseg.recipes.environments import ExecEnvError, deployment_failure, prepare_env
+from fedseg.recipes.tracking import add_tensorboard
 from fedseg.strategies.registry import get_strategy_class
 
 #: ``site_executor`` option -> how a site receives its tasks (``fedseg.fl.site_executor``)
@@ -68,7 +69,9 @@ def build_initial_network(train_config: Dict[str, Any]):
 
 
 class FedSegRecipe(Recipe):
-    """NVFlare job for one federated segmentation method.
+    """NVFlare Job Recipe for one federated segmentation method: exported as a job folder (``fedseg export``:
+    ``jobs/<method>``) or run as it is in an execution environment, ``recipe.execute(SimEnv(...))`` (or ``PocEnv``,
+    ``ProdEnv``; ``jobs/job.py``). The job carries no code; every participant runs its installed fedseg.
 
     Args:
         name: job name (also the exported folder's job name).
@@ -122,7 +125,6 @@ class FedSegRecipe(Recipe):
             name=name,
             min_clients=min_clients,
             key_metric=None,
-            analytics_receiver=TBAnalyticsReceiver(events=["fed.analytix_log_stats"]),
         )
         controller = FedSegController(
             method=method,
@@ -150,3 +152,28 @@ class FedSegRecipe(Recipe):
         # (NVFlare filter tables have no wildcard: list every task this method uses)
         tasks = [TRAIN_TASK, EVALUATE_TASK] + list(get_strategy_class(strategy).extra_tasks)
         self.add_server_input_filter(ResultAuditFilter(), tasks=tasks)
+        # the sites' metric curves in TensorBoard, through NVFlare's recipe utility (fedseg.recipes.tracking:
+        # MLflow can be added beside it)
+        add_tensorboard(self)
+
+    def process_env(self, env: ExecEnv) -> None:
+        """Ready ``env`` for this job before NVFlare deploys it (NVFlare calls this in ``run`` / ``execute``): in
+        ``SimEnv`` fedseg's component allow list goes into the simulated workspace; ``PocEnv`` and ``ProdEnv`` are checked
+        (the POC project's site policy, the admin's startup kit) — ``fedseg.recipes.environments``.
+
+        Raises:
+            ExecEnvError: the environment cannot run this job as it is (one line naming the fix).
+        """
+        prepare_env(env, self.name)
+
+    def run(self, env: ExecEnv, server_exec_params: Optional[dict] = None, client_exec_params: Optional[dict] = None):
+        """NVFlare's ``Recipe.run``; a deployment that fails raises :class:`ExecEnvError` saying what to do next."""
+        try:
+            return super().run(env, server_exec_params=server_exec_params, client_exec_params=client_exec_params)
+        except ExecEnvError:
+            raise
+        except Exception as e:  # noqa: BLE001 - explained for the environments we know, re-raised as is otherwise
+            explained = deployment_failure(env, self.name, e)
+            if explained is None:
+                raise
+            raise explained from e

@@ -12,7 +12,11 @@ def export_job(method: str, out_dir: os.PathLike, profile: str = "default", **re
     """Export ``method``'s recipe into ``out_dir/<method>`` (replacing an older export)."""
     from fedseg.recipes import get_recipe_class
 
-    recipe = get_recipe_class(method)(profile=profile, **recipe_args)
+    return write_job(get_recipe_class(method)(profile=profile, **recipe_args), out_dir)
+
+
+def write_job(recipe, out_dir: os.PathLike) -> Path:
+    """Export a built recipe into ``out_dir/<job name>`` (replacing an older export), byte-stable; returns the folder."""
     target = Path(out_dir) / recipe.name
     if target.exists():
         shutil.rmtree(target)

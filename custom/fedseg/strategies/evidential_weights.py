@@ -1,6 +1,7 @@
 """FedEvi's aggregation-weight update (paper Eqs. 7-8; reference code main loop).
 
     beta_k^r = beta_k^{r-1} + delta * G_k * R_k        G_k: surrogate's epistemic uncertainty on site k
+              (``accumulate=False``: delta * G_k * R_k alone, the previous weights forgotten)
     beta^r  <- beta^r / sum(beta^r)                     R_k: reliability of site k's local model
     beta^r  <- max(beta^r, clip)                        (reference code: clip = 1e-3)
     beta^r  <- beta^r / sum(beta^r)                     (only with ``renormalise_after_clip``)
@@ -10,6 +11,11 @@ Reliability R_k, two forms:
              (reference code: ``client_weight += ratio * u_dis / u_data``)
     "paper"  R = mean over validation images of 1 / (pixel-mean aleatoric uncertainty)   (Eq. 7)
 By Jensen, paper >= code, and one very confident image can dominate the paper form.
+
+Accumulating or not: the reference code's published version and its log (weights drifting round by round from the
+sample shares) accumulate (``client_weight += ...``); another version of its main loop in the public repository
+assigns (``client_weight = ...``), so that each round's weights depend on that round's G / A only. Both are here
+(``accumulate``); the default is the published run's.
 
 Renormalising after the clip: the reference code clips without renormalising, so when the clip binds
 the weights sum to slightly more than 1 and the "average" scales the model up. The weights here feed
@@ -49,6 +55,7 @@ def update_beta(
     delta: float = 1.0,
     clip: float = 1e-3,
     renormalise_after_clip: bool = True,
+    accumulate: bool = True,
 ) -> Weights:
     """One FedEvi weight update; returns the new weights in the same form as ``beta_prev``.
 
@@ -60,6 +67,7 @@ def update_beta(
         delta: adjustment magnitude (paper: 1.0).
         clip: lower bound applied after normalising (reference code: 1e-3); 0 disables it.
         renormalise_after_clip: renormalise to sum 1 after clipping (see module docstring).
+        accumulate: add the update to ``beta_prev`` (default) or replace it (module docstring).
 
     Returns:
         a mapping with ``beta_prev``'s keys, or a float64 array of length K.
@@ -72,7 +80,7 @@ def update_beta(
         raise ValueError(f"beta_prev, G, R need the same length, got {prev.shape}, {gap.shape}, {rel.shape}")
     if np.any(prev < 0) or np.any(gap < 0) or np.any(rel < 0) or delta < 0:
         raise ValueError("beta_prev, G, R and delta must be non-negative")
-    beta = prev + delta * gap * rel
+    beta = (prev if accumulate else 0.0) + delta * gap * rel
     total = beta.sum()
     if total <= 0:
         raise ValueError("all weights are zero: cannot normalise")

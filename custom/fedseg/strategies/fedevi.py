@@ -44,6 +44,7 @@ class FedEviStrategy(ServerStrategy):
             near-certain image), "paper" -> R = mean(1 / U_ale) as in Eq. 7.
         beta0: "samples" (n_k / sum n) or "uniform" (1/K).
         clip: lower bound on a weight after normalising (reference code: 1e-3).
+        accumulate: add each round's ``delta * G * R`` to the previous weights (reference log) or replace them.
     """
 
     name = "fedevi"
@@ -58,6 +59,7 @@ class FedEviStrategy(ServerStrategy):
         clip: float = 1e-3,
         use_gap: bool = True,
         use_reliability: bool = True,
+        accumulate: bool = True,
     ):
         super().__init__()
         if weight_form not in RELIABILITY_FORMS:
@@ -75,6 +77,8 @@ class FedEviStrategy(ServerStrategy):
         # delta = 0 keeps beta at beta^0 (evidential model training only, "EMT")
         self.use_gap = bool(use_gap)
         self.use_reliability = bool(use_reliability)
+        # add each round's G * R to the previous weights (the reference run) or replace them (evidential_weights)
+        self.accumulate = bool(accumulate)
         #: current aggregation weights over every site seen so far (sum 1)
         self.beta: Dict[str, float] = {}
 
@@ -87,6 +91,7 @@ class FedEviStrategy(ServerStrategy):
             "clip": self.clip,
             "use_gap": self.use_gap,
             "use_reliability": self.use_reliability,
+            "accumulate": self.accumulate,
         }
 
     def start(self, clients: List[str], initial_params) -> None:
@@ -168,6 +173,7 @@ class FedEviStrategy(ServerStrategy):
         beta = update_beta(
             {s: prev[s] / held for s in answered}, gaps, rel, delta=self.delta, clip=self.clip,
             renormalise_after_clip=True,  # weighted_average needs a convex combination
+            accumulate=self.accumulate,
         )
         # answering sites share the stored mass they held; a dropped site keeps its stored weight
         stored_mass = sum(self.beta[s] for s in answered)

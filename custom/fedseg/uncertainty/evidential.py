@@ -69,13 +69,15 @@ def aleatoric_uncertainty(alpha: torch.Tensor) -> torch.Tensor:
     return (rho * (torch.digamma(strength + 1.0) - torch.digamma(alpha + 1.0))).sum(dim=1, keepdim=True)
 
 
-def epistemic_uncertainty(alpha: torch.Tensor) -> torch.Tensor:
+def epistemic_uncertainty(alpha: torch.Tensor, clamp: bool = True) -> torch.Tensor:
     """Mutual information ``I[y, rho] = H[rho] - E[H[Cat(rho)]]``, shape ``(B, 1, *spatial)``, >= 0.
 
     Mathematically non-negative (entropy is concave); for very confident pixels the difference of two
-    nearly equal numbers can round to a tiny negative value, which is clamped to 0.
+    nearly equal numbers can round to a tiny negative value, which is clamped to 0 (``clamp=False`` keeps the
+    difference as computed, as the FedEvi reference code does).
     """
-    return (total_uncertainty(alpha) - aleatoric_uncertainty(alpha)).clamp_min(0.0)
+    difference = total_uncertainty(alpha) - aleatoric_uncertainty(alpha)
+    return difference.clamp_min(0.0) if clamp else difference
 
 
 # --- Evidential regulariser (Sensoy et al. 2018; FedEvi Eq. 10) -------------------------------------
