@@ -214,9 +214,23 @@ def test_best_validation_round_is_the_round_with_the_highest_mean_validation_dic
     assert all(torch.equal(best[k], torch.as_tensor(saved[k])) for k in best)
     for site in sites:
         assert (tmp / "sites" / site / "fedseg_outputs" / site / "per_image_global_best_val.json").is_file()
+    stored = torch.load(tmp / "server" / report["final"]["best_val_checkpoint"], weights_only=True)
+    assert all(torch.equal(stored["model"][k], best[k]) for k in best) and stored["train_config"]["eval_best_val_round"]
     # validation answers carry only the validation metric
     validation = [r for r in controller.received if r["task"] == "evaluate" and r["round"] < 3]
     assert validation and all(r["params"] == [] for r in validation)
+
+
+def test_summarise_shows_the_best_round_and_the_largest_component_scores(protocol_run, capsys):
+    from fedseg.cli import main
+
+    report, sites, tmp = protocol_run
+    main(["summarise", str(tmp / "server" / "report.json")])
+    out = capsys.readouterr().out
+    assert f"best validation round's global model (round {report['final']['best_val_round']})" in out
+    assert "Dice LCC" in out and str(tmp / "server" / "best_val_model.pt") in out
+    summary = (tmp / "server" / "summary.md").read_text()
+    assert "Best validation round's global model" in summary
 
 
 def test_best_round_selection_keeps_the_earlier_of_equal_rounds_and_skips_missing_scores():

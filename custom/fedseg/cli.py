@@ -254,10 +254,12 @@ def _print_summary(report_path: Path) -> None:
     out = Path(report_path).parent
     figures = plot_report(data, out / "plots", validation_metric(data))
     (out / "summary.md").write_text(summarise(data, figures, base=out))
-    for which in ("global", "personalized"):
+    titles = {"global": "final global model", "personalized": "final personalized model",
+              "global_best_val": f"best validation round's global model (round {(data.get('final') or {}).get('best_val_round')})"}
+    for which in ("global", "global_best_val", "personalized"):
         rows = final_table(data, which)
         if rows:
-            print(f"\n{data['method']} — final {which} model (test split)")
+            print(f"\n{data['method']} — {titles[which]} (test split)")
             print(f"{'site':<14}" + "".join(f"{METRIC_HEADERS[n]:>19}" for n in metric_columns(data, which)))
             for row in rows:
                 print(f"{row[0].strip('*'):<14}" + "".join(f"{c:>19}" for c in row[1:]))
@@ -273,6 +275,8 @@ def _print_summary(report_path: Path) -> None:
         print("global model: no FL_global_model.pt in this run directory (copied report?)")
     else:
         print(f"global model: {models['global']}")
+    if (data.get("final") or {}).get("best_val_checkpoint"):
+        print(f"best validation round's model: {out / data['final']['best_val_checkpoint']}")
     for site, path in models["personalized"].items():
         print(f"personalised model of {site}: {path}")
     task = (data.get("config") or {}).get("train_config", {}).get("task")

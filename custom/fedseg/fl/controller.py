@@ -21,7 +21,8 @@ from nvflare.app_common.workflows.model_controller import ModelController
 from fedseg.bundle import build_network
 from fedseg.config import default_task_timeout
 from fedseg.fl.checkpoint import load_checkpoint, save_checkpoint
-from fedseg.fl.model_selection import BEST_VAL_MODEL, SPLIT_META_KEY, VALIDATION_SPLIT, BestValidationRound
+from fedseg.fl.model_selection import (BEST_VAL_CHECKPOINT, BEST_VAL_MODEL, SPLIT_META_KEY, VALIDATION_SPLIT,
+                                       BestValidationRound)
 from fedseg.fl.payload import payload_dtype, to_wire
 from fedseg.fl.protocol import (BASE_STATISTICS, EVALUATE_TASK, META_KEY, SPATIAL_KEY, SPATIAL_MODE_CODES,
                                 SUBMIT_MODEL_TASK, TRAIN_TASK, unpack_models)
@@ -251,6 +252,10 @@ class FedSegController(ModelController):
             report.final["best_val_round"] = self._selection.best_round
             report.final["best_val_score"] = self._selection.best_score
             report.final[BEST_VAL_MODEL] = self._evaluate({s: self._selection.params for s in clients}, BEST_VAL_MODEL)
+            # in the bundle's checkpoint format with the job's train_config, for fedseg infer (like the personalised ones)
+            path = Path(self.get_run_dir()) / BEST_VAL_CHECKPOINT
+            torch.save({"model": self._selection.params, "train_config": self.saved_train_config()}, path)
+            report.final["best_val_checkpoint"] = BEST_VAL_CHECKPOINT
         personalised = self._strategy.personalized_params()
         if personalised is None and self._strategy.personalized_at_sites:
             personalised = self._collect_personalised(clients)

@@ -6,8 +6,8 @@ with its validation metric only (``val_dice``, or ``val_accuracy`` for classific
 the plain mean over the sites that answered (every site counts once, as in the per-site mean Dice the reports
 quote). :class:`BestValidationRound` keeps the global model of the best round so far (a strictly higher score
 replaces it: of equal rounds the earlier is kept); after the last round the controller evaluates that model on
-the test splits as ``final.global_best_val``, beside ``final.global`` (the last round's model), and records the
-round in ``final.best_val_round``.
+the test splits as ``final.global_best_val``, beside ``final.global`` (the last round's model), records the
+round in ``final.best_val_round`` and writes the model to ``best_val_model.pt`` in the run directory.
 
 Selection reads validation splits only. The FedEvi reference code instead tests every round whose mean
 validation loss improved and keeps the best *test* Dice among them, which lets the test split choose the model;
@@ -26,6 +26,8 @@ SPLIT_META_KEY = "split"
 VALIDATION_SPLIT = "validation"
 #: the model name of the best round's global model in the final evaluation
 BEST_VAL_MODEL = "global_best_val"
+#: the best round's global model in the run directory (``{"model", "train_config"}``, as ``fedseg infer`` reads it)
+BEST_VAL_CHECKPOINT = "best_val_model.pt"
 
 
 class BestValidationRound:
