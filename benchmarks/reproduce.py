@@ -954,8 +954,9 @@ def render_protocol_ablation(table_id: str, table: Mapping[str, Any], outputs: S
         lines.append("| " + " | ".join(cells) + " |")
     absent = [f"`{name}`" for name, o in benches.items() if o is None]
     dates = sorted(str(o.get("date", ""))[:16].replace("T", " ") for o in present.values())
-    note = ("One bench per setting (the same built-in federation, seeds and budget); in each, FedAvg and FedEvi train with "
-            "the same local protocol. Score cells: mean over sites, mean ± std over seeds. Per seed: each seed's mean over "
+    note = ("One bench per setting (the same federation, seeds, rounds and epochs; the caption's budget is the first "
+            "bench's, each bench's command is in the registry: `python benchmarks/reproduce.py --list`); in each, FedAvg "
+            "and FedEvi train with the same local protocol. Score cells: mean over sites, mean ± std over seeds. Per seed: each seed's mean over "
             "sites, FedEvi minus FedAvg (seeds ahead). Per image: mean per-image difference, same seed, pooled over seeds "
             "and sites, two-sided Wilcoxon. 'vs suite default': the same method's per-image difference to its run under the "
             f"suite default (first row). Benches dated {dates[0]} to {dates[-1]}."

@@ -49,7 +49,7 @@ def _flip_outcomes(level: str, draws: int) -> dict:
 
 
 def test_flip_preset_draws_one_flip_along_a_random_axis_half_of_the_time():
-    draws = 2000
+    draws = 800
     seen = _flip_outcomes("flip", draws)
     assert seen["other"] == 0  # never a rotation, never both flips
     # P(no flip) = 0.5, P(rows) = P(cols) = 0.25 (the reference code's RandomFlip): exact binomial tests

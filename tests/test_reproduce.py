@@ -621,6 +621,40 @@ def test_budget_curve_has_a_column_per_bench_and_names_the_missing_one(reproduce
         reproduce.render("curve", tmp_path / "empty", runs=runs, tables=tables)
 
 
+def test_protocol_ablation_rows_pair_each_bench_and_each_method_against_the_reference_bench(reproduce, tmp_path):
+    """``render: protocol-ablation``: per row, the baseline's and the method's Dice over seeds, the method − baseline
+    difference per seed (mean ± std, seeds ahead) and per image (scipy's Wilcoxon), and each one's per-image
+    difference to its run in the reference bench; a metric or model other than the reference's leaves those blank."""
+    benches = {}
+    for name, offset in (("default", 0.0), ("variant", -0.03)):
+        records = []
+        for seed in SEEDS:
+            records += [seg_record("fedavg", "fedavg", seed, offset), seg_record("fedevi", "fedevi", seed, 0.02 + offset)]
+        _store_bench(tmp_path, name, records, f"fedseg bench --{name} --out x")
+        benches[name] = records
+    runs = {n: {"out": n, "commands": [f"fedseg bench --{n} --out {{out}}"]} for n in ("default", "variant", "later")}
+    tables = {"ablation": {"run": ["default", "variant", "later"], "render": "protocol-ablation", "missing_ok": True,
+                           "reference": ("default", "fedavg", "fedevi"), "title": "Toy ablation",
+                           "rows": [("default", "fedavg", "fedevi", "default", "dice", "global"),
+                                    ("variant", "fedavg", "fedevi", "+ variant", "dice", "global"),
+                                    ("variant", "fedavg", "fedevi", "+ variant, HD95", "hd95", "global")]}}
+    text = reproduce.render("ablation", tmp_path, runs=runs, tables=tables)
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    cells = _row(lines, "+ variant")
+    records = benches["variant"]
+    assert cells[1] == _pm(_site_mean_per_seed(records, "fedavg", "dice"), 3)
+    assert cells[2] == _pm(_site_mean_per_seed(records, "fedevi", "dice"), 3)
+    per_seed = np.array(_site_mean_per_seed(records, "fedevi", "dice")) - np.array(_site_mean_per_seed(records, "fedavg", "dice"))
+    assert cells[3] == f"{per_seed.mean():+.3f} ± {per_seed.std(ddof=1):.3f} ({int((per_seed > 0).sum())} of 3)"
+    x, y = _pairs(records, "fedevi", "fedavg", "dice")
+    assert cells[4] == f"{np.mean(x - y):+.3f} ({_fmt_p(sps.wilcoxon(x, y).pvalue)})"
+    for col, label in ((5, "fedavg"), (6, "fedevi")):  # against the same method in the reference bench, image by image
+        x, y = _pairs(records + [dict(r, label="ref") for r in benches["default"] if r["label"] == label], label, "ref", "dice")
+        assert cells[col] == f"{np.mean(x - y):+.3f} ({_fmt_p(sps.wilcoxon(x, y).pvalue)})"
+    assert _row(lines, "default")[5:] == ["", ""] and _row(lines, "+ variant, HD95")[5:] == ["", ""]
+    assert "Not run yet: `later`." in text
+
+
 def test_paper_column_puts_each_published_number_on_its_approach(reproduce, seg_results, tmp_path):
     """``"paper"``: a last column with the registry's published number on the first row of each label (GraphFedSeg's
     on its global row, not its personalised one), blank for rows without one; the note names the source."""
