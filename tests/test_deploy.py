@@ -151,6 +151,18 @@ def test_poc_project_binds_server_to_loopback(tmp_path):
     for site in ("server", "site-1", "site-2", "site-3"):
         resources = json.loads((prod / site / "local" / "resources.json.default").read_text())
         assert resources["class_allow_list"] == class_allow_list()
+    server = json.loads((prod / "server" / "local" / "resources.json.default").read_text())
+    (scheduler,) = [c for c in server["components"] if c["id"] == "job_scheduler"]
+    assert scheduler["args"]["min_schedule_interval"] == 2.0  # JobSchedulerBuilder; NVFlare's other args kept
+    assert scheduler["args"]["max_jobs"] == 4
+
+
+def test_job_scheduler_builder_refuses_a_bad_interval():
+    from fedseg.deploy import JobSchedulerBuilder
+
+    for bad in (0, -1, "2", 601):
+        with pytest.raises(ValueError, match="min_schedule_interval"):
+            JobSchedulerBuilder(bad)
 
 
 @pytest.fixture(scope="module")
