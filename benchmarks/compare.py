@@ -16,7 +16,7 @@ command resumes.
 Usage:
     python benchmarks/compare.py --scenario polyp --methods fedavg --rounds 15 --local-epochs 1 \\
         --image-size 64 --out /tmp/fedseg_bench/compare_polyp
-    python benchmarks/compare.py --scenario retina --retina-root /work/shared/data/retina_vessels \\
+    python benchmarks/compare.py --scenario retina --retina-root $FEDSEG_DATASETS/retina_vessels \\
         --methods fedavg fedevi --rounds 20 --image-size 128 --out /tmp/fedseg_bench/compare_retina
 equivalent to
     fedseg bench --family polyp --methods fedavg --rounds 15 --local-epochs 1 --image-size 64 \\
@@ -36,8 +36,10 @@ def bench_argv(args: argparse.Namespace, out: Path) -> List[str]:
     """The ``fedseg bench`` arguments equivalent to this script's ``args`` (imports retina data first)."""
     argv = ["bench", "--out", str(out)]
     if args.scenario == "retina":
-        from fedseg.data.retina import import_retina, participant_split
+        from fedseg.data.importers.retina import import_retina, participant_split
 
+        if not args.retina_root:
+            raise SystemExit("compare.py: --scenario retina needs --retina-root DIR (or FEDSEG_DATASETS set)")
         data_dir = out / "data"
         paths = import_retina(args.retina_root, data_dir, seed=args.seed)
         if args.participants:  # e.g. FVAC's DRIVE x3, STARE x1, CHASE_DB1 x1
@@ -62,7 +64,9 @@ def main(argv=None) -> Dict[str, Any]:
     parser.add_argument("--methods", nargs="*", default=["fedavg"],
                         help="methods or ablation rows LABEL=METHOD:key=value,... (fedseg.bench.runs.parse_variant)")
     parser.add_argument("--scenario", choices=["polyp", "vessel", "nuclei", "retina"], default="polyp")
-    parser.add_argument("--retina-root", default=os.environ.get("FEDSEG_RETINA_ROOT", "/work/shared/data/retina_vessels"))
+    data_root = os.environ.get("FEDSEG_DATASETS")
+    parser.add_argument("--retina-root", default=os.path.join(data_root, "retina_vessels") if data_root else None,
+                        help="the retina_vessels folder (default $FEDSEG_DATASETS/retina_vessels); retina only")
     parser.add_argument("--participants", default=None,
                         help="retina only: split domains among participants, e.g. DRIVE=3,STARE=1,CHASE_DB1=1")
     parser.add_argument("--sites", nargs="+", default=["site-1", "site-2", "site-3"], help="synthetic scenarios only")

@@ -53,7 +53,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from fedseg.data.synthetic_volumes import VOLUME_FAMILIES
+from fedseg.data.synthetic.volumes import VOLUME_FAMILIES
 
 
 def _sync() -> None:

@@ -1,5 +1,5 @@
 """What a phase-1 foundation classifier gets right on the built-in X-ray silos: the whole class, the scanner
-part, the device part (docs/benchmarks.md, section h).
+part, the device part.
 
 The built-in label space is ``xray/<scanner>/<device>``; a model can be right about the scanner and wrong about
 the device. For each checkpoint (``FL_global_model.pt`` of a ``fedseg bench`` run) this scores the test split of
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fedseg.data.classification_transforms import classification_transforms
-from fedseg.data.synthetic_xray import DEVICES
+from fedseg.data.synthetic.xray import DEVICES
 from fedseg.foundation import build_vit
 from fedseg.inference import load_state_dict
 

@@ -1,11 +1,11 @@
-"""Can the tiny foundation ViT learn one built-in X-ray silo from scratch? (docs/benchmarks.md, section h)
+"""Can the tiny foundation ViT learn one built-in X-ray silo from scratch?
 
 A plain PyTorch loop (no fedseg engine): Adam at ``--lr`` on the silo's training images, train and validation
 accuracy every 10 epochs. ``--raw-input`` switches the ViT's fixed input standardisation off (``input_mean=0,
 input_std=1``: the network sees ``[0, 1]`` pixels, as before it had one); ``--flips`` adds the engine's random
 horizontal/vertical flips. Generate the silos first, e.g.
 
-    python -c "from fedseg.data.xray_builtin import builtin_foundation_silos as b; \
+    python -c "from fedseg.data.synthetic.xray_builtin import builtin_foundation_silos as b; \
 b('/tmp/vit_data', ['site-1', 'site-2', 'site-3'], unseen=1.0, seed=0, profile='default')"
     python benchmarks/vit_from_scratch.py --datalist /tmp/vit_data/site-1/datalist.json --lr 3e-4 --epochs 30 --flips
 """

@@ -185,7 +185,7 @@ def test_restored_strategy_continues_identically(case, stop_after):
 
 
 def test_state_carries_each_methods_own_state():
-    """The fields issue 12 names: FedEvi's beta, GraphFedSeg's graph + personalised models, PathFL's pool."""
+    """The stateful fields of the methods: FedEvi's beta, GraphFedSeg's graph + personalised models, PathFL's pool."""
     got = {}
     for case in ("fedevi", "graphfedseg", "pathfl", "fedefm-dfl"):
         name, options, make_model = CASES[case]()

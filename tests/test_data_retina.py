@@ -20,6 +20,7 @@ from fedseg.data import (
     load_datalist,
     participant_split,
 )
+from real_data import real_data_folder
 
 SPLITS = ("training", "validation", "test")
 COLUMNS = ["site", "id", "split", "image", "mask", "fov", "height", "width", "vessel_fraction"]
@@ -183,7 +184,7 @@ def test_participant_split_on_synthetic(tmp_path):
         load_datalist(path, check_files=True)
 
 
-REAL_ROOT = Path(os.environ.get("FEDSEG_RETINA_ROOT", DEFAULT_RETINA_ROOT))
+REAL_ROOT = real_data_folder(DEFAULT_RETINA_ROOT, "FEDSEG_RETINA_ROOT")
 
 
 @pytest.mark.skipif(not (REAL_ROOT / "manifest.csv").is_file(), reason=f"no retina data at {REAL_ROOT}")

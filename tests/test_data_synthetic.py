@@ -14,7 +14,7 @@ from PIL import Image
 from scipy import ndimage
 
 from fedseg.data import PROFILES, generate_federation, generate_site_data, load_datalist
-from fedseg.data.synthetic_files import split_counts as _split_counts
+from fedseg.data.synthetic.files import split_counts as _split_counts
 
 SITES = ["site-1", "site-2", "site-3", "site-4"]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import subprocess
 from pathlib import Path
 
@@ -17,7 +16,8 @@ from PIL import Image
 
 from fedseg.data import DEFAULT_NUCLEI_ROOT, DEFAULT_RETINA_ROOT, DatalistError, generate_site_data, load_datalist
 from fedseg.data.classification import load_classification_datalist
-from fedseg.data.foundation import build_foundation
+from fedseg.data.importers.foundation import build_foundation
+from fedseg.data.importers.xray_angio import ARCADE_CLASSES, DEFAULT_XRAY_ANGIO_ROOT, arcade_crops, import_dca1
 from fedseg.data.silos import (
     MIN_CLASSES_PER_SILO,
     assign_classes,
@@ -26,9 +26,8 @@ from fedseg.data.silos import (
     write_silos,
 )
 from fedseg.data.synthetic import FAMILIES
-from fedseg.data.synthetic_xray import DEVICES, _acquire, draw_xray_anatomy, xray_frame
-from fedseg.data.xray_angio import ARCADE_CLASSES, DEFAULT_XRAY_ANGIO_ROOT, arcade_crops, import_dca1
-from fedseg.data.xray_builtin import (
+from fedseg.data.synthetic.xray import DEVICES, _acquire, draw_xray_anatomy, xray_frame
+from fedseg.data.synthetic.xray_builtin import (
     builtin_assignment,
     builtin_downstream_sites,
     builtin_foundation_silos,
@@ -38,6 +37,7 @@ from fedseg.data.xray_builtin import (
     scanner_anatomy,
     scanner_names,
 )
+from real_data import real_data_folder
 
 
 def _files(root: Path):
@@ -331,9 +331,9 @@ def test_builtin_bad_input(tmp_path):
 # real-data importers (skipped where the shared data is absent) and the phase-1 assembly
 # ---------------------------------------------------------------------------------------------
 
-XRAY_ROOT = Path(os.environ.get("FEDSEG_XRAY_ANGIO_ROOT", DEFAULT_XRAY_ANGIO_ROOT))
-RETINA_ROOT = Path(os.environ.get("FEDSEG_RETINA_ROOT", DEFAULT_RETINA_ROOT))
-NUCLEI_ROOT = Path(os.environ.get("FEDSEG_NUCLEI_ROOT", DEFAULT_NUCLEI_ROOT))
+XRAY_ROOT = real_data_folder(DEFAULT_XRAY_ANGIO_ROOT, "FEDSEG_XRAY_ANGIO_ROOT")
+RETINA_ROOT = real_data_folder(DEFAULT_RETINA_ROOT, "FEDSEG_RETINA_ROOT")
+NUCLEI_ROOT = real_data_folder(DEFAULT_NUCLEI_ROOT, "FEDSEG_NUCLEI_ROOT")
 needs_xray = pytest.mark.skipif(not (XRAY_ROOT / "manifest.csv").is_file(), reason="xray_angio data not available")
 needs_all = pytest.mark.skipif(
     not all((r / "manifest.csv").is_file() for r in (XRAY_ROOT, RETINA_ROOT, NUCLEI_ROOT)), reason="shared data not available"

@@ -13,7 +13,7 @@ from scipy import ndimage
 from fedseg.data import generate_federation, generate_site_data, load_datalist
 from fedseg.data.labels import LabelSpace
 from fedseg.data.synthetic import family_label_space
-from fedseg.data.synthetic_fundus import FUNDUS_CDR_BAND
+from fedseg.data.synthetic.fundus import FUNDUS_CDR_BAND
 
 SITES = ["site-1", "site-2", "site-3"]
 

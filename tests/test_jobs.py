@@ -39,7 +39,7 @@ def test_job_has_no_machine_specific_paths(method):
 
 
 def test_fvac_default_profile_trains_five_local_epochs_unless_told_otherwise():
-    # FVAC's cross-entropy-only loss needs more local steps than Dice+CE (docs/benchmarks.md (e))
+    # FVAC's cross-entropy-only loss needs more local steps than Dice+CE (docs/methods.md, FVAC)
     from fedseg.recipes.fvac import DEFAULT_LOCAL_EPOCHS, FVACRecipe
 
     assert FVACRecipe().train_config["local_epochs"] == DEFAULT_LOCAL_EPOCHS == 5

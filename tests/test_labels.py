@@ -21,8 +21,9 @@ from fedseg.data.labels import (
     site_label_space,
     split_metric_key,
 )
+from real_data import real_data_folder
 
-ODOC_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "odoc_prostate_samples"
+ODOC_ROOT = real_data_folder("odoc_prostate_samples")
 needs_odoc = pytest.mark.skipif(not (ODOC_ROOT / "manifest.csv").is_file(), reason=f"no samples at {ODOC_ROOT}")
 
 FUNDUS = {

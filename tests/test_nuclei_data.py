@@ -22,7 +22,9 @@ from fedseg.data import (
     import_nuclei,
     load_datalist,
 )
-from fedseg.data.synthetic import _RENDERERS, NUCLEI_FRACTION_BAND
+from fedseg.data.synthetic import NUCLEI_FRACTION_BAND
+from fedseg.data.synthetic.families import _RENDERERS
+from real_data import real_data_folder
 
 SPLITS = ("training", "validation", "test")
 COLUMNS = ["site", "id", "split", "image", "mask", "height", "width", "fg_fraction", "slide", "organ", "magnification", "source"]
@@ -235,7 +237,7 @@ def test_cli_nuclei(fake_root, tmp_path, capsys):
               "--organs", "stomach"])
 
 
-REAL_ROOT = Path(os.environ.get("FEDSEG_NUCLEI_ROOT", DEFAULT_NUCLEI_ROOT))
+REAL_ROOT = real_data_folder(DEFAULT_NUCLEI_ROOT, "FEDSEG_NUCLEI_ROOT")
 
 
 @pytest.mark.skipif(not (REAL_ROOT / "manifest.csv").is_file(), reason=f"no nuclei data at {REAL_ROOT}")

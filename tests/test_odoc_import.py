@@ -13,10 +13,11 @@ from PIL import Image
 
 from fedseg.cli import main as cli_main
 from fedseg.data.datalist import DatalistError, load_datalist
+from fedseg.data.importers.odoc import ODOC_FOLDER, import_odoc
 from fedseg.data.labels import LabelSpace
-from fedseg.data.odoc import import_odoc
+from real_data import real_data_folder
 
-REAL_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "odoc_prostate_samples"
+REAL_ROOT = real_data_folder(ODOC_FOLDER)
 needs_real = pytest.mark.skipif(not (REAL_ROOT / "manifest.csv").is_file(), reason=f"no samples at {REAL_ROOT}")
 COLUMNS = ["task", "site", "split", "image", "mask", "height", "width", "image_mode", "mask_shape", "mask_values", "source"]
 

@@ -18,7 +18,7 @@ from scipy import ndimage
 
 from fedseg.data.datalist import load_datalist
 from fedseg.data.labels import LabelSpace
-from fedseg.data.synthetic_volumes import (
+from fedseg.data.synthetic.volumes import (
     FOV_BAND_MM,
     ORGAN_WIDTH_BAND_MM,
     ORIENTATIONS,

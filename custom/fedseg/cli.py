@@ -1,10 +1,10 @@
 """``fedseg`` command line: data, job export, simulator runs, method comparison, run summaries, inference.
 
     fedseg data synth   --family polyp --sites site-1 site-2 site-3 --out DIR
-    fedseg data retina  --src ../shared/data/retina_vessels --out DIR
-    fedseg data nuclei  --src ../shared/data/nuclei_he --out DIR --layout source|organ
-    fedseg data odoc    --src ../shared/data/odoc_prostate_samples --out DIR [--task fundus|prostate]
-    fedseg data dca1    --src ../shared/data/xray_angio --out DIR [--sites DCA1]
+    fedseg data retina  [--src DIR] --out DIR           --src defaults to $FEDSEG_DATASETS/retina_vessels
+    fedseg data nuclei  [--src DIR] --out DIR --layout source|organ        ($FEDSEG_DATASETS/nuclei_he)
+    fedseg data odoc    [--src DIR] --out DIR [--task fundus|prostate]     ($FEDSEG_DATASETS/odoc_prostate_samples)
+    fedseg data dca1    [--src DIR] --out DIR [--sites DCA1]               ($FEDSEG_DATASETS/xray_angio)
     fedseg data foundation --out DIR [--retina DIR --nuclei DIR --arcade DIR] --unseen 1.0 --sites 3
     fedseg export       [--method fedavg | --all] [--profile default] [--out jobs] [--checkpoint-dir ABS] [--task-timeout S]
                         [--task-request-interval S] [--family F] [--labels-from DATALIST] [--set key=value ...]
@@ -33,8 +33,13 @@ from fedseg.recipes.export import export_job  # noqa: F401
 #: built-in synthetic families (== fedseg.data.synthetic.FAMILIES, checked by a test; kept literal so that
 #: building the parser does not import numpy/scipy)
 FAMILY_CHOICES = ("polyp", "vessel", "nuclei", "xray", "fundus")
-#: built-in volume families (== fedseg.data.synthetic_volumes.VOLUME_FAMILIES)
+#: built-in volume families (== fedseg.data.synthetic.volumes.VOLUME_FAMILIES)
 VOLUME_FAMILY_CHOICES = ("prostate3d",)
+
+
+def _src_help(folder: str) -> str:
+    """``--src`` help of a real-data importer (the importer resolves the default: fedseg.data.importers.sources)."""
+    return f"folder with manifest.csv (default: $FEDSEG_DATASETS/{folder}; FEDSEG_DATASETS is the folder holding {folder}/)"
 
 
 def find_reports(path: os.PathLike) -> List[Path]:
@@ -71,26 +76,26 @@ def _import_data(args: argparse.Namespace) -> None:
 
         paths = generate_federation(args.family, args.sites, args.out, seed=args.seed, profile=args.profile)
     elif args.data_cmd == "nuclei":
-        from fedseg.data.nuclei import import_nuclei
+        from fedseg.data.importers.nuclei import import_nuclei
 
         paths = import_nuclei(
             args.src, args.out, layout=args.layout, seed=args.seed, val_fraction=args.val_fraction,
             test_fraction=args.test_fraction, organs=args.organs, min_images=args.min_images, log=print,
         )
     elif args.data_cmd == "odoc":
-        from fedseg.data.odoc import import_odoc
+        from fedseg.data.importers.odoc import import_odoc
 
         paths = import_odoc(args.src, args.out, task=args.task, sites=args.sites, seed=args.seed,
                             val_fraction=args.val_fraction, log=print)
     elif args.data_cmd == "dca1":
-        from fedseg.data.xray_angio import import_dca1
+        from fedseg.data.importers.xray_angio import import_dca1
 
         paths = import_dca1(
             args.src, args.out, sites=args.sites, seed=args.seed, val_fraction=args.val_fraction,
             test_fraction=args.test_fraction,
         )
     elif args.data_cmd == "foundation":
-        from fedseg.data.foundation import build_foundation
+        from fedseg.data.importers.foundation import build_foundation
 
         if args.sites < 1:
             raise ValueError(f"--sites must be at least 1, got {args.sites}")
@@ -101,16 +106,14 @@ def _import_data(args: argparse.Namespace) -> None:
         )
         print(f"label space and assignment: {Path(args.out) / 'label_space.json'}")
     else:
-        from fedseg.data.retina import import_retina
-
-        from fedseg.data.retina import DEFAULT_RESCALE
+        from fedseg.data.importers.retina import DEFAULT_RESCALE, import_retina
 
         rescale = dict(DEFAULT_RESCALE)
         if args.rescale is not None:
             rescale = {k: float(v) for k, _, v in (item.partition("=") for item in args.rescale.split(",") if item)}
         paths = import_retina(args.src, args.out, seed=args.seed, rescale=rescale)
     if getattr(args, "participants", None):
-        from fedseg.data.retina import participant_split
+        from fedseg.data.importers.retina import participant_split
 
         counts = dict((k, int(v)) for k, v in (item.split("=") for item in args.participants.split(",")))
         paths = participant_split(paths, counts, Path(args.out) / "participants", seed=args.seed)
@@ -378,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--profile", default="default")
     synth.add_argument("--seed", type=int, default=0)
     retina = data_sub.add_parser("retina", help="DRIVE / STARE / CHASE_DB1 as three sites (read in place)")
-    retina.add_argument("--src", required=True, help="folder with manifest.csv (e.g. ../shared/data/retina_vessels)")
+    retina.add_argument("--src", default=None, help=_src_help("retina_vessels"))
     retina.add_argument("--out", required=True)
     retina.add_argument("--seed", type=int, default=0)
     retina.add_argument(
@@ -390,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write one datalist per site pointing at the original files (nothing is copied) and "
                     "site_datalists.json. Images of one slide never span two splits; MoNuSeg's official test "
                     "split is kept where a site has one.")
-    nuclei.add_argument("--src", required=True, help="folder with manifest.csv (e.g. ../shared/data/nuclei_he)")
+    nuclei.add_argument("--src", default=None, help=_src_help("nuclei_he"))
     nuclei.add_argument("--out", required=True)
     nuclei.add_argument("--layout", default="source", choices=["source", "organ"],
                         help="source: sites MoNuSeg and TNBC; organ: MoNuSeg organs as sites")
@@ -409,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write one datalist per domain pointing at the original files and site_datalists.json, with the "
                     "label space declared: fundus masks store 0 = cup, 128 = rim, 255 = background (regions disc = "
                     "rim + cup, cup); prostate masks 0 / 255. Every mask is decoded and checked against the manifest.")
-    odoc.add_argument("--src", required=True, help="folder with manifest.csv (e.g. ../shared/data/odoc_prostate_samples)")
+    odoc.add_argument("--src", default=None, help=_src_help("odoc_prostate_samples"))
     odoc.add_argument("--out", required=True)
     odoc.add_argument("--task", default="fundus", choices=["fundus", "prostate"])
     odoc.add_argument("--sites", nargs="+", default=None, help="domains to import (default: all of the task)")
@@ -420,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write one datalist per site pointing at the original files and site_datalists.json. Masks are "
                     "checked binary and against the manifest's foreground fraction; splits are by patient when the "
                     "manifest names patients, else by image.")
-    dca1.add_argument("--src", required=True, help="folder with manifest.csv (e.g. ../shared/data/xray_angio)")
+    dca1.add_argument("--src", default=None, help=_src_help("xray_angio"))
     dca1.add_argument("--out", required=True)
     dca1.add_argument("--sites", nargs="+", default=["DCA1"], help="site names; the images are divided among them")
     dca1.add_argument("--seed", type=int, default=0)
@@ -474,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         "--task-request-interval", type=float, default=None,
-        help="seconds an idle site waits before asking for a task again (default 0.2; see docs/benchmarks.md (j))",
+        help="seconds an idle site waits before asking for a task again (default 0.2: measured by benchmarks/framework_overhead.py)",
     )
     export.add_argument("--family", default=None, choices=FAMILY_CHOICES + VOLUME_FAMILY_CHOICES,
                         help="built-in data family of the job (its label space and, for volumes, its volume settings too)")

@@ -125,7 +125,7 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     # federated schedule
     "local_epochs": 1,
     # validation metric (val_dice / val_accuracy) sent every N rounds and always in the last round: sliding-window
-    # validation of whole slides can cost several times the round's training (docs/benchmarks.md, section g)
+    # validation of whole slides can cost several times the round's training (measured on real nuclei slides; docs/methods.md, PathFL)
     "validate_every": 1,
     # wire dtype of the weights sent each way ("float32" | "float16" | "bfloat16"; fedseg.fl.payload):
     # half precision halves the bytes of a round; models are kept and trained in float32 at both ends

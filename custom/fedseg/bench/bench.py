@@ -20,7 +20,7 @@ from fedseg.bench.runs import (
     save_run, task_metrics,
 )
 from fedseg.bench.simulator import machine_info
-from fedseg.fl.site_data import FOUNDATION_FAMILY  # FedEFM's phase-1 classification silos (fedseg.data.xray_builtin)
+from fedseg.fl.site_data import FOUNDATION_FAMILY  # FedEFM's phase-1 classification silos (fedseg.data.synthetic.xray_builtin)
 
 
 def prepare_federation(out: Path, site_datalists: Optional[str] = None, family: Optional[str] = None,
@@ -38,7 +38,7 @@ def prepare_federation(out: Path, site_datalists: Optional[str] = None, family: 
         mapping = read_site_datalists(site_datalists)
     elif family == FOUNDATION_FAMILY:
         from fedseg.config import BASE_TRAIN_CONFIG
-        from fedseg.data.xray_builtin import builtin_foundation_silos
+        from fedseg.data.synthetic.xray_builtin import builtin_foundation_silos
 
         cfg = {**BASE_TRAIN_CONFIG, **(sets or {})}
         paths = builtin_foundation_silos(out / "data" / FOUNDATION_FAMILY, list(sites or ["site-1", "site-2", "site-3"]),

@@ -1,4 +1,17 @@
-"""Data layer: datalists, built-in synthetic multi-site generators and the real-data importers.
+"""Data layer: datalists and their checks (here), built-in synthetic generators, importers of public data sets.
+
+Layout:
+
+    fedseg/data/            the core every engine, bundle and job reads: datalist.py (strict loading, DatalistError),
+                            checks.py (every file checked before training), labels.py (label spaces), transforms.py
+                            (MONAI transforms the bundles name), volumes.py, image_modes.py, errors.py,
+                            classification.py / classification_transforms.py (classification datalists), silos.py
+                            (label-space silos with an unseen proportion)
+    fedseg/data/synthetic/  built-in generators: the 2-D families, prostate3d volumes, FedEFM's X-ray silos and sites
+    fedseg/data/importers/  readers of public data sets (retina, nuclei, X-ray angiography, OD/OC + prostate samples,
+                            FedEFM phase-1 silos); their folder is the caller's (--src), else $FEDSEG_DATASETS/<folder>
+
+Public names (re-exported here):
 
     generate_site_data / generate_federation   synthetic "vessel" / "polyp" / "nuclei" / "xray" sites as PNG + datalist
     load_datalist / validate_pair              strict loading with absolute paths (DatalistError)
@@ -11,7 +24,10 @@
     builtin_probe_sites                        FedEFM phase 2 classification probe (device classes, same styles)
     import_dca1 / arcade_crops                 DCA1 vessel segmentation datalists, ARCADE stenosis crops
     build_foundation                           phase-1 silos from real labels plus built-in X-ray classes
+    default_data_root                          $FEDSEG_DATASETS/<folder>: where an importer reads without --src
 """
+
+import sys as _sys
 
 from .datalist import (
     SPLITS,
@@ -23,20 +39,50 @@ from .datalist import (
     validate_pair,
     write_json_atomic,
 )
-from .foundation import build_foundation
-from .nuclei import DEFAULT_NUCLEI_ROOT, import_nuclei
-from .retina import DEFAULT_RETINA_ROOT, import_retina, participant_split, read_manifest
 from .classification import load_classification_datalist
 from .silos import assign_classes, make_silos, write_silos
-from .synthetic import FAMILIES, GENERATOR_VERSION, PROFILES, generate_federation, generate_site_data, site_seed
-from .xray_angio import DEFAULT_XRAY_ANGIO_ROOT, arcade_crops, import_dca1
-from .xray_builtin import (
+from .synthetic import (
+    FAMILIES,
+    GENERATOR_VERSION,
+    PROFILES,
     builtin_assignment,
     builtin_downstream_sites,
     builtin_foundation_silos,
     builtin_label_space,
     builtin_probe_sites,
+    generate_federation,
+    generate_site_data,
+    site_seed,
 )
+from .importers import (
+    DEFAULT_NUCLEI_ROOT,
+    DEFAULT_RETINA_ROOT,
+    DEFAULT_XRAY_ANGIO_ROOT,
+    arcade_crops,
+    build_foundation,
+    default_data_root,
+    import_dca1,
+    import_nuclei,
+    import_retina,
+    participant_split,
+    read_manifest,
+)
+from .importers import retina as _retina
+from .synthetic import volumes as _synthetic_volumes, xray as _synthetic_xray, xray_builtin as _xray_builtin
+
+#: module paths from before the split into synthetic/ and importers/ that scripts still import (benchmarks/, users'):
+#: each is the moved module itself. Registered here rather than as files at the old paths, which would make git see
+#: those modules as rewritten in place instead of moved (their history would stop following them).
+_OLD_PATHS = {
+    "retina": _retina,
+    "synthetic_volumes": _synthetic_volumes,
+    "synthetic_xray": _synthetic_xray,
+    "xray_builtin": _xray_builtin,
+}
+for _name, _module in _OLD_PATHS.items():
+    _sys.modules.setdefault(f"{__name__}.{_name}", _module)
+    globals()[_name] = _module
+del _name, _module
 
 __all__ = [
     "SPLITS",
@@ -72,4 +118,5 @@ __all__ = [
     "import_dca1",
     "arcade_crops",
     "build_foundation",
+    "default_data_root",
 ]

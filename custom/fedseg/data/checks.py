@@ -189,7 +189,7 @@ def check_federation(
         return {**federation_label_config(datalists, explicit=explicit), **fields}
     if family in FAMILIES:
         return federation_label_config(family=family, explicit=explicit)
-    from .synthetic_volumes import VOLUME_FAMILIES, volume_family_fields
+    from .synthetic.volumes import VOLUME_FAMILIES, volume_family_fields
 
     if family in VOLUME_FAMILIES:
         info = volume_family_fields(family, (explicit or {}).get("data_profile") or "default")

@@ -103,7 +103,7 @@ def assign_classes(classes: Sequence[str], n_silos: int, unseen: float = 1.0, se
 
 def split_counts(n: int, fractions: Sequence[float]) -> Tuple[int, int, int]:
     """(training, validation, test) counts of ``n`` items, each split non-empty; ``n >= 3``."""
-    from .synthetic_files import split_counts
+    from .synthetic.files import split_counts
 
     return split_counts(n, fractions)
 

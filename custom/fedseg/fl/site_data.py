@@ -71,7 +71,7 @@ def builtin_foundation_datalist(
 ) -> Path:
     """This silo's built-in classification datalist; every site process generates only its own silo,
     and all agree on the label space (``data_scanners`` x 4 device classes)."""
-    from fedseg.data.xray_builtin import builtin_foundation_silos
+    from fedseg.data.synthetic.xray_builtin import builtin_foundation_silos
 
     sites = list(clients or [])
     if site not in sites:

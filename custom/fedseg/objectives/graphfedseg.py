@@ -26,7 +26,7 @@ whole image. Resize mode is unaffected (an image is one forward pass there).
 of the logits the last local epoch computed for training anyway. Every training image is seen once in
 that epoch (Poisson batches under DP see each about once), but by a model that is still being updated
 and on augmented images, so it estimates the after-training value; it saves about 1/(3E) of the local
-training time (docs/benchmarks.md, section (e)).
+training time (docs/methods.md, GraphFedSeg).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class GraphFedSegObjective(ClientObjective):
         if self._direction is None:
             return None
         # per-parameter dot products on the live parameters: no (D,) concatenation to build and
-        # back-propagate through every step (docs/benchmarks.md, GraphFedSeg site cost)
+        # back-propagate through every step (docs/methods.md, GraphFedSeg)
         return similarity_regulariser(self._params, self._direction, self.lambda1)
 
     def end_round(self, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:

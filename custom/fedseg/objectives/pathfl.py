@@ -51,7 +51,7 @@ class PathFLObjective(ClientObjective):
         cse_statistics: whose mean/std CSE normalises a training patch by, and reports as the site's style:
             "image" (default: the whole image the patch was cut from — what the paper's whole 512 px inputs
             amount to) or "patch" (the patch's own; a small patch of near-uniform tissue then has its noise
-            stretched to the target spread: docs/benchmarks.md section g). Resize mode: the same either way.
+            stretched to the target spread: docs/methods.md, PathFL). Resize mode: the same either way.
     """
 
     name = "pathfl"

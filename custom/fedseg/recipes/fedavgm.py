@@ -1,7 +1,7 @@
 """FedAvgM recipe (Hsu et al., 2019, "Measuring the Effects of Non-Identical Data Distribution for Federated Visual
 Classification"): FedAvg's local training, a server SGD step with momentum over the averaged update (NVFlare's FedOpt
 server step with ``torch.optim.SGD``). The suite's FedAvg with a larger server step: on the real retina federation it
-closes FedAvg's gap to the pooled model (docs/benchmarks.md, "Why FedAvg plateaus on retina"), so a method's lead
+closes most of FedAvg's gap to the pooled model (docs/methods.md, FedAvgM), so a method's lead
 over FedAvg is best read against it too. ``paper`` profile: FedAvg's."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fedseg.recipes.fedavg import PAPER_PROFILES
 
 #: server momentum: NVFlare's FedOpt default. Measured on the real retina federation at 100 rounds: 0.6 holds its lead
 #: over FedAvg (+0.085 Dice per seed, three seeds), 0.9 (Hsu et al.'s usual value) leads at 30 rounds, then oscillates
-#: and ends below FedAvg (-0.023, seed 0; docs/benchmarks.md, "Why FedAvg plateaus on retina").
+#: and ends below FedAvg (-0.023, seed 0; docs/methods.md, FedAvgM).
 DEFAULT_MOMENTUM = 0.6
 
 

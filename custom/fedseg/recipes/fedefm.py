@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from fedseg.config import BASE_TRAIN_CONFIG, resolve_profile
-from fedseg.data.synthetic_xray import DEVICES
+from fedseg.data.synthetic.xray import DEVICES
 from fedseg.fl.site_data import FOUNDATION_FAMILY
 from fedseg.recipes.base import FedSegRecipe, split_options
 
@@ -37,7 +37,7 @@ CLASSIFICATION_DEFAULTS = {
 PAPER_PROFILES = {
     # CPU minutes on the built-in silos (96 images per class). With the ViT's input standardisation one silo
     # alone learns in 20-30 epochs at Adam 3e-4, faster than at 1e-4 (benchmarks/vit_from_scratch.py,
-    # docs/benchmarks.md (h)): 2 local epochs x 20 rounds
+    # docs/methods.md, FedEFM): 2 local epochs x 20 rounds
     "default": {"num_rounds": 20, "train_config": {"learning_rate": 3e-4, "local_epochs": 2}},
     # ViT-B/16 at 224 px (the paper's backbone). The paper states no optimiser or schedule: Adam 1e-4,
     # batch 16, one local epoch per round (and one overseas epoch), 50 rounds is our choice (docs/methods.md).

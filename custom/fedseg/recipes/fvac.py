@@ -27,7 +27,7 @@ PAPER_PROFILES = {
 
 #: local epochs of the ``default`` profile. FVAC's loss has no Dice term (cross-entropy only), and on
 #: thin vessels it first predicts background: on the real retina participant split, 10 rounds x 1 epoch
-#: ended all-background (Dice < 0.01) while 15 rounds x 5 epochs learned vessels (docs/benchmarks.md (d),
+#: ended all-background (Dice < 0.01) while 15 rounds x 5 epochs learned vessels (docs/methods.md, FVAC;
 #: (e)). 5 is the paper's E.
 DEFAULT_LOCAL_EPOCHS = 5
 

@@ -47,7 +47,7 @@ class PathFLRecipe(FedSegRecipe):
         weighting: FedAvg weighting of the aggregation when SSA is off.
         ssa_noise_batch, ssa_noise_size: shape of each site's noise batch (batch, C, size, size).
         cse_statistics: "image" (default) or "patch": the statistics CSE normalises a training patch by
-            (``PathFLObjective``; docs/benchmarks.md section g measures both).
+            (``PathFLObjective``; docs/methods.md, PathFL).
     The segmentation loss is the bundle's (Dice + CE) in the ``default`` profile, so that a comparison
     with FedAvg at the same settings isolates the method; the ``paper`` profile uses plain CE.
     """

@@ -1,5 +1,5 @@
-"""Drawing helpers shared by the built-in synthetic families (``synthetic.py``: vessel, polyp;
-``synthetic_nuclei.py``; ``synthetic_xray.py``): rounding of drawn parameters, the scanner style chain,
+"""Drawing helpers shared by the built-in synthetic families (``families.py``: vessel, polyp;
+``nuclei.py``; ``xray.py``): rounding of drawn parameters, the scanner style chain,
 smooth noise fields, branching vessel trees. Imports nothing of the families, which all import it."""
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from scipy import ndimage
 
-from .synthetic_drawing import _apply_style, _r, _smooth_noise, _to_uint8
+from .drawing import _apply_style, _r, _smooth_noise, _to_uint8
 
 __all__ = ["FUNDUS_LABEL_SPACE", "FUNDUS_CDR_BAND", "draw_fundus_anatomy", "fundus_image"]
 

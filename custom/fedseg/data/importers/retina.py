@@ -1,6 +1,7 @@
 """Importer for the real retinal-vessel benchmark (DRIVE, STARE, CHASE_DB1) and participant splits.
 
-The source folder is laid out as::
+The source folder (the caller's ``src_root``, the CLI's ``--src``; else ``$FEDSEG_DATASETS/retina_vessels``) is
+laid out as::
 
     <src_root>/manifest.csv     site,id,split,image,mask,fov,height,width,vessel_fraction,...
     <src_root>/TERMS.md         licence terms (research use, no redistribution)
@@ -35,16 +36,18 @@ import re
 import zlib
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .datalist import SPLITS, DatalistError, load_datalist, read_datalist_json, write_json_atomic
+from ..datalist import SPLITS, DatalistError, load_datalist, read_datalist_json, write_json_atomic
+from .sources import resolve_source
 
 __all__ = ["import_retina", "participant_split", "read_manifest", "DEFAULT_RETINA_ROOT"]
 
-#: where the shared copy of the benchmark lives on project machines (override with FEDSEG_RETINA_ROOT)
-DEFAULT_RETINA_ROOT = "/work/shared/data/retina_vessels"
+#: the retina data set's folder under ``$FEDSEG_DATASETS``, read when no source folder is given
+#: (:func:`~fedseg.data.importers.sources.resolve_source`)
+DEFAULT_RETINA_ROOT = "retina_vessels"
 
 #: one fixed rescale factor per data set (patch mode), stated in the datalist, never guessed per image
 DEFAULT_RESCALE = {"CHASE_DB1": 0.5}
@@ -196,7 +199,7 @@ def _check_sources(rows: List[Dict[str, str]], root: Path, manifest: Path) -> No
 
 
 def import_retina(
-    src_root: str | os.PathLike,
+    src_root: Optional[str | os.PathLike],
     out_dir: str | os.PathLike,
     seed: int = 0,
     sites: Sequence[str] = ("DRIVE", "STARE", "CHASE_DB1"),
@@ -208,7 +211,7 @@ def import_retina(
     """Write ``out_dir/<site>/datalist.json`` for each site, pointing at the original files.
 
     Args:
-        src_root: folder with ``manifest.csv`` (see module docstring).
+        src_root: folder with ``manifest.csv`` (see module docstring); ``None``: ``$FEDSEG_DATASETS/retina_vessels``.
         out_dir: where the per-site datalists go; nothing else is written there.
         seed: split seed; the same seed gives identical datalists.
         sites: manifest ``site`` values to import, in order.
@@ -222,11 +225,12 @@ def import_retina(
         ``{site: datalist path}``.
 
     Raises:
-        DatalistError: missing manifest/columns/files, an unknown site, or an impossible split.
+        DatalistError: no source folder (neither ``src_root`` nor ``FEDSEG_DATASETS``), a missing folder,
+            missing manifest/columns/files, an unknown site, or an impossible split.
     """
     if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
         raise ValueError(f"need 0 < val_fraction, test_fraction and their sum < 1; got {val_fraction}, {test_fraction}")
-    root = Path(src_root).absolute()
+    root = resolve_source(src_root, DEFAULT_RETINA_ROOT, "retina")
     manifest = root / "manifest.csv"
     rows = read_manifest(root)
     out: Dict[str, Path] = {}

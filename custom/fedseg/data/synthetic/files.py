@@ -1,5 +1,5 @@
 """Files of the built-in synthetic sites, shared by the 2-D families (:mod:`fedseg.data.synthetic`), the volume
-families (:mod:`fedseg.data.synthetic_volumes`) and the X-ray silos: seeding, split sizes, atomic writes and the
+families (:mod:`fedseg.data.synthetic.volumes`) and the X-ray silos: seeding, split sizes, atomic writes and the
 reuse / clean-up rules that make generation idempotent."""
 
 from __future__ import annotations

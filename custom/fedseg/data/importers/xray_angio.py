@@ -1,6 +1,6 @@
 """Importers for real X-ray angiography data: DCA1 vessel segmentation and ARCADE stenosis crops.
 
-The source folder (``/work/shared/data/xray_angio`` on project machines) is laid out as::
+The source folder (the caller's ``src``, the CLI's ``--src``; else ``$FEDSEG_DATASETS/xray_angio``) is laid out as::
 
     <src_root>/manifest.csv   site,id,split,image,mask,height,width,fg_fraction,task,source[,patient]
     <src_root>/TERMS.md       research use only; cite the papers
@@ -37,8 +37,9 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage
 
-from .datalist import SPLITS, DatalistError, read_array, validate_pair, write_json_atomic
+from ..datalist import SPLITS, DatalistError, read_array, validate_pair, write_json_atomic
 from .retina import _check_sources, _split_groups, _stable_rng, read_manifest
+from .sources import resolve_source
 
 __all__ = [
     "DEFAULT_XRAY_ANGIO_ROOT",
@@ -49,8 +50,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: where the shared copy lives on project machines
-DEFAULT_XRAY_ANGIO_ROOT = "/work/shared/data/xray_angio"
+#: the X-ray angiography data set's folder under ``$FEDSEG_DATASETS``, read when no source folder is given
+#: (:func:`~fedseg.data.importers.sources.resolve_source`)
+DEFAULT_XRAY_ANGIO_ROOT = "xray_angio"
 
 #: the two classes ARCADE contributes to a phase-1 label space
 ARCADE_CLASSES = ("arcade/no-stenosis", "arcade/stenosis")
@@ -87,7 +89,7 @@ def _check_mask(row: Dict[str, str], root: Path) -> float:
 
 
 def import_dca1(
-    src: str | os.PathLike,
+    src: Optional[str | os.PathLike],
     out: str | os.PathLike,
     sites: Sequence[str] = ("DCA1",),
     seed: int = 0,
@@ -98,7 +100,7 @@ def import_dca1(
     """Write segmentation datalists for DCA1, divided among ``sites``; returns ``{site: datalist path}``.
 
     Args:
-        src: folder with ``manifest.csv`` (DCA1 rows) and the files it lists.
+        src: folder with ``manifest.csv`` (DCA1 rows) and the files it lists; ``None``: ``$FEDSEG_DATASETS/xray_angio``.
         out: datalists go to ``out/<site>/datalist.json`` (and ``out/site_datalists.json``).
         sites: site names; the groups (patients, else images) are dealt to sites by a seeded permutation.
         seed: division and split seed.
@@ -106,14 +108,15 @@ def import_dca1(
         limit: use only the first ``limit`` images in id order (quick checks).
 
     Raises:
-        DatalistError: missing files, a non-binary or changed mask, or a site with fewer than 3 groups.
+        DatalistError: no source folder (neither ``src`` nor ``FEDSEG_DATASETS``), a missing folder, missing
+            files, a non-binary or changed mask, or a site with fewer than 3 groups.
     """
     if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
         raise ValueError(f"need 0 < val_fraction, test_fraction and their sum < 1; got {val_fraction}, {test_fraction}")
     sites = list(sites)
     if not sites or len(set(sites)) != len(sites):
         raise ValueError(f"need distinct site names, got {sites}")
-    root = Path(src).absolute()
+    root = resolve_source(src, DEFAULT_XRAY_ANGIO_ROOT, "xray_angio")
     rows = sorted(_rows(root, "DCA1"), key=lambda r: r["id"])
     if limit is not None:
         rows = rows[: int(limit)]
@@ -209,7 +212,7 @@ def _vesselness(image: np.ndarray) -> np.ndarray:
 
 
 def arcade_crops(
-    src: str | os.PathLike,
+    src: Optional[str | os.PathLike],
     out: str | os.PathLike,
     crop_size: int = 128,
     per_image: int = 1,
@@ -220,7 +223,7 @@ def arcade_crops(
     """Stenosis-present/absent crops of ARCADE angiograms, written as PNG under ``out/arcade_crops/``.
 
     Args:
-        src: folder with ``manifest.csv`` (ARCADE rows) and the files it lists.
+        src: folder with ``manifest.csv`` (ARCADE rows) and the files it lists; ``None``: ``$FEDSEG_DATASETS/xray_angio``.
         out: output root (a run folder; the crops are derived images and never belong in a repository).
         crop_size: square crop side in pixels (<= the image size).
         per_image: crops per angiogram: its largest stenoses (at most this many) or this many
@@ -242,7 +245,7 @@ def arcade_crops(
         raise ValueError(f"crop_size must be an integer >= 16, got {crop_size!r}")
     if int(per_image) != per_image or per_image < 1:
         raise ValueError(f"per_image must be a positive integer, got {per_image!r}")
-    root = Path(src).absolute()
+    root = resolve_source(src, DEFAULT_XRAY_ANGIO_ROOT, "xray_angio")
     rows = sorted(_rows(root, "ARCADE"), key=lambda r: r["id"])
     if limit is not None:
         rows = rows[: int(limit)]

@@ -1,6 +1,7 @@
 """Importer for fundus optic disc / cup and prostate MRI slice samples: one site per domain, read in place.
 
-The source folder (``../shared/data/odoc_prostate_samples`` on project machines) is laid out as::
+The source folder (the caller's ``src``, the CLI's ``--src``; else ``$FEDSEG_DATASETS/odoc_prostate_samples``) is laid
+out as::
 
     <src>/manifest.csv   task,site,split,image,mask,height,width,image_mode,mask_shape,mask_values,source
     <src>/TERMS.md       research use only; cite the original providers
@@ -35,11 +36,16 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .datalist import SPLITS, DatalistError, read_array, validate_pair, write_json_atomic
-from .labels import LabelSpace
+from ..datalist import SPLITS, DatalistError, read_array, validate_pair, write_json_atomic
+from ..labels import LabelSpace
 from .retina import _check_sources, _stable_rng, read_manifest
+from .sources import resolve_source
 
-__all__ = ["ODOC_TASKS", "import_odoc"]
+__all__ = ["ODOC_FOLDER", "ODOC_TASKS", "import_odoc"]
+
+#: the samples' folder under ``$FEDSEG_DATASETS``, read when no source folder is given
+#: (:func:`~fedseg.data.importers.sources.resolve_source`)
+ODOC_FOLDER = "odoc_prostate_samples"
 
 #: manifest task name and declared label space of each importable task
 ODOC_TASKS: Dict[str, Dict[str, object]] = {
@@ -81,7 +87,7 @@ def _check_row(row: Dict[str, str], root: Path, space: LabelSpace) -> None:
 
 
 def import_odoc(
-    src: str | os.PathLike,
+    src: Optional[str | os.PathLike],
     out: str | os.PathLike,
     task: str = "fundus",
     sites: Optional[Sequence[str]] = None,
@@ -92,7 +98,7 @@ def import_odoc(
     """Write one datalist per domain of ``task``; returns ``{site: datalist path}`` (manifest order).
 
     Args:
-        src: folder with ``manifest.csv`` and the files it lists.
+        src: folder with ``manifest.csv`` and the files it lists; ``None``: ``$FEDSEG_DATASETS/odoc_prostate_samples``.
         out: datalists go to ``out/<site>/datalist.json`` (and ``out/site_datalists.json``).
         task: ``"fundus"`` (optic disc / cup, three classes) or ``"prostate"`` (binary); :data:`ODOC_TASKS`.
         sites: domains to import (default: every domain of the task in the manifest).
@@ -101,7 +107,8 @@ def import_odoc(
         log: receives one line per domain, and one per file listed in both splits.
 
     Raises:
-        DatalistError: missing files, undeclared or changed mask values, RGB masks whose channels differ, an
+        DatalistError: no source folder (neither ``src`` nor ``FEDSEG_DATASETS``), a missing folder, missing
+            files, undeclared or changed mask values, RGB masks whose channels differ, an
             unknown site, or a domain with too few files for three non-empty splits.
     """
     if task not in ODOC_TASKS:
@@ -109,7 +116,7 @@ def import_odoc(
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     spec = ODOC_TASKS[task]
-    root = Path(src).absolute()
+    root = resolve_source(src, ODOC_FOLDER, "odoc")
     manifest = root / "manifest.csv"
     rows = [r for r in read_manifest(root, required=_REQUIRED, what="odoc_prostate_samples") if r["task"] == spec["manifest_task"]]
     if not rows:

@@ -2,7 +2,7 @@
 
 Phase 1 (foundation training) — :func:`builtin_foundation_silos`. The global label space is
 ``xray/<scanner>/<device>``: ``n_scanners`` scanner styles (default: one per site) times the four
-device classes of :data:`~fedseg.data.synthetic_xray.DEVICES` (``none``, ``catheter``, ``guidewire``,
+device classes of :data:`~fedseg.data.synthetic.xray.DEVICES` (``none``, ``catheter``, ``guidewire``,
 ``both``), e.g. 3 x 4 = 12 classes for 3 sites, scanner-major::
 
     xray/scanner-1/none, xray/scanner-1/catheter, ..., xray/scanner-3/both
@@ -45,11 +45,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .datalist import SPLITS, write_json_atomic
-from .silos import assign_classes, classification_datalist
-from .synthetic import GENERATOR_VERSION
-from .synthetic_files import check_site_name, save_png_atomic, site_seed, split_counts
-from .synthetic_xray import DEVICES, SEGMENTATION_DEVICES, TARGETS, XRAY_IMAGE_SIZES, draw_xray_anatomy, xray_frame
+from ..datalist import SPLITS, write_json_atomic
+from ..silos import assign_classes, classification_datalist
+from .families import GENERATOR_VERSION
+from .files import check_site_name, save_png_atomic, site_seed, split_counts
+from .xray import DEVICES, SEGMENTATION_DEVICES, TARGETS, XRAY_IMAGE_SIZES, draw_xray_anatomy, xray_frame
 
 __all__ = [
     "FOUNDATION_IMAGE_SIZES",
@@ -72,7 +72,7 @@ BUILTIN_VERSION = 1
 FOUNDATION_IMAGE_SIZES: Dict[str, int] = {"tiny": 64, "default": 96, "paper": 224}
 
 #: phase-1 images per class and silo (>= 3: one per split). `default` 96: with 12 or 32 training images per class
-#: the tiny ViT memorises its silo (noise included) and stays near chance on validation; 48 generalise (docs/benchmarks.md (h))
+#: the tiny ViT memorises its silo (noise included) and stays near chance on validation; 48 generalise (benchmarks/vit_from_scratch.py)
 FOUNDATION_PER_CLASS: Dict[str, int] = {"tiny": 4, "default": 96, "paper": 120}
 
 #: phase-2 images per site
@@ -104,7 +104,7 @@ def builtin_assignment(
 
 
 def scanner_anatomy(scanner: str, seed: int = 0, domain: str = _FOUNDATION_DOMAIN) -> Dict[str, Any]:
-    """A scanner style's appearance parameters (:func:`~fedseg.data.synthetic_xray.draw_xray_anatomy`)."""
+    """A scanner style's appearance parameters (:func:`~fedseg.data.synthetic.xray.draw_xray_anatomy`)."""
     return draw_xray_anatomy(np.random.default_rng([site_seed(domain, scanner, seed), 0]))
 
 
@@ -299,7 +299,7 @@ def builtin_downstream_sites(
             frames, a guidewire target ``guidewire``/``both``), so no mask is empty; ``vessel`` frames
             show any device or none.
         num_images: images per site (>= 3), default :data:`DOWNSTREAM_NUM_IMAGES` of the profile.
-        image_size: frame size, default :data:`~fedseg.data.synthetic_xray.XRAY_IMAGE_SIZES` of the profile.
+        image_size: frame size, default :data:`~fedseg.data.synthetic.xray.XRAY_IMAGE_SIZES` of the profile.
         only_site: generate only this site.
 
     Returns:

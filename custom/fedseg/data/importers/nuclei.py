@@ -1,6 +1,7 @@
 """Importer for real H&E nucleus segmentation data (MoNuSeg, TNBC): cross-source or cross-organ sites.
 
-The source folder is laid out as::
+The source folder (the caller's ``src_root``, the CLI's ``--src``; else ``$FEDSEG_DATASETS/nuclei_he``) is laid
+out as::
 
     <src_root>/manifest.csv   site,id,split,image,mask,height,width,fg_fraction,slide,organ,magnification,source
     <src_root>/TERMS.md       licence terms (research use, no redistribution)
@@ -43,15 +44,17 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .datalist import SPLITS, DatalistError, load_datalist, write_json_atomic
+from ..datalist import SPLITS, DatalistError, load_datalist, write_json_atomic
 from .retina import _OFFICIAL_TEST, _OFFICIAL_TRAIN, _OFFICIAL_VAL, _check_sources, _split_groups, _stable_rng, read_manifest
+from .sources import resolve_source
 
 __all__ = ["import_nuclei", "LAYOUTS", "DEFAULT_NUCLEI_ROOT", "DEFAULT_ORGAN_MIN_IMAGES"]
 
 logger = logging.getLogger(__name__)
 
-#: where the shared copy lives on project machines (override with FEDSEG_NUCLEI_ROOT in tests)
-DEFAULT_NUCLEI_ROOT = "/work/shared/data/nuclei_he"
+#: the nuclei data set's folder under ``$FEDSEG_DATASETS``, read when no source folder is given
+#: (:func:`~fedseg.data.importers.sources.resolve_source`)
+DEFAULT_NUCLEI_ROOT = "nuclei_he"
 
 LAYOUTS = ("source", "organ")
 
@@ -196,7 +199,7 @@ def _site_rows(
 
 
 def import_nuclei(
-    src_root: str | os.PathLike,
+    src_root: Optional[str | os.PathLike],
     out_dir: str | os.PathLike,
     layout: str = "source",
     seed: int = 0,
@@ -213,7 +216,7 @@ def import_nuclei(
     ``out_dir/site_datalists.json``.
 
     Args:
-        src_root: folder with ``manifest.csv`` (see module docstring).
+        src_root: folder with ``manifest.csv`` (see module docstring); ``None``: ``$FEDSEG_DATASETS/nuclei_he``.
         out_dir: where the datalists go; nothing else is written there.
         layout: ``"source"`` (one site per data set in ``sites``) or ``"organ"`` (one site per organ of
             ``organ_source``).
@@ -232,7 +235,8 @@ def import_nuclei(
         ``{site: datalist path}`` in site order.
 
     Raises:
-        DatalistError: missing manifest/columns/files, unknown site or organ, mixed magnifications, or a
+        DatalistError: no source folder (neither ``src_root`` nor ``FEDSEG_DATASETS``), a missing folder,
+            missing manifest/columns/files, unknown site or organ, mixed magnifications, or a
             site whose slides cannot fill non-empty training/validation/test splits.
     """
     if layout not in LAYOUTS:
@@ -242,7 +246,7 @@ def import_nuclei(
     if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
         raise ValueError(f"need 0 < val_fraction, test_fraction and their sum < 1; got {val_fraction}, {test_fraction}")
     log = log or logger.warning
-    root = Path(src_root).absolute()
+    root = resolve_source(src_root, DEFAULT_NUCLEI_ROOT, "nuclei")
     manifest = root / "manifest.csv"
     required = _REQUIRED_COLUMNS + (("organ",) if layout == "organ" else ())
     rows = read_manifest(root, required=required, what="nuclei")

@@ -32,7 +32,7 @@ from typing import Any, Dict, Tuple
 import numpy as np
 from scipy import ndimage
 
-from .synthetic_drawing import _apply_style, _r, _smooth_noise, _to_uint8
+from .drawing import _apply_style, _r, _smooth_noise, _to_uint8
 
 __all__ = ["NUCLEI_FRACTION_BAND", "draw_nuclei_anatomy", "nuclei_image"]
 

@@ -7,14 +7,14 @@ Three families stand in for the benchmark domains when the licensed data is not 
   the disc (random walks with tapering width). Vessels cover roughly 5-15 % of the FOV.
 * ``"polyp"`` — endoscopy-like images: pink/red mucosa with folds, vignetting and specular
   highlights; 1-3 irregular blob lesions with their own tint and texture (3-30 % of the image).
-* ``"nuclei"`` — H&E-histology-like images (:mod:`fedseg.data.synthetic_nuclei`): pink fibrous stroma
+* ``"nuclei"`` — H&E-histology-like images (:mod:`fedseg.data.synthetic.nuclei`): pink fibrous stroma
   and purple-blue nuclei of varied size, shape and clustering, rendered with a per-site stain colour
   (Beer-Lambert hematoxylin/eosin optical densities) and magnification; nuclei cover 10-35 %.
-* ``"fundus"`` — optic-disc crops with a three-class label (:mod:`fedseg.data.synthetic_fundus`): background,
+* ``"fundus"`` — optic-disc crops with a three-class label (:mod:`fedseg.data.synthetic.fundus`): background,
   neuroretinal rim and optic cup inside the disc, stored 255 / 128 / 0 as the public OD/OC sets store them;
   per-site colour, illumination, disc size and cup-to-disc ratio. The datalist declares the label space
   (``labels``, ``label_values``, ``regions``: disc = rim + cup).
-* ``"xray"`` — endovascular fluoroscopy-like grey frames (:mod:`fedseg.data.synthetic_xray`): tissue
+* ``"xray"`` — endovascular fluoroscopy-like grey frames (:mod:`fedseg.data.synthetic.xray`): tissue
   gradient, bones, dark contrast-filled vessel trees and a catheter and/or guidewire; the mask is the
   device. Per-site contrast, dose (noise) and device thickness; larger native frames (64/256/512 px).
 
@@ -49,13 +49,13 @@ import numpy as np
 from PIL import Image, ImageDraw
 from scipy import ndimage
 
-from .datalist import write_json_atomic
-from .synthetic_files import (check_site_name, existing_datalist, numbered_names, prepare_site_folder,  # noqa: F401
-                              remove_stale_files, save_png_atomic, seeded_splits, site_seed, split_counts)
-from .synthetic_drawing import _apply_style, _grow_trees, _r, _smooth_noise, _to_uint8
+from ..datalist import write_json_atomic
+from .files import (check_site_name, existing_datalist, numbered_names, prepare_site_folder,  # noqa: F401
+                    remove_stale_files, save_png_atomic, seeded_splits, site_seed, split_counts)
+from .drawing import _apply_style, _grow_trees, _r, _smooth_noise, _to_uint8
 # NUCLEI_FRACTION_BAND is re-exported next to the other families' bands
-from .synthetic_nuclei import NUCLEI_FRACTION_BAND, draw_nuclei_anatomy, nuclei_image  # noqa: F401
-from .synthetic_xray import XRAY_IMAGE_SIZES, draw_xray_anatomy, xray_image
+from .nuclei import NUCLEI_FRACTION_BAND, draw_nuclei_anatomy, nuclei_image  # noqa: F401
+from .xray import XRAY_IMAGE_SIZES, draw_xray_anatomy, xray_image
 
 __all__ = [
     "GENERATOR_VERSION",
@@ -362,7 +362,7 @@ def generate_site_data(
 
     Args:
         family: one of :data:`FAMILIES` (``"vessel"``, ``"polyp"``, ``"nuclei"``, ``"xray"``, ``"fundus"``), or a volume
-            family of :mod:`fedseg.data.synthetic_volumes` (``"prostate3d"``: NIfTI volumes, ``num_images`` = volumes).
+            family of :mod:`fedseg.data.synthetic.volumes` (``"prostate3d"``: NIfTI volumes, ``num_images`` = volumes).
         site: any name without path separators (``"site-1"``, ``"hospital_a"``).
         out_dir: root folder; files go to ``out_dir/<family>/<site>/``.
         seed: federation seed; with ``family`` and ``site`` it determines everything.
@@ -377,9 +377,9 @@ def generate_site_data(
     The call is idempotent: if a datalist with the same fingerprint exists and all its files are
     present, nothing is regenerated.
     """
-    from .synthetic_volumes import VOLUME_FAMILIES, generate_volume_site
+    from .volumes import VOLUME_FAMILIES, generate_volume_site
 
-    if family in VOLUME_FAMILIES:  # NIfTI volumes (fedseg.data.synthetic_volumes)
+    if family in VOLUME_FAMILIES:  # NIfTI volumes (fedseg.data.synthetic.volumes)
         if image_size is not None:
             raise ValueError(f"image_size does not apply to the volume family {family!r} (its profile sets the sizes)")
         return generate_volume_site(family, site, out_dir, seed=seed, profile=profile, num_volumes=num_images)
@@ -444,8 +444,8 @@ def generate_site_data(
 
 def family_label_space(family: str):
     """The :class:`fedseg.data.labels.LabelSpace` every site of a built-in family declares."""
-    from .labels import LabelSpace
-    from .synthetic_volumes import VOLUME_FAMILIES, volume_family_label_space
+    from ..labels import LabelSpace
+    from .volumes import VOLUME_FAMILIES, volume_family_label_space
 
     if family in VOLUME_FAMILIES:
         return LabelSpace.from_datalist(volume_family_label_space(family), f"built-in family {family!r}")
@@ -477,7 +477,7 @@ def generate_federation(
 
 
 # ----------------------------------------------------------------------------------------------
-# family "nuclei" (its own module, drawing with synthetic_drawing's helpers)
+# family "nuclei" (its own module, drawing with drawing.py's helpers)
 # ----------------------------------------------------------------------------------------------
 
 _RENDERERS["nuclei"] = _Family(
@@ -500,7 +500,7 @@ _RENDERERS["xray"] = _Family(
 # family "fundus" (its own module, registered last for the same reason)
 # ----------------------------------------------------------------------------------------------
 
-from .synthetic_fundus import FUNDUS_LABEL_SPACE, draw_fundus_anatomy, fundus_image  # noqa: E402
+from .fundus import FUNDUS_LABEL_SPACE, draw_fundus_anatomy, fundus_image  # noqa: E402
 
 # disc and cup are blobs: resized like polyps (the OD/OC papers resize their crops too)
 _RENDERERS["fundus"] = _Family(

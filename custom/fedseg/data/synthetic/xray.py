@@ -2,7 +2,7 @@
 
 Registered into :mod:`fedseg.data.synthetic` (``FAMILIES``, ``generate_site_data``) like ``"nuclei"``;
 this module only draws pixels. It stands in for catheter/guidewire X-ray data (the FedEFM setting) and
-is also the source of the built-in phase-1 classification classes (:mod:`fedseg.data.xray_builtin`).
+is also the source of the built-in phase-1 classification classes (:mod:`fedseg.data.synthetic.xray_builtin`).
 
 A frame is built in display intensity (1 = white), the convention of angiography monitors where
 radio-opaque material is dark:
@@ -37,7 +37,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from scipy import ndimage, special
 
-from .synthetic_drawing import _grow_trees, _r, _smooth_noise, _to_uint8
+from .drawing import _grow_trees, _r, _smooth_noise, _to_uint8
 
 __all__ = ["DEVICES", "SEGMENTATION_DEVICES", "TARGETS", "XRAY_IMAGE_SIZES", "draw_xray_anatomy", "xray_frame", "xray_image"]
 

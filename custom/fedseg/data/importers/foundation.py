@@ -10,9 +10,9 @@ class                     what the label is                                     
 ``nuclei/monuseg-<organ>``organ of a MoNuSeg H&E tile (bladder, breast, ...)      slide
 ``nuclei/tnbc``           a TNBC H&E tile (breast, another centre)                 patient
 ``arcade/stenosis``,      ARCADE angiogram crop with / without an annotated        angiogram (and its duplicates)
-``arcade/no-stenosis``    stenosis (:func:`fedseg.data.xray_angio.arcade_crops`)
+``arcade/no-stenosis``    stenosis (:func:`fedseg.data.importers.xray_angio.arcade_crops`)
 ``xray/<scanner>/<dev>``  built-in synthetic fluoroscopy: scanner style x device   image
-                          (:mod:`fedseg.data.xray_builtin`)
+                          (:mod:`fedseg.data.synthetic.xray_builtin`)
 ========================  =====================================================  ==========================
 
 Classes are dealt to silos by :func:`fedseg.data.silos.assign_classes` with the unseen proportion, and
@@ -37,13 +37,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .datalist import DatalistError, write_json_atomic
-from .retina import _check_sources, _subject, read_manifest
-from .silos import assign_classes, make_silos, write_silos
-from .synthetic_files import save_png_atomic, site_seed
-from .synthetic_xray import DEVICES, xray_frame
+from ..datalist import DatalistError, write_json_atomic
+from ..silos import assign_classes, make_silos, write_silos
+from ..synthetic.files import save_png_atomic, site_seed
+from ..synthetic.xray import DEVICES, xray_frame
+from ..synthetic.xray_builtin import FOUNDATION_IMAGE_SIZES, FOUNDATION_PER_CLASS, builtin_label_space, scanner_anatomy
+from .nuclei import DEFAULT_NUCLEI_ROOT
+from .retina import DEFAULT_RETINA_ROOT, _check_sources, _subject, read_manifest
+from .sources import resolve_source
 from .xray_angio import arcade_crops
-from .xray_builtin import FOUNDATION_IMAGE_SIZES, FOUNDATION_PER_CLASS, builtin_label_space, scanner_anatomy
 
 __all__ = ["retina_items", "nuclei_items", "builtin_xray_items", "build_foundation"]
 
@@ -52,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 def retina_items(src: str | os.PathLike) -> List[Dict[str, str]]:
     """Fundus images labelled by their data set, ``retina/<site>``; group = subject."""
-    root = Path(src).absolute()
+    root = resolve_source(src, DEFAULT_RETINA_ROOT, "retina")
     rows = read_manifest(root, required=("site", "id", "image"), what="retina")
     _check_sources([{**r, "mask": r.get("mask") or r["image"]} for r in rows], root, root / "manifest.csv")
     return [
@@ -63,7 +65,7 @@ def retina_items(src: str | os.PathLike) -> List[Dict[str, str]]:
 
 def nuclei_items(src: str | os.PathLike) -> List[Dict[str, str]]:
     """H&E tiles labelled ``nuclei/monuseg-<organ>`` or ``nuclei/tnbc``; group = slide / patient."""
-    root = Path(src).absolute()
+    root = resolve_source(src, DEFAULT_NUCLEI_ROOT, "nuclei")
     rows = read_manifest(root, required=("site", "id", "image", "slide", "organ"), what="nuclei")
     _check_sources([{**r, "mask": r.get("mask") or r["image"]} for r in rows], root, root / "manifest.csv")
     items = []

@@ -55,10 +55,10 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 from scipy import ndimage
 
-from .datalist import write_json_atomic
-from .synthetic_drawing import _r
-from .synthetic_files import (check_site_name, existing_datalist, numbered_names, prepare_site_folder,
-                              remove_stale_files, seeded_splits, site_seed, split_counts)
+from ..datalist import write_json_atomic
+from .drawing import _r
+from .files import (check_site_name, existing_datalist, numbered_names, prepare_site_folder,
+                    remove_stale_files, seeded_splits, site_seed, split_counts)
 
 __all__ = [
     "VOLUME_GENERATOR_VERSION",
