@@ -1,5 +1,5 @@
 """Markdown table of method/ablation rows from one ``fedseg bench`` (or ``compare.py``) run (the tables of
-docs/benchmarks.md (d)).
+docs/methods.md).
 
 Reads ``<out>/results.json`` written by ``fedseg bench`` and each row's ``report.json`` (every seed's), and
 prints one row per method variant: mean Dice / HD95 / ASSD of the final global model (unweighted over

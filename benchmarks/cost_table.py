@@ -1,6 +1,6 @@
-"""The cost table of docs/benchmarks.md section (f) from one ``fedseg bench`` folder: round time per method
+"""A cost table from one ``fedseg bench`` folder: round time per method
 against FedAvg's, Dice, and paired per-image tests of each method against FedAvg and of each method's
-window-sample default against its whole-image setting (issue #28 item 2).
+window-sample default against its whole-image setting.
 
 Reads the stored runs (``<out>/runs/method-*.json``; nothing is re-run) and prints Markdown:
 
@@ -11,7 +11,7 @@ Reads the stored runs (``<out>/runs/method-*.json``; nothing is re-run) and prin
   two-sided Wilcoxon and paired t): every label against FedAvg, and each ``--pairs SAMPLED:WHOLE``.
 
 Usage:
-    python benchmarks/cost_table.py /work/bench_out/cost/retina_bench \\
+    python benchmarks/cost_table.py bench_out/cost/retina_bench \\
         --pairs graphfedseg:graph_whole fedevi:fedevi_whole [--metric dice_fov]
 """
 

@@ -15,7 +15,7 @@ In process (``--state-methods``), the tensors a strategy holds after one round w
 model: what a method adds per site on top of FedAvg's one global model.
 
 Usage:
-    python benchmarks/many_sites.py --sites 4 16 32 64 --methods fedavg graphfedseg --out /work/bench_out/many_sites
+    python benchmarks/many_sites.py --sites 4 16 32 64 --methods fedavg graphfedseg --out bench_out/many_sites
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Then, in one process and interleaved (less exposed to other jobs than two separa
 epoch and test-split evaluation of one site's engine with C = 3 and with C = 2, and their ratios.
 
 Usage:
-    python benchmarks/multiclass_cost.py --out /work/bench_out/multiclass_cost [--seeds 0] [--rounds R]
+    python benchmarks/multiclass_cost.py --out bench_out/multiclass_cost [--seeds 0] [--rounds R]
         [--sites site-1 site-2 site-3] [--data-profile default] [--repeats 5]
 """
 

@@ -12,7 +12,7 @@ the site set-up):
                (report field ``task_breakdown``, ``fedseg.fl.task_clock``; one machine, so one clock)
 
 Usage:
-    python benchmarks/poc_overhead.py --rounds 10 --repeats 1 --out /work/bench_out/poc_overhead \
+    python benchmarks/poc_overhead.py --rounds 10 --repeats 1 --out bench_out/poc_overhead \
         --variants fedavg:method=fedavg fedavg_client_api:method=fedavg,exe=client_api fedevi:method=fedevi
 """
 

@@ -6,12 +6,21 @@ table is one markdown table with a one-line caption above it: data, seeds, budge
 version, all read from the output (``results.json`` of a ``fedseg bench`` run, or a benchmark script's JSON).
 
 Usage:
-    python benchmarks/reproduce.py --list                   # tables, their outputs and commands
-    python benchmarks/reproduce.py fundus-accuracy          # render from the stored output (else: the command to run)
-    python benchmarks/reproduce.py fundus-accuracy --run    # run its commands first (fedseg bench resumes)
-    python benchmarks/reproduce.py --all                    # every table whose output exists
+    python benchmarks/reproduce.py --list                   # tables, their records and commands
+    python benchmarks/reproduce.py fundus-accuracy          # render from its committed record (benchmarks/results)
+    python benchmarks/reproduce.py fundus-accuracy --run    # run its commands (into --out-root), record, render
+    python benchmarks/reproduce.py fundus-accuracy --record # record an output made earlier (or on a GPU machine)
+    python benchmarks/reproduce.py --all                    # every table, and the figures (--figures DIR)
+    python benchmarks/reproduce.py --check-page docs/benchmarks.md README.md   # the page equals its render?
+    python benchmarks/reproduce.py --update-page docs/benchmarks.md README.md  # rewrite its table blocks
     python benchmarks/reproduce.py glance [--link docs/benchmarks.md]   # "Results at a glance"
-    ... --out-root DIR                                      # outputs under DIR instead of /work/bench_out
+    ... --records DIR      read records from DIR (an output root has the same layout, so it can be named too)
+    ... --out-root DIR     where --run writes its outputs (default $FEDSEG_BENCH_OUT, else ./bench_out)
+    ... --data-root DIR    the real data sets' parent folder for the import commands (default $FEDSEG_DATASETS)
+
+Records (``benchmarks/records.py``): a run's tables need its ``results.json`` and per-run records only; those are
+committed under ``benchmarks/results/`` with the output root written as ``{root}``. Workspaces, logs, generated
+data, plots and weights stay in the output root, out of git.
 
 Adding a table: a run in ``RUNS`` (output folder or file relative to the output root, and its commands, with
 ``{out}`` for that output and ``{root}`` for the output root) if its run is new, then one entry in ``TABLES``:
@@ -25,62 +34,35 @@ re-aggregated from its run records; ``"missing_ok"``: a multi-run table drawn fr
 
 A stored output made by another command than the registry's is refused (the registry or the output is stale):
 fix the registry or re-run; ``--ignore-command`` renders it anyway and says so in the caption. The value of
-``--out`` is not compared (an output made elsewhere, e.g. under /tmp on a GPU machine, and copied to its registry
-place is the same run); every other word is.
+``--out`` is not compared (an output made elsewhere, e.g. under /tmp on a GPU machine, and recorded is the same run),
+nor the output root's own path (``{root}``); every other word is.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-#: where this session's runs write (outputs never go into the repository)
-DEFAULT_ROOT = "/work/bench_out"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__":  # figures.py and page.py import this module by name: one copy, one set of error classes
+    sys.modules.setdefault("reproduce", sys.modules[__name__])
+from records import RECORDS_ROOT, ROOT_TOKEN, record_output, sanitise  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
+#: what tables are drawn from: the committed run records
+DEFAULT_ROOT = RECORDS_ROOT
+#: where ``--run`` writes outputs (workspaces, logs: never in git; ``/bench_out/`` is in .gitignore)
+OUT_ROOT = Path(os.environ.get("FEDSEG_BENCH_OUT") or REPO / "bench_out")
+#: the folder holding the real data sets (retina_vessels/, nuclei_he/, ...) for the import commands
+DATA_ROOT = os.environ.get("FEDSEG_DATASETS") or ""
 
 # ------------------------------------------------------------------------------------------ registry
-#: issue 28's window-sample check: each method as shipped (window samples) and with its former whole-image pass
-WHOLE_IMAGE_ROWS = ("graph_whole=graphfedseg:uncertainty_windows=whole_image "
-                    "fedevi_whole=fedevi:surrogate_windows=whole_image")
-WINDOW_PAIRS = [["graphfedseg", "graph_whole"], ["fedevi", "fedevi_whole"]]
-#: issue 29's comparison: FedAvg, the nine baselines and the suite's five methods (FedEFM: its downstream job)
-ALL_APPROACHES = ("fedavg fedprox scaffold fedadam fedbn ditto fedrep moon feddyn fedce "
-                  "graphfedseg fedevi fvac pathfl fedefm_downstream")
-#: FedAvg's plateau on retina: one thing varied per row
-#: FedAvgM (Hsu et al. 2019): FedAvg's sites, an SGD step with momentum on the server (the FedAdam job's FedOpt step)
-FEDAVGM_09 = "fedavgm=fedadam:server_optimizer=sgd,server_lr=1.0,momentum=0.9"
-#: the named FedAvgM with its default momentum (0.6) stated, so that the row is the same run in every bench that has it
-FEDAVGM_06 = "fedavgm_m06=fedavgm:momentum=0.6"
-PLATEAU_ROWS = ("fedavg fedavg_uniform=fedavg:weighting=uniform fedavg_lr_decay=fedavg:lr_decay_per_round=0.95 "
-                f"fedavg_adam_reset=fedavg:optimizer_state=reset {FEDAVGM_09} feddyn")
-#: the budget curve: FedAvg, the baselines that led on built-in vessel (SCAFFOLD, FedDyn) and the five methods
-BUDGET_APPROACHES = "fedavg scaffold feddyn graphfedseg fedevi fvac pathfl fedefm_downstream"
-#: published gains over FedAvg (Dice, as a fraction like ours; the papers print percent) beside issue 29's tables.
-#: The retina federation is FVAC's Table 1 fundus setting (DRIVE / STARE / CHASE_DB1; 5 participants, 100 rounds x 5
-#: epochs); the nuclei sites are two of PathFL's Table 2 seven (KUMAR = MoNuSeg 2018 training set, TNBC; 60 rounds x
-#: 5 epochs; mean of the two sites' columns). Other rows: the method's own paper or the table that reports it, named.
-#: gains reported on other data (each names its paper, table and data): shown where no table matches the federation
-PAPER_ELSEWHERE = {"fedce": "+0.051 (FedEvi T1, polyp)", "ditto": "+0.004 (GraphFedSeg T2, polyp)",
-                   "fedrep": "+0.014 (GraphFedSeg T2, polyp)", "graphfedseg": "+0.041 (GraphFedSeg T2, polyp)",
-                   "fedevi": "+0.098 (FedEvi T1, polyp)", "scaffold": "not in the papers' tables"}
-#: FVAC's Table 1, fundus average (FedOpt is our FedAdam's family)
-FVAC_T1 = {"fedprox": "+0.004", "moon": "-0.004", "feddyn": "+0.000", "fedadam": "-0.037", "fvac": "+0.009"}
-PAPER_RETINA = {
-    "title": "paper: Δ Dice vs FedAvg", "note": "published gain over FedAvg, Dice as a fraction; FVAC T1 = FVAC's "
-    "Table 1, fundus average (the same three datasets, 100 rounds x 5 local epochs); other sources name their data.",
-    "values": {**PAPER_ELSEWHERE, "fedbn": "+0.048 (FedEvi T1, polyp)", "pathfl": "+0.017 (PathFL T2, H&E)",
-               **{k: f"{v} (FVAC T1{', FedOpt' if k == 'fedadam' else ''})" for k, v in FVAC_T1.items()}}}
-PAPER_NUCLEI = {
-    "title": "paper: Δ Dice vs FedAvg", "note": "published gain over FedAvg, Dice as a fraction; PathFL T2 = the mean of "
-    "the KUMAR (MoNuSeg) and TNBC columns of PathFL's Table 2 (a 7-site H&E federation, 60 rounds x 5 local epochs); "
-    "other sources name their data.",
-    "values": {**PAPER_ELSEWHERE, **{k: f"{v} (FVAC T1, vessels)" for k, v in FVAC_T1.items()},
-               "fedprox": "-0.003 (PathFL T2)", "fedbn": "+0.009 (PathFL T2)", "pathfl": "+0.013 (PathFL T2)"}}
 #: FedEvi's protocol ablation: one bench per local-protocol setting (name, methods, train_config sets)
 PROTOCOL_BENCHES = (
     ("base", "fedavg fedevi fedevi_ref_surrogate=fedevi:uncertainty_grid=network,clamp_epistemic=false "
@@ -113,14 +95,14 @@ PROTOCOL_ROWS = [
     ("authors", "fedavg", "fedevi", "all of the above, FedAvg with the authors' Dice-only loss", "dice", "global"),
     ("authors", "fedavg", "fedevi", "... scored after largest-component post-processing", "dice_lcc", "global"),
     ("authors", "fedavg", "fedevi", "... the best validation round's model", "dice", "global_best_val"),
+    ("authors-30", "fedavg_dicece", "fedevi", "the `paper` protocol at 30 rounds, FedAvg with Dice + CE", "dice", "global"),
+    ("authors-30", "fedavg", "fedevi", "the `paper` protocol at 30 rounds, FedAvg with the Dice-only loss", "dice", "global"),
 ]
 
 #: the real federations read in place: the import command and the site datalists it writes
 REAL_DATA = {
-    "retina": ("fedseg data retina --src ../shared/data/retina_vessels --out {root}/cost/retina_data",
+    "retina": ("fedseg data retina --src {data}/retina_vessels --out {root}/cost/retina_data",
                "{root}/cost/retina_data/site_datalists.json"),
-    "nuclei": ("fedseg data nuclei --src ../shared/data/nuclei_he --out {root}/cost/nuclei_data",
-               "{root}/cost/nuclei_data/site_datalists.json"),
 }
 
 
@@ -136,106 +118,28 @@ def real_bench(federation: str, out: str, options: str) -> Dict[str, Any]:
 #: an output folder (default ``results.json``)
 RUNS: Dict[str, Dict[str, Any]] = {
     "fundus": {"out": "fundus", "commands": [
-        "fedseg bench --family fundus --methods fedavg fedevi graphfedseg --references local pooled --seeds 0 1 2 --out {out}"]},
-    "fundus-fvac": {"out": "fundus_fvac", "commands": [
-        "fedseg bench --family fundus --methods fvac fvac_per_class=fvac:fvda_foreground=per_class --references "
-        "--baseline fvac --seeds 0 1 2 --out {out}"]},
-    "odoc-fundus-smoke": {"out": "odoc_fundus_smoke", "commands": [
-        "fedseg data odoc --src ../shared/data/odoc_prostate_samples --out {root}/odoc_data/fundus",
-        "fedseg bench --site-datalists {root}/odoc_data/fundus/site_datalists.json --methods fedavg fedevi graphfedseg "
-        "fvac pathfl fedefm_downstream --seeds 0 --rounds 2 --out {out}"]},
-    "odoc-prostate-smoke": {"out": "odoc_prostate_smoke", "commands": [
-        "fedseg data odoc --src ../shared/data/odoc_prostate_samples --out {root}/odoc_data/prostate --task prostate",
-        "fedseg bench --site-datalists {root}/odoc_data/prostate/site_datalists.json --methods fedavg fedevi graphfedseg "
-        "fvac pathfl fedefm_downstream --seeds 0 --rounds 2 --out {out}"]},
-    "multiclass-cost": {"out": "multiclass_cost", "result": "multiclass_cost.json", "commands": [
-        "python benchmarks/multiclass_cost.py --out {out} --repeats 5"]},
-    "prostate3d-3d": {"out": "prostate3d_3d", "commands": [
-        "fedseg bench --family prostate3d --methods fedavg fedevi graphfedseg --references local pooled --seeds 0 1 2 "
+        "fedseg bench --family fundus --methods fedavg fedevi graphfedseg fvac pathfl --references local pooled --seeds 0 1 2 "
         "--out {out}"]},
-    "prostate3d-slices": {"out": "prostate3d_slices", "commands": [
-        "fedseg bench --family prostate3d --methods fedavg fedevi graphfedseg --references local pooled --seeds 0 1 2 "
-        "--set spatial_mode=slices --out {out}"]},
-    "engine-prostate3d-3d": {"out": "engine_throughput_3d.json", "commands": [
-        "python benchmarks/engine_throughput.py --family prostate3d --batch-size 2 --epochs 1 --repeats 7 --data both "
-        "--threads 1 --out {out}"]},
-    "engine-prostate3d-slices": {"out": "engine_throughput_slices.json", "commands": [
-        "python benchmarks/engine_throughput.py --family prostate3d --spatial-mode slices --batch-size 4 --epochs 1 "
-        "--repeats 7 --data both --threads 1 --out {out}"]},
-    # the native-resolution cost run of issue 28 item 2 (its uncertainty_windows / surrogate_windows options come
-    # with that work)
-    "retina-native": real_bench("retina", "cost/retina_bench", f"--methods fedavg graphfedseg fedevi {WHOLE_IMAGE_ROWS} "
-                                "--references --seeds 0 1 2 --rounds 20"),
-    # the same check on the nuclei federation (MoNuSeg / TNBC, native resolution); 10 rounds to fit a CPU session
-    "nuclei-native": real_bench("nuclei", "cost/nuclei_bench", f"--methods fedavg graphfedseg fedevi {WHOLE_IMAGE_ROWS} "
-                                "--references --seeds 0 1 2 --rounds 10"),
-    # issue 29: every baseline and every method of the suite in one bench per real federation, three seeds, with the
-    # references (several CPU-hours each on 2 cores: resumable, run it across sessions); and the budget curve on retina
-    "retina-all": real_bench("retina", "issue29/retina_all",
-                             f"--methods {ALL_APPROACHES} --references local pooled --seeds 0 1 2 --rounds 20"),
-    # 10 rounds on nuclei, as the nuclei-native bench (a 20-round run is ~5 min there: 51 runs would take ~4.5 h)
-    "nuclei-all": real_bench("nuclei", "issue29/nuclei_all",
-                             f"--methods {ALL_APPROACHES} --references local pooled --seeds 0 1 2 --rounds 10"),
-    **{f"retina-budget-{r}": real_bench("retina", f"issue29/retina_budget_{r}",
-                                        f"--methods {BUDGET_APPROACHES} --references --seeds 0 --rounds {r}")
-       for r in (10, 30)},
-    # the 100-round point takes FedAvg's, GraphFedSeg's and FedEvi's runs from the bench of those three where stored
-    "retina-budget-100": real_bench("retina", "issue29/retina_budget_100",
-                                    f"--methods {BUDGET_APPROACHES} --references --seeds 0 --rounds 100 "
-                                    "--reuse {root}/issue29/retina_budget_100_ours"),
-    # the 100-round point for the two methods that trailed FedAvg up to 30 rounds, alone (fits a session's end: ~40 min;
-    # the full 100-round bench can take its runs with --reuse)
-    "retina-budget-100-ours": real_bench("retina", "issue29/retina_budget_100_ours",
-                                         "--methods fedavg graphfedseg fedevi --references --seeds 0 --rounds 100"),
-    # three seeds at 100 rounds for the approaches whose Δ to FedAvg grew from 10 to 30 rounds, and FedAvgM (FedAvg with
-    # server momentum: the plateau bench found FedAvg's retina deficit in its server step) beside FedDyn (seed 0 taken
-    # with --reuse from the curve's 100-round point and from retina-fedavgm-100 where they are stored)
-    "retina-budget-100-seeds": real_bench("retina", "issue29/retina_budget_100_seeds",
-                                          f"--methods fedavg {FEDAVGM_06} feddyn pathfl fedefm_downstream --references "
-                                          "--seeds 0 1 2 --rounds 100 --reuse {root}/issue29/retina_budget_100 "
-                                          "{root}/issue29/retina_fedavgm_100"),
-    # why FedAvg plateaus far below the pooled model on retina (0.585 at 100 rounds, pooled 0.672 at 20 epochs) while
-    # FedDyn does not: FedAvg with uniform site weights (FedDyn's), with a decaying local lr, with Adam's state reset
-    # every round, with server momentum (FedAvgM: FedOpt's SGD step, lr 1, momentum 0.9), FedDyn and the pooled
-    # model at the same budget
-    "retina-fedavg-plateau": real_bench("retina", "issue29/retina_fedavg_plateau", f"--methods {PLATEAU_ROWS} "
-                                        "--references pooled --seeds 0 --rounds 30"),
-    # FedAvgM's lead at 30 rounds against 100: momentum 0.9 (the plateau row) and 0.6 (NVFlare's FedOpt default) next
-    # to FedAvg and FedDyn; seed 0 of the 100-round bench taken with --reuse where it is stored
-    "retina-fedavgm-100": real_bench("retina", "issue29/retina_fedavgm_100",
-                                     f"--methods fedavg {FEDAVGM_09} {FEDAVGM_06} feddyn --references "
-                                     "--seeds 0 --rounds 100 --reuse {root}/issue29/retina_budget_100_seeds"),
-    # FedEvi's local protocol (issue: the authors' code beats FedAvg, ours trailed): FedAvg and FedEvi under the suite's
-    # default, then one difference from the authors' protocol switched at a time, then all of them (the `paper`
-    # profile at the default budget), on the built-in polyp family, three seeds
+    # every method on the built-in polyp family (FedAvg's and FedEvi's runs are the protocol ablation's suite default)
+    "polyp": {"out": "polyp", "commands": [
+        "fedseg bench --family polyp --methods fedavg fedevi graphfedseg fvac pathfl --references --seeds 0 1 2 "
+        "--reuse {root}/fedevi_protocol/base --out {out}"]},
+    # FedEvi's local protocol: FedAvg and FedEvi under the suite's default, then one difference from the authors'
+    # protocol switched at a time, then all of them (the `paper` profile at the default budget), built-in polyp
     **{f"fedevi-protocol-{name}": {"out": f"fedevi_protocol/{name}", "commands": [
         f"fedseg bench --family polyp --references --seeds 0 1 2 --methods {methods}{sets} --out {{out}}"]}
        for name, methods, sets in PROTOCOL_BENCHES},
-    # the suite default and the authors' protocol on the real federations (native resolution; their budgets above)
-    **{f"fedevi-protocol-{fed}-{name}": real_bench(fed, f"fedevi_protocol/{fed}_{name}",
-                                                   f"--methods {methods} --references --seeds 0 1 2 --rounds {rounds}{extra}")
-       for fed, rounds in (("retina", 20), ("nuclei", 10))
+    # the suite default, the reference U-Net's layout and the authors' protocol on the real retina federation
+    **{f"fedevi-protocol-retina-{name}": real_bench("retina", f"fedevi_protocol/retina_{name}",
+                                                    f"--methods {methods} --references --seeds 0 1 2 --rounds 20{extra}")
        for name, methods, extra in (("base", "fedavg fedevi", ""),
                                     ("authors", "fedavg fedavg_dicece=fedavg:lambda_ce=1.0 fedevi", " --profile paper"),
                                     ("architecture", "fedavg fedevi",
-                                     " --set network_variant=three_conv_nearest network_init=pytorch"))
-       if (fed, name) != ("nuclei", "architecture")},
+                                     " --set network_variant=three_conv_nearest network_init=pytorch"))},
     # the check at three times the budget: does the authors' protocol train, and FedEvi gain, when sites take more steps?
     "fedevi-protocol-authors-30": {"out": "fedevi_protocol/authors_30", "commands": [
         "fedseg bench --family polyp --references --seeds 0 1 2 --methods fedavg fedavg_dicece=fedavg:lambda_ce=1.0 fedevi "
         "--profile paper --rounds 30 --local-epochs 1 --set image_size=64 --out {out}"]},
-    # on one GPU (NVIDIA H100, 2026-11-26): run there with --out under /tmp, the output copied here
-    "gpu-check": {"out": "gpu/check", "result": "gpu_check.json", "commands": [
-        "python benchmarks/gpu_check.py --out {out}"]},
-    "fundus-gpu40": {"out": "gpu/fundus40", "commands": [
-        "fedseg bench --family fundus --methods fedavg fedevi graphfedseg --references --seeds 0 --rounds 40 --out {out}"]},
-    # the window samples' cost at native resolution on a quiet machine: one seed, 10 rounds (issue 28 item 2)
-    "retina-native-quiet": real_bench("retina", "cost/retina_quiet",
-                                      "--methods fedavg graphfedseg fedevi --references --seeds 0 --rounds 10"),
-    # every baseline of issue 29 in one bench, one seed (with batch-norm rows: FedBN's norm option)
-    "baselines-vessel": {"out": "baselines_vessel", "commands": [
-        "fedseg bench --family vessel --methods fedavg fedprox scaffold fedadam fedbn ditto fedrep moon feddyn fedce "
-        "fedavg_bn=fedavg:norm=batch fedbn_bn=fedbn:norm=batch --references --seeds 0 --out {out}"]},
 }
 
 #: table id -> run(s), renderer, title (and renderer options)
@@ -243,112 +147,36 @@ TABLES: Dict[str, Dict[str, Any]] = {
     "fundus-accuracy": {"run": "fundus", "render": "accuracy", "data": "built-in fundus (rim, cup), 3 sites",
                         "title": "Accuracy on the built-in fundus family (optic disc rim and cup), 3 sites"},
     "fundus-cost": {"run": "fundus", "render": "cost", "title": "Cost on the built-in fundus family, 3 sites"},
-    "fundus-fvac-foreground": {"run": "fundus-fvac", "render": "accuracy",
-                               "title": "FVAC's two readings of foreground on three classes (built-in fundus)"},
-    "odoc-smoke": {"run": ["odoc-fundus-smoke", "odoc-prostate-smoke"], "render": "overview",
-                   "title": "Every method on the real OD/OC and prostate samples, end to end (a smoke row, not a claim)"},
-    "multiclass-cost": {"run": "multiclass-cost", "render": "multiclass-cost",
-                        "title": "What a third class costs: FedAvg with C = 3 vs C = 2 on the same fundus images"},
-    "prostate3d-accuracy": {"run": "prostate3d-3d", "render": "accuracy", "data": "built-in prostate MR volumes (3-D), 3 sites",
-                            "title": "Accuracy on the built-in prostate MR volumes, 3-D patches, 3 sites"},
-    "prostate3d-cost": {"run": "prostate3d-3d", "render": "cost",
-                        "title": "Cost on the built-in prostate MR volumes, 3-D patches, 3 sites"},
-    "prostate3d-slices-accuracy": {"run": "prostate3d-slices", "render": "accuracy",
-                                   "data": "built-in prostate MR volumes (slices), 3 sites",
-                                   "title": "Accuracy on the built-in prostate MR volumes, 2-D slices, 3 sites"},
-    "prostate3d-slices-cost": {"run": "prostate3d-slices", "render": "cost",
-                               "title": "Cost on the built-in prostate MR volumes, 2-D slices, 3 sites"},
-    "engine-throughput-prostate3d": {"run": ["engine-prostate3d-3d", "engine-prostate3d-slices"], "render": "engine-throughput",
-                                     "title": "Engine training throughput vs a plain PyTorch loop on prostate MR volumes"},
-    "retina-native-accuracy": {"run": "retina-native", "render": "accuracy", "metrics": ["dice_fov@DRIVE"],
-                               "round_time_from": "retina-native-quiet-cost",
-                               "data": "real retina (DRIVE / STARE / CHASE_DB1), native resolution",
-                               "title": "Accuracy on the real retina federation at native resolution"},
-    "retina-native-cost": {"run": "retina-native", "render": "cost",
-                           "title": "Cost on the real retina federation at native resolution"},
-    "nuclei-native-accuracy": {"run": "nuclei-native", "render": "accuracy",
-                               "data": "real nuclei (MoNuSeg / TNBC), native resolution",
-                               "title": "Accuracy on the real nuclei federation at native resolution"},
-    "nuclei-native-cost": {"run": "nuclei-native", "render": "cost",
-                           "title": "Cost on the real nuclei federation at native resolution"},
-    "retina-native-window-sample": {"run": "retina-native", "render": "pairs", "metrics": ["dice", "dice_fov"],
-                                    "pairs": WINDOW_PAIRS,
-                                    "title": "Window samples vs whole-image passes at native resolution (real retina)"},
-    "nuclei-native-window-sample": {"run": "nuclei-native", "render": "pairs",
-                                    "pairs": WINDOW_PAIRS,
-                                    "title": "Window samples vs whole-image passes at native resolution (real nuclei)"},
-    "retina-all-accuracy": {"run": "retina-all", "render": "accuracy", "metrics": ["dice_fov@DRIVE"], "paper": PAPER_RETINA,
-                            "data": "real retina, native resolution, every baseline",
-                            "title": "Every baseline and method on the real retina federation (native resolution)"},
-    # cost from one seed: the runs of one seed follow each other under one load; the seeds' runs are hours apart
-    "retina-all-cost": {"run": "retina-all", "render": "cost", "seeds": [0],
-                        "title": "Cost of every baseline and method on the real retina federation (seed 0)"},
-    "nuclei-all-accuracy": {"run": "nuclei-all", "render": "accuracy", "paper": PAPER_NUCLEI,
-                            "data": "real nuclei, native resolution, every baseline",
-                            "title": "Every baseline and method on the real nuclei federation (native resolution)"},
-    "nuclei-all-cost": {"run": "nuclei-all", "render": "cost", "seeds": [0],
-                        "title": "Cost of every baseline and method on the real nuclei federation (seed 0)"},
-    **{f"retina-budget-{r}": {"run": f"retina-budget-{r}", "render": "accuracy", "metrics": ["dice_fov@DRIVE"],
-                              "title": f"The budget curve on the real retina federation: {r} rounds (seed 0)"}
-       for r in (10, 30, 100)},
-    # the curve: seed 0 of each budget (the 20-round point is seed 0 of the all-approaches bench)
-    "retina-budget-curve": {"run": ["retina-budget-10", "retina-all", "retina-budget-30", "retina-budget-100"],
-                            "render": "budget", "seeds": [0], "missing_ok": True, "labels": BUDGET_APPROACHES.split(),
-                            "title": "Is it the budget? Every method and FedAvg at 10 to 100 rounds on the real retina federation (seed 0)"},
-    "retina-budget-100-ours-accuracy": {"run": "retina-budget-100-ours", "render": "accuracy", "metrics": ["dice_fov@DRIVE"],
-                                        "title": "GraphFedSeg and FedEvi against FedAvg at 100 rounds (real retina, seed 0)"},
-    "retina-budget-100-seeds-accuracy": {"run": "retina-budget-100-seeds", "render": "accuracy",
-                                         "metrics": ["dice_fov@DRIVE"],
-                                         "title": "FedDyn, FedAvgM, PathFL and FedEFM against FedAvg at 100 rounds, three seeds (real retina)"},
-    # the same runs tested against FedAvgM: is a lead over FedAvg more than a larger server step?
-    "retina-budget-100-seeds-vs-fedavgm": {"run": "retina-budget-100-seeds", "render": "accuracy",
-                                           "baseline": "fedavgm_m06", "metrics": ["dice_fov@DRIVE"],
-                                           "title": "The same runs against FedAvgM (momentum 0.6): 100 rounds, three "
-                                                    "seeds (real retina)"},
-    "retina-fedavg-plateau-accuracy": {"run": "retina-fedavg-plateau", "render": "accuracy", "metrics": ["dice_fov@DRIVE"],
-                                       "title": "Why FedAvg plateaus on the real retina federation: its local optimiser "
-                                                "and server step varied one at a time (30 rounds, seed 0)"},
-    "retina-fedavgm-100-accuracy": {"run": "retina-fedavgm-100", "render": "accuracy", "metrics": ["dice_fov@DRIVE"],
-                                    "title": "FedAvgM at 100 rounds: server momentum 0.9 and 0.6 against FedAvg and "
-                                             "FedDyn (real retina, seed 0)"},
-    "retina-native-quiet-cost": {"run": "retina-native-quiet", "render": "cost",
-                                 "title": "Cost at native resolution on the real retina federation, window samples (one seed, quiet machine)"},
-    "baselines-vessel-accuracy": {"run": "baselines-vessel", "render": "accuracy",
-                                  "title": "The papers' baselines on the built-in vessel family, 3 sites (one seed)"},
-    "baselines-vessel-cost": {"run": "baselines-vessel", "render": "cost",
-                              "title": "Cost of the papers' baselines on the built-in vessel family, 3 sites (one seed)"},
-    "fundus-gpu40-accuracy": {"run": "fundus-gpu40", "render": "accuracy",
-                              "data": "built-in fundus (rim, cup), 3 sites, 40 rounds on one GPU",
-                              "title": "Accuracy on the built-in fundus family at 40 rounds, on one GPU (one seed)"},
-    "fundus-gpu40-cost": {"run": "fundus-gpu40", "render": "cost",
-                          "title": "Cost on the built-in fundus family at 40 rounds, on one GPU (one seed)"},
-    "gpu-tests": {"run": "gpu-check", "render": "gpu-check", "part": "tests",
-                  "title": "GPU check: the CUDA tests (`pytest -m cuda`)"},
-    "gpu-engine": {"run": "gpu-check", "render": "gpu-check", "part": "engine",
-                   "title": "GPU check: engine vs a plain PyTorch loop, training throughput on one GPU"},
-    "gpu-simulator": {"run": "gpu-check", "render": "gpu-check", "part": "simulator",
-                      "title": "GPU check: FedAvg rounds with 4 sites on one GPU (NVFlare simulator)"},
-    "fedevi-protocol": {"run": [f"fedevi-protocol-{b[0]}" for b in PROTOCOL_BENCHES], "render": "protocol-ablation",
-                        "rows": PROTOCOL_ROWS, "reference": ("base", "fedavg", "fedevi"), "missing_ok": True,
+    "polyp-accuracy": {"run": "polyp", "render": "accuracy", "data": "built-in polyp, 3 sites",
+                       "title": "Accuracy on the built-in polyp family, 3 sites"},
+    "polyp-cost": {"run": "polyp", "render": "cost", "title": "Cost on the built-in polyp family, 3 sites"},
+    "retina-accuracy": {"run": "fedevi-protocol-retina-base", "render": "accuracy", "metrics": ["dice_fov@DRIVE"],
+                        "data": "real retina (DRIVE / STARE / CHASE_DB1), native resolution",
+                        "title": "Accuracy on the real retina federation at native resolution (20 rounds)"},
+    "retina-cost": {"run": "fedevi-protocol-retina-base", "render": "cost",
+                    "title": "Cost on the real retina federation at native resolution (20 rounds)"},
+    "fedevi-protocol": {"run": [f"fedevi-protocol-{b[0]}" for b in PROTOCOL_BENCHES] + ["fedevi-protocol-authors-30"],
+                        "render": "protocol-ablation",
+                        "rows": PROTOCOL_ROWS, "reference": ("base", "fedavg", "fedevi"),
                         "paper": "the authors' code on Kvasir-SEG + CVC-ClinicDB (128 px, 6 rounds x 1 epoch, one seed): "
                                  "FedEvi - FedAvg +0.040 (their FedAvg: Dice-only loss); FedEvi paper Table 1 "
                                  "(4 polyp sites, 200 rounds): +0.098",
                         "title": "What carries FedEvi's gain: FedAvg and FedEvi under the suite's local protocol, one "
                                  "difference from the authors' protocol at a time, and all of them (built-in polyp)"},
-    **{f"fedevi-protocol-{fed}": {
-        "run": [f"fedevi-protocol-{fed}-base", f"fedevi-protocol-{fed}-authors"]
-               + ([f"fedevi-protocol-{fed}-architecture"] if fed == "retina" else []), "render": "protocol-ablation",
-        "missing_ok": True, "reference": (f"{fed}-base", "fedavg", "fedevi"),
-        "rows": [(f"{fed}-base", "fedavg", "fedevi", "suite default", "dice", "global"),
-                 (f"{fed}-architecture", "fedavg", "fedevi", "+ the reference U-Net's layout (PyTorch's initialisation)",
+    "fedevi-protocol-retina": {
+        "run": ["fedevi-protocol-retina-base", "fedevi-protocol-retina-authors", "fedevi-protocol-retina-architecture"],
+        "render": "protocol-ablation", "reference": ("retina-base", "fedavg", "fedevi"),
+        "rows": [("retina-base", "fedavg", "fedevi", "suite default", "dice", "global"),
+                 ("retina-architecture", "fedavg", "fedevi", "+ the reference U-Net's layout (PyTorch's initialisation)",
                   "dice", "global"),
-                 (f"{fed}-authors", "fedavg_dicece", "fedevi", "the authors' protocol, FedAvg with Dice + CE", "dice", "global"),
-                 (f"{fed}-authors", "fedavg", "fedevi", "the authors' protocol, FedAvg with the authors' Dice-only loss", "dice", "global"),
-                 (f"{fed}-authors", "fedavg", "fedevi", "... scored after largest-component post-processing", "dice_lcc", "global"),
-                 (f"{fed}-authors", "fedavg", "fedevi", "... the best validation round's model", "dice", "global_best_val")],
-        "title": f"FedEvi against FedAvg under the suite's and the authors' local protocol, real {title}"}
-       for fed, title in (("retina", "retina federation (native resolution, 20 rounds)"),
-                          ("nuclei", "nuclei federation (native resolution, 10 rounds)"))},
+                 ("retina-authors", "fedavg_dicece", "fedevi", "the authors' protocol, FedAvg with Dice + CE", "dice", "global"),
+                 ("retina-authors", "fedavg", "fedevi", "the authors' protocol, FedAvg with the authors' Dice-only loss",
+                  "dice", "global"),
+                 ("retina-authors", "fedavg", "fedevi", "... scored after largest-component post-processing", "dice_lcc",
+                  "global"),
+                 ("retina-authors", "fedavg", "fedevi", "... the best validation round's model", "dice", "global_best_val")],
+        "title": "FedEvi against FedAvg under the suite's and the authors' local protocol, real retina federation "
+                 "(native resolution, 20 rounds)"},
     # the check the suite keeps: FedEvi's paper protocol for every method, FedEvi against FedAvg (built-in polyp)
     "fedevi-paper-polyp-accuracy": {"run": "fedevi-protocol-authors", "render": "accuracy", "metrics": ["dice_lcc"],
                                     "title": "FedEvi against FedAvg, both with the authors' local protocol "
@@ -356,21 +184,9 @@ TABLES: Dict[str, Dict[str, Any]] = {
     "fedevi-paper-polyp-30-accuracy": {"run": "fedevi-protocol-authors-30", "render": "accuracy", "metrics": ["dice_lcc"],
                                        "title": "The same at 30 rounds: FedEvi against FedAvg with the authors' local "
                                                 "protocol, built-in polyp"},
-    "glance": {"render": "glance", "title": "Results at a glance",
-               "from": ["fundus-accuracy", "fundus-gpu40-accuracy", "prostate3d-accuracy", "prostate3d-slices-accuracy",
-                        "retina-native-accuracy", "nuclei-native-accuracy"]},
+    "glance": {"render": "glance", "title": "Results at a glance", "link": "docs/benchmarks.md",
+               "from": ["polyp-accuracy", "fundus-accuracy", "retina-accuracy"]},
 }
-
-
-def first_seeds(table_id: str, seeds: Sequence[int]) -> Dict[str, Any]:
-    """Table ``table_id`` of some seeds of its bench (a bench that spans sessions, shown before its last seed); not a
-    glance source (no ``"data"``)."""
-    table = {k: v for k, v in TABLES[table_id].items() if k != "data"}
-    return {**table, "seeds": list(seeds), "title": f"{table['title']}, seeds {' and '.join(map(str, seeds))}"}
-
-
-# while the three-seed retina bench of issue 29 is incomplete: its first two seeds
-TABLES.update({f"{t}-seeds01-accuracy": first_seeds(f"{t}-accuracy", [0, 1]) for t in ("retina-all",)})
 
 
 # ------------------------------------------------------------------------------------------- errors
@@ -434,9 +250,29 @@ def result_path(run: Mapping[str, Any], root: Path) -> Path:
     return out if out.suffix == ".json" else out / "results.json"
 
 
-def commands(run: Mapping[str, Any], root: Path) -> List[str]:
-    """The run's commands with ``{out}`` and ``{root}`` filled in."""
-    return [c.format(out=output_path(run, root), root=Path(root)) for c in run["commands"]]
+def commands(run: Mapping[str, Any], root: Path, data_root: Optional[str] = None) -> List[str]:
+    """The run's commands with ``{out}``, ``{root}`` and ``{data}`` (the real data sets' folder: ``data_root``, else
+    ``$FEDSEG_DATASETS``, else left as ``{data}`` for the reader to fill in) filled in."""
+    data = data_root or DATA_ROOT or "{data}"
+    return [c.format(out=output_path(run, root), root=Path(root), data=data) for c in run["commands"]]
+
+
+def record_run(run_id: str, out_root: Path, records_root: Path = Path(DEFAULT_ROOT),
+               runs: Mapping[str, Mapping[str, Any]] = RUNS) -> List[Path]:
+    """Record run ``run_id``'s output from ``out_root`` into ``records_root`` (:func:`records.record_output`).
+
+    Raises:
+        MissingOutput: the output does not exist under ``out_root``.
+        ReproduceError: it cannot be recorded (the message says why).
+    """
+    run = runs[run_id]
+    path = result_path(run, out_root)
+    if not path.is_file():
+        raise MissingOutput(f"run {run_id!r}: no output at {path} to record; make it with --run")
+    try:
+        return record_output(path, out_root, records_root)
+    except ValueError as e:
+        raise ReproduceError(f"run {run_id!r}: {e}") from None
 
 
 def _normalise(command: str) -> List[str]:
@@ -535,18 +371,20 @@ def load_output(run_id: str, root: Path, runs: Mapping[str, Mapping[str, Any]] =
     """
     run = runs[run_id]
     path = result_path(run, root)
-    cmds = commands(run, root)
     if not path.is_file():
         finished = sorted((output_path(run, root) / "runs").glob("*.json")) if output_path(run, root).is_dir() else []
         progress = f" ({len(finished)} finished runs in {output_path(run, root) / 'runs'}: in progress?)" if finished else ""
-        raise MissingOutput(f"run {run_id!r}: no output at {path}{progress}; make it with:\n"
-                            + "\n".join(f"  {c}" for c in cmds))
+        raise MissingOutput(f"run {run_id!r}: no record at {path}{progress}; make it with --run, which runs:\n"
+                            + "\n".join(f"  {c}" for c in commands(run, OUT_ROOT)))
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ReproduceError(f"run {run_id!r}: {path} is not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise ReproduceError(f"run {run_id!r}: {path} holds a {type(data).__name__}, not a JSON object")
+    # the command as recorded: the output root's path written as {root} (a record) or still absolute (an output)
+    data["command"] = sanitise(data.get("command"), str(Path(root).resolve())) if data.get("command") else None
+    cmds = commands(run, Path(ROOT_TOKEN))
     seeds_only = seeds is not None and same_but_seeds(data.get("command"), cmds[-1]) and {int(x) for x in seeds} <= {
         int(x) for x in data.get("seeds") or []}
     if not stored_command_matches(data.get("command"), cmds[-1]) and not seeds_only:
@@ -976,13 +814,17 @@ RENDERERS: Dict[str, Callable[..., List[str]]] = {
 
 def render(table_id: str, root: Path = Path(DEFAULT_ROOT), run: bool = False, link: Optional[str] = None,
            ignore_command: bool = False, runs: Mapping[str, Mapping[str, Any]] = RUNS,
-           tables: Mapping[str, Mapping[str, Any]] = TABLES) -> str:
+           tables: Mapping[str, Mapping[str, Any]] = TABLES, out_root: Optional[Path] = None,
+           record: bool = False) -> str:
     """The markdown of table ``table_id``: a comment naming it, the caption, a blank line, the table.
 
     Args:
         table_id: a key of ``tables``.
-        root: the output root the registry's outputs are under.
-        run: run the table's commands first (a ``fedseg bench`` resumes: finished runs are skipped).
+        root: the records root the registry's outputs are read from.
+        run: run the table's commands first into ``out_root`` (a ``fedseg bench`` resumes: finished runs are
+            skipped), then record them into ``root``.
+        out_root: where ``run`` writes and ``record`` reads outputs (default :data:`OUT_ROOT`).
+        record: record the table's outputs from ``out_root`` into ``root`` first (made earlier, or elsewhere).
         link: the results page, for the glance table's links to its source tables.
         ignore_command: render an output made by another command than the registry's (the caption says so).
 
@@ -993,11 +835,17 @@ def render(table_id: str, root: Path = Path(DEFAULT_ROOT), run: bool = False, li
     table = get_table(table_id, tables)
     check_registry(runs, {table_id: table, **{t: tables[t] for t in table.get("from", []) if t in tables}})
     sources = [tables[t] for t in table.get("from", [])] if table["render"] == "glance" else [table]
-    if run:
-        for run_id in dict.fromkeys(r for src in sources for r in run_ids(src)):
-            run_commands(run_id, root, runs)
+    out_root = Path(out_root or OUT_ROOT)
+    for run_id in dict.fromkeys(r for src in sources for r in run_ids(src)) if run or record else ():
+        if run:
+            run_commands(run_id, out_root, runs)
+        try:
+            record_run(run_id, out_root, root, runs)
+        except MissingOutput:
+            if not table.get("missing_ok"):
+                raise
     if table["render"] == "glance":
-        lines = render_glance(table_id, table, [], root=root, tables=tables, runs=runs, link=link,
+        lines = render_glance(table_id, table, [], root=root, tables=tables, runs=runs, link=link or table.get("link"),
                               ignore_command=ignore_command)
     else:
         outputs = []
@@ -1006,7 +854,7 @@ def render(table_id: str, root: Path = Path(DEFAULT_ROOT), run: bool = False, li
                 outputs.append(load_output(run_id, root, runs, ignore_command, seeds=table.get("seeds"),
                                            baseline=table.get("baseline")))
             except MissingOutput:
-                if not table.get("missing_ok") or run:
+                if not table.get("missing_ok"):
                     raise
                 outputs.append(None)  # a point of a curve not run yet: the renderer says so
         if not any(o is not None for o in outputs):
@@ -1017,8 +865,9 @@ def render(table_id: str, root: Path = Path(DEFAULT_ROOT), run: bool = False, li
 
 
 def listing(root: Path = Path(DEFAULT_ROOT), runs: Mapping[str, Mapping[str, Any]] = RUNS,
-            tables: Mapping[str, Mapping[str, Any]] = TABLES) -> str:
-    """Every table: id, title, renderer, whether its output exists, and its commands."""
+            tables: Mapping[str, Mapping[str, Any]] = TABLES, out_root: Optional[Path] = None) -> str:
+    """Every table: id, title, renderer, whether its record exists under ``root``, and the commands ``--run`` runs
+    (outputs under ``out_root``)."""
     out = []
     for table_id, table in tables.items():
         out.append(f"{table_id}: {table['title']} [{table['render']}]")
@@ -1027,8 +876,8 @@ def listing(root: Path = Path(DEFAULT_ROOT), runs: Mapping[str, Mapping[str, Any
             continue
         for run_id in run_ids(table):
             path = result_path(runs[run_id], root)
-            out.append(f"  run {run_id}: {path} ({'stored' if path.is_file() else 'not yet run'})")
-            out += [f"    {c}" for c in commands(runs[run_id], root)]
+            out.append(f"  run {run_id}: {path} ({'recorded' if path.is_file() else 'no record'})")
+            out += [f"    {c}" for c in commands(runs[run_id], Path(out_root or OUT_ROOT))]
     return "\n".join(out) + "\n"
 
 
@@ -1040,31 +889,69 @@ def main(argv: Optional[Sequence[str]] = None, runs: Mapping[str, Mapping[str, A
     parser.add_argument("--run", action="store_true", help="run the tables' commands first (fedseg bench resumes)")
     parser.add_argument("--list", action="store_true", help="list the tables with their outputs and commands")
     parser.add_argument("--all", action="store_true", help="render every table whose output exists")
-    parser.add_argument("--out-root", default=DEFAULT_ROOT, help=f"where the outputs are (default {DEFAULT_ROOT})")
+    parser.add_argument("--records", default=str(DEFAULT_ROOT),
+                        help="where the run records are read from (default: the repository's benchmarks/results)")
+    parser.add_argument("--out-root", default=None,
+                        help="where --run writes outputs and --record reads them (default $FEDSEG_BENCH_OUT, else ./bench_out)")
+    parser.add_argument("--data-root", default=None,
+                        help="the folder holding the real data sets, for the import commands (default $FEDSEG_DATASETS)")
+    parser.add_argument("--record", action="store_true",
+                        help="record the tables' outputs from --out-root into --records, then render")
+    parser.add_argument("--check-page", nargs="+", metavar="PAGE", default=None,
+                        help="check that every table and figure on these pages equals its render from the records")
+    parser.add_argument("--update-page", nargs="+", metavar="PAGE", default=None,
+                        help="rewrite every table block of these pages with its render from the records")
+    parser.add_argument("--figures", default=None, metavar="DIR",
+                        help="with --all: also write every figure into DIR (the page's figures: docs/figures)")
     parser.add_argument("--link", default=None, help="results page the glance table links its sources to, e.g. docs/benchmarks.md")
     parser.add_argument("--ignore-command", action="store_true",
                         help="render outputs made by another command than the registry's (the caption says so)")
     args = parser.parse_args(argv)
-    root = Path(args.out_root)
+    root = Path(args.records)
+    out_root = Path(args.out_root) if args.out_root else OUT_ROOT
+    global DATA_ROOT
+    DATA_ROOT = args.data_root or DATA_ROOT
     try:
         check_registry(runs, tables)
     except ReproduceError as e:
         print(f"reproduce.py: bad registry: {e}", file=sys.stderr)
         return 2
     if args.list:
-        sys.stdout.write(listing(root, runs, tables))
+        sys.stdout.write(listing(root, runs, tables, out_root))
+        return 0
+    if args.check_page:
+        from page import check_pages
+
+        problems = check_pages([Path(p) for p in args.check_page], root, runs, tables)
+        for problem in problems:
+            print(f"reproduce.py: {problem}", file=sys.stderr)
+        return 1 if problems else 0
+    if args.update_page:
+        from page import update_page
+
+        for page in args.update_page:
+            print(f"{page}: {', '.join(update_page(Path(page), root, runs, tables)) or 'no table blocks'}", file=sys.stderr)
         return 0
     if not args.tables and not args.all:
-        parser.error("name a TABLE, or use --all or --list")
-    if args.all and args.run:
-        parser.error("--all renders stored outputs only; name the tables to --run")
-    ids = list(tables) if args.all else args.tables
+        parser.error("name a TABLE, or use --all, --list, --check-page or --update-page")
+    if args.all and (args.run or args.record):
+        parser.error("--all renders the records only; name the tables to --run or --record")
     failed = 0
+    if args.figures:
+        from figures import FIGURES, write_figure
+
+        for figure_id in FIGURES:
+            try:
+                print(write_figure(figure_id, Path(args.figures), root, runs), file=sys.stderr)
+            except ReproduceError as e:
+                print(f"reproduce.py: figure {figure_id}: {e}", file=sys.stderr)
+                failed += 1
+    ids = list(tables) if args.all else args.tables
     blocks = []
     for table_id in ids:
         try:
             blocks.append(render(table_id, root, run=args.run, link=args.link, ignore_command=args.ignore_command,
-                                 runs=runs, tables=tables))
+                                 runs=runs, tables=tables, out_root=out_root, record=args.record))
         except MissingOutput as e:
             print(f"reproduce.py: {table_id}: {e}", file=sys.stderr)
             failed += 0 if args.all else 1  # --all renders what exists

@@ -16,8 +16,8 @@ Per method and round, timed with ``time.perf_counter``:
   temporary state folder) + the ``evaluate_surrogate`` task (window sample / whole images).
 
 Usage:
-    python benchmarks/site_cost.py --site-datalists /work/bench_out/cost/retina_data/site_datalists.json \\
-        --rounds 5 [--whole] --out /work/bench_out/cost/site_cost_retina.json
+    python benchmarks/site_cost.py --site-datalists bench_out/cost/retina_data/site_datalists.json \\
+        --rounds 5 [--whole] --out bench_out/cost/site_cost_retina.json
 """
 
 from __future__ import annotations

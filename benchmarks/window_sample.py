@@ -1,5 +1,5 @@
 """How close GraphFedSeg's graph and FedEvi's weights are when their statistics come from a window sample
-instead of whole images (issue #28 item 2; docs/methods.md, "window sample").
+instead of whole images (docs/methods.md, "window sample").
 
 Two small federations are trained in this process on a site -> datalist map (e.g. ``fedseg data retina``),
 with the product's engine and defaults, one local epoch a round, sample-weighted averaging:
@@ -29,8 +29,8 @@ Reported per setting (max over sites, then median and max over checkpoints x dra
 max |d effective weight|; relative |dG|, |dA|, |dR_paper| and max |d beta|; and seconds per pass at a site.
 
 Usage:
-    python benchmarks/window_sample.py --site-datalists /work/bench_out/cost/retina_data/site_datalists.json \\
-        --rounds 20 --at 1 5 20 --windows 16 32 64 128 256 --draws 5 --out /work/bench_out/cost/window_sample_retina.json
+    python benchmarks/window_sample.py --site-datalists bench_out/cost/retina_data/site_datalists.json \\
+        --rounds 20 --at 1 5 20 --windows 16 32 64 128 256 --draws 5 --out bench_out/cost/window_sample_retina.json
 """
 
 from __future__ import annotations

@@ -299,7 +299,7 @@ def _store(root, results, command):
 def test_script_renders_a_stored_run(reproduce, seg_results, tmp_path, capsys):
     runs, tables = _toy_registry("fedseg bench --family fundus --seeds 0 1 2 --out {out}")
     _store(tmp_path, seg_results, f"fedseg bench --family fundus --seeds 0 1 2 --out {tmp_path / 'toy'}")
-    assert reproduce.main(["toy-accuracy", "toy-cost", "glance", "--out-root", str(tmp_path)], runs, tables) == 0
+    assert reproduce.main(["toy-accuracy", "toy-cost", "glance", "--records", str(tmp_path)], runs, tables) == 0
     out = capsys.readouterr().out
     assert "<!-- python benchmarks/reproduce.py toy-accuracy -->\n**Toy accuracy.** 2 sites" in out
     assert "Re-make: `python benchmarks/reproduce.py toy-accuracy --run`" in out and "code abc1234" in out
@@ -308,19 +308,19 @@ def test_script_renders_a_stored_run(reproduce, seg_results, tmp_path, capsys):
 
 def test_script_refuses_unknown_missing_and_stale(reproduce, seg_results, tmp_path, capsys):
     runs, tables = _toy_registry("fedseg bench --family fundus --out {out}")
-    assert reproduce.main(["nope", "--out-root", str(tmp_path)], runs, tables) == 1
+    assert reproduce.main(["nope", "--records", str(tmp_path)], runs, tables) == 1
     err = capsys.readouterr().err
     assert "unknown table 'nope'" in err and "toy-accuracy" in err
     # not run yet: the exact command to make it
-    assert reproduce.main(["toy-accuracy", "--out-root", str(tmp_path)], runs, tables) == 1
-    assert f"fedseg bench --family fundus --out {tmp_path / 'toy'}" in capsys.readouterr().err
-    assert reproduce.main(["--all", "--out-root", str(tmp_path)], runs, tables) == 0  # --all: what exists (nothing)
+    assert reproduce.main(["toy-accuracy", "--records", str(tmp_path)], runs, tables) == 1
+    assert f"fedseg bench --family fundus --out {reproduce.OUT_ROOT / 'toy'}" in capsys.readouterr().err
+    assert reproduce.main(["--all", "--records", str(tmp_path)], runs, tables) == 0  # --all: what exists (nothing)
     capsys.readouterr()
     # made by another command than the registry's: refused, or rendered with a note
     _store(tmp_path, seg_results, "fedseg bench --family polyp --out elsewhere")
-    assert reproduce.main(["toy-accuracy", "--out-root", str(tmp_path)], runs, tables) == 1
+    assert reproduce.main(["toy-accuracy", "--records", str(tmp_path)], runs, tables) == 1
     assert "was made by\n  fedseg bench --family polyp --out elsewhere" in capsys.readouterr().err
-    assert reproduce.main(["toy-accuracy", "--ignore-command", "--out-root", str(tmp_path)], runs, tables) == 0
+    assert reproduce.main(["toy-accuracy", "--ignore-command", "--records", str(tmp_path)], runs, tables) == 0
     assert "NOTE: made by `fedseg bench --family polyp --out elsewhere`" in capsys.readouterr().out
     with pytest.raises(reproduce.ReproduceError, match="unknown renderer 'pie'"):
         reproduce.check_registry(runs, {"t": {"run": "toy", "render": "pie", "title": "x"}})
@@ -332,14 +332,18 @@ def test_script_refuses_unknown_missing_and_stale(reproduce, seg_results, tmp_pa
 
 def test_script_run_executes_the_commands_then_renders(reproduce, seg_results, tmp_path, capsys):
     """``--run``: the registry's commands run from the repository root (here one that writes a stored results.json)."""
-    src = tmp_path / "src.json"
     copy = ("python -c \"import os, shutil, sys; os.makedirs(sys.argv[2], exist_ok=True); "
-            "shutil.copy(sys.argv[1], os.path.join(sys.argv[2], 'results.json'))\" " + str(src) + " {out}")
+            "shutil.copy(sys.argv[1], os.path.join(sys.argv[2], 'results.json'))\" {root}/src.json {out}")
     runs, tables = _toy_registry(copy)
     root = tmp_path / "root"
-    src.write_text(json.dumps({**seg_results, "command": copy.format(out=root / "toy")}))
-    assert reproduce.main(["toy-cost", "--run", "--out-root", str(root)], runs, tables) == 0
+    root.mkdir()
+    (root / "src.json").write_text(json.dumps({**seg_results, "command": copy.format(out=root / "toy", root=root)}))
+    records = tmp_path / "records"
+    assert reproduce.main(["toy-cost", "--run", "--out-root", str(root), "--records", str(records)], runs, tables) == 0
     assert (root / "toy" / "results.json").is_file() and "**Toy cost.**" in capsys.readouterr().out
+    # the output is recorded, the output root's path written as {root}
+    recorded = json.loads((records / "toy" / "results.json").read_text())
+    assert recorded["command"] == copy.format(out="{root}/toy", root="{root}") and str(root) not in json.dumps(recorded)
 
 
 def test_list_and_the_registered_commands_parse_with_this_code(reproduce, capsys):
@@ -350,8 +354,8 @@ def test_list_and_the_registered_commands_parse_with_this_code(reproduce, capsys
     out = capsys.readouterr().out
     for table_id in reproduce.TABLES:
         assert out.count(f"{table_id}: ") >= 1
-    assert "fedseg bench --family fundus --methods fedavg fedevi graphfedseg --references local pooled --seeds 0 1 2 " \
-           "--out /work/bench_out/fundus" in out
+    assert "fedseg bench --family fundus --methods fedavg fedevi graphfedseg fvac pathfl --references local pooled " \
+           f"--seeds 0 1 2 --out {reproduce.OUT_ROOT / 'fundus'}" in out
     for run_id, run in reproduce.RUNS.items():
         for command in reproduce.commands(run, Path("/tmp/root")):
             words = shlex.split(command)
@@ -409,7 +413,7 @@ def test_gpu_check_tables(reproduce, tmp_path, capsys):
               for part in ("tests", "engine", "simulator")}
     (tmp_path / "gpu").mkdir()
     (tmp_path / "gpu" / "gpu_check.json").write_text(json.dumps(GPU_CHECK))
-    assert reproduce.main(["gpu-tests", "gpu-engine", "gpu-simulator", "--out-root", str(tmp_path)], runs, tables) == 0
+    assert reproduce.main(["gpu-tests", "gpu-engine", "gpu-simulator", "--records", str(tmp_path)], runs, tables) == 0
     out = capsys.readouterr().out
     assert "**GPU tests.** machine: 16 CPUs, device NVIDIA H100 80GB HBM3, 79.2 GiB, CUDA 13.0, torch 2.11.0+cu130; " \
            "2026-11-26 10:17" in out
@@ -419,7 +423,7 @@ def test_gpu_check_tables(reproduce, tmp_path, capsys):
     assert "| 1 | 1.31 | 0.22 | 0.70 | 1.09 | 31.1 |" in out and "final mean Dice 0.745" in out
     failed = {**GPU_CHECK, "steps": {**GPU_CHECK["steps"], "simulator_round": {"ok": False, "error": "timeout"}}}
     (tmp_path / "gpu" / "gpu_check.json").write_text(json.dumps(failed))
-    assert reproduce.main(["gpu-simulator", "--out-root", str(tmp_path)], runs, tables) == 1
+    assert reproduce.main(["gpu-simulator", "--records", str(tmp_path)], runs, tables) == 1
     assert "step 'simulator_round' of the GPU check failed: timeout" in capsys.readouterr().err
 
 
