@@ -27,8 +27,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 Row = Tuple[str, str, str]
 
 _POLYP = [("polyp", "graphfedseg", "GraphFedSeg"), ("polyp", "graphfedseg (personalised)", "GraphFedSeg (personalised)"),
-          ("polyp", "fvac", "FVAC"), ("polyp", "pathfl", "PathFL"),
-          ("polyp", "fedevi", "FedEvi"),
+          ("polyp", "fvac", "FVAC (5 local epochs)"), ("polyp", "fedavg_e5", "FedAvg, 5 local epochs"),
+          ("polyp", "pathfl", "PathFL"), ("polyp", "fedevi", "FedEvi"),
           ("fedevi-protocol-architecture", "fedevi", "FedEvi, reference U-Net layout"),
           ("fedevi-protocol-network", "fedevi", "FedEvi, reference U-Net + Kaiming init"),
           ("fedevi-protocol-authors", "fedevi", "FedEvi, authors' protocol"),
@@ -38,7 +38,8 @@ _RETINA = [("fedevi-protocol-retina-base", "fedevi", "FedEvi, suite protocol"),
            ("fedevi-protocol-retina-authors", "fedevi", "FedEvi, authors' protocol")]
 _FUNDUS = [("fundus", "fedevi", "FedEvi"), ("fundus", "graphfedseg", "GraphFedSeg"),
            ("fundus", "graphfedseg (personalised)", "GraphFedSeg (personalised)"),
-           ("fundus", "fvac", "FVAC"), ("fundus", "pathfl", "PathFL"),
+           ("fundus", "fvac", "FVAC (5 local epochs)"), ("fundus", "fedavg_e5", "FedAvg, 5 local epochs"),
+           ("fundus", "pathfl", "PathFL"),
            ("fundus", "local", "local only"), ("fundus", "pooled", "pooled")]
 
 #: figure id -> kind, title, rows (and the papers' claimed gains over FedAvg, Dice as a fraction, with their source)
@@ -176,13 +177,14 @@ def draw_forest(spec: Mapping[str, Any], points: Sequence[Mapping[str, Any]], pa
 
 def draw_cost_gain(spec: Mapping[str, Any], points: Sequence[Mapping[str, Any]], path: Path, digest: str = "") -> Path:
     plt, (fig, ax) = _figure(4.0)
-    for pt in points:
-        if pt["round_ratio"] is None:
-            continue
+    drawn = sorted((pt for pt in points if pt["round_ratio"] is not None), key=lambda pt: (pt["round_ratio"], pt["mean"]))
+    for i, pt in enumerate(drawn):
         significant = pt["p"] is not None and pt["p"] < 0.05
         ax.errorbar(pt["round_ratio"], pt["mean"], yerr=pt["std"], fmt="o", capsize=3, color="tab:blue",
                     markerfacecolor="tab:blue" if significant else "white")
-        ax.annotate(pt["label"], (pt["round_ratio"], pt["mean"]), textcoords="offset points", xytext=(5, 4), fontsize=7)
+        # neighbours' labels alternate right / left and up / down, so that a cluster stays readable
+        ax.annotate(pt["label"], (pt["round_ratio"], pt["mean"]), textcoords="offset points", fontsize=7,
+                    xytext=((6, -12, 6, -12)[i % 4], (4, 4, -10, -10)[i % 4]), ha="left" if i % 2 == 0 else "right")
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.axvline(1.0, color="grey", linewidth=0.8)
     ax.set_xlabel("median round wall / FedAvg's (same bench)")

@@ -118,12 +118,13 @@ def real_bench(federation: str, out: str, options: str) -> Dict[str, Any]:
 #: an output folder (default ``results.json``)
 RUNS: Dict[str, Dict[str, Any]] = {
     "fundus": {"out": "fundus", "commands": [
-        "fedseg bench --family fundus --methods fedavg fedevi graphfedseg fvac pathfl --references local pooled --seeds 0 1 2 "
-        "--out {out}"]},
-    # every method on the built-in polyp family (FedAvg's and FedEvi's runs are the protocol ablation's suite default)
+        "fedseg bench --family fundus --methods fedavg fedevi graphfedseg fvac pathfl fedavg_e5=fedavg:local_epochs=5 "
+        "--references local pooled --seeds 0 1 2 --out {out}"]},
+    # every method on the built-in polyp family (FedAvg's and FedEvi's runs are the protocol ablation's suite default);
+    # FedAvg with FVAC's five local epochs tells FVAC's aggregation and losses from its extra local steps
     "polyp": {"out": "polyp", "commands": [
-        "fedseg bench --family polyp --methods fedavg fedevi graphfedseg fvac pathfl --references --seeds 0 1 2 "
-        "--reuse {root}/fedevi_protocol/base --out {out}"]},
+        "fedseg bench --family polyp --methods fedavg fedevi graphfedseg fvac pathfl fedavg_e5=fedavg:local_epochs=5 "
+        "--references --seeds 0 1 2 --reuse {root}/fedevi_protocol/base --out {out}"]},
     # FedEvi's local protocol: FedAvg and FedEvi under the suite's default, then one difference from the authors'
     # protocol switched at a time, then all of them (the `paper` profile at the default budget), built-in polyp
     **{f"fedevi-protocol-{name}": {"out": f"fedevi_protocol/{name}", "commands": [
@@ -150,6 +151,10 @@ TABLES: Dict[str, Dict[str, Any]] = {
     "polyp-accuracy": {"run": "polyp", "render": "accuracy", "data": "built-in polyp, 3 sites",
                        "title": "Accuracy on the built-in polyp family, 3 sites"},
     "polyp-cost": {"run": "polyp", "render": "cost", "title": "Cost on the built-in polyp family, 3 sites"},
+    # the same runs against FedAvg with FVAC's five local epochs: is FVAC's lead its method or its local steps?
+    **{f"{fam}-vs-local-steps": {"run": fam, "render": "accuracy", "baseline": "fedavg_e5",
+                                 "title": f"The same runs against FedAvg with five local epochs (FVAC's), built-in {fam}"}
+       for fam in ("polyp", "fundus")},
     "retina-accuracy": {"run": "fedevi-protocol-retina-base", "render": "accuracy", "metrics": ["dice_fov@DRIVE"],
                         "data": "real retina (DRIVE / STARE / CHASE_DB1), native resolution",
                         "title": "Accuracy on the real retina federation at native resolution (20 rounds)"},

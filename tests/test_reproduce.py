@@ -354,8 +354,8 @@ def test_list_and_the_registered_commands_parse_with_this_code(reproduce, capsys
     out = capsys.readouterr().out
     for table_id in reproduce.TABLES:
         assert out.count(f"{table_id}: ") >= 1
-    assert "fedseg bench --family fundus --methods fedavg fedevi graphfedseg fvac pathfl --references local pooled " \
-           f"--seeds 0 1 2 --out {reproduce.OUT_ROOT / 'fundus'}" in out
+    assert "fedseg bench --family fundus --methods fedavg fedevi graphfedseg fvac pathfl fedavg_e5=fedavg:local_epochs=5 " \
+           f"--references local pooled --seeds 0 1 2 --out {reproduce.OUT_ROOT / 'fundus'}" in out
     for run_id, run in reproduce.RUNS.items():
         for command in reproduce.commands(run, Path("/tmp/root")):
             words = shlex.split(command)
