@@ -77,10 +77,6 @@ def _load(run_id: str, root: Path, runs: Mapping[str, Any]) -> Dict[str, Any]:
     return reproduce.load_output(run_id, root, runs)
 
 
-def _bench_label(run_id: str) -> str:
-    return run_id.replace("fedevi-protocol-", "")
-
-
 def forest_points(rows: Sequence[Row], root: Path, runs: Mapping[str, Any]) -> List[Dict[str, Any]]:
     """Per row present in the records: its label, the per-seed difference to the bench's baseline (mean, std, seeds
     ahead), the paired per-image test (mean difference, Wilcoxon p) and the round wall ratio to FedAvg."""
@@ -197,13 +193,11 @@ def curve_points(run_ids: Sequence[str], root: Path, runs: Mapping[str, Any],
                  spec_labels: Optional[Mapping[str, str]] = None) -> List[Dict[str, Any]]:
     """Per bench and approach: the validation Dice per round (mean over sites) averaged over seeds, and its std;
     ``spec_labels`` names each bench in the legend."""
-    import reproduce
+    import reproduce  # puts benchmarks/ on the path: cost_table below
+    from cost_table import load_runs
     from fedseg.bench.tables import approach_title
 
     spec_labels = spec_labels or {}
-    sys_path_benchmarks()
-    from cost_table import load_runs
-
     curves = []
     for run_id in run_ids:
         try:
@@ -215,18 +209,10 @@ def curve_points(run_ids: Sequence[str], root: Path, runs: Mapping[str, Any],
             length = min(len(c) for c in per_seed)
             rounds = [[c[i] for c in per_seed if c[i] is not None] for i in range(length)]
             title = approach_title(results["approaches"][label]) if label in results["approaches"] else label
-            curves.append({"label": f"{title}, {spec_labels.get(run_id, _bench_label(run_id))}",
+            curves.append({"label": f"{title}, {spec_labels.get(run_id, reproduce.bench_name(run_id))}",
                            "mean": [statistics.fmean(v) if v else None for v in rounds],
                            "std": [statistics.pstdev(v) if len(v) > 1 else 0.0 for v in rounds]})
     return curves
-
-
-def sys_path_benchmarks() -> None:
-    import sys
-
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
 
 
 def draw_curve(spec: Mapping[str, Any], curves: Sequence[Mapping[str, Any]], path: Path, digest: str = "") -> Path:

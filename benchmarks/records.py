@@ -24,7 +24,7 @@ ROOT_TOKEN = "{root}"
 #: the records folder's size budget (a test keeps it): tables and figures, never weights, images or logs
 SIZE_BUDGET_MB = 10.0
 
-#: an absolute POSIX path inside a string ("/home/x", "/work/..."); URLs (``https://``) are not paths
+#: an absolute POSIX path inside a string (a folder such as ``/srv/data/x``); URLs (``https://``) are not paths
 _ABSOLUTE = re.compile(r"(?<![\w:/.{}])/(?:[\w.-]+/)+[\w.-]*")
 
 
@@ -99,10 +99,9 @@ def record_output(result: Path, out_root: Path, records_root: Path = RECORDS_ROO
         target = Path(records_root) / source.relative_to(out_root)
         _write(data, target)
         written.append(target)
-    stale = {p.name for p in (Path(records_root) / relative.parent / "runs").glob("*.json")} - {
-        s.name for s in sources[1:]} if len(sources) > 1 else set()
-    for name in stale:  # a run the output no longer has
-        (Path(records_root) / relative.parent / "runs" / name).unlink()
+    if result.name == "results.json":  # a bench: a run the output no longer has leaves the record too
+        for old in set((Path(records_root) / relative.parent / "runs").glob("*.json")) - set(written[1:]):
+            old.unlink()
     return written
 
 

@@ -741,6 +741,11 @@ def render_budget(table_id: str, table: Mapping[str, Any], outputs: Sequence[Opt
     return [caption(first, table["title"], note), "", *lines]
 
 
+def bench_name(run_id: str) -> str:
+    """A protocol bench's short name: ``fedevi-protocol-retina-base`` -> ``retina-base``."""
+    return run_id[len("fedevi-protocol-"):] if run_id.startswith("fedevi-protocol-") else run_id
+
+
 def render_protocol_ablation(table_id: str, table: Mapping[str, Any], outputs: Sequence[Optional[Dict[str, Any]]],
                              **_) -> List[str]:
     """One row per ``rows`` entry ``(bench, baseline label, method label, setting, metric, model)``: the baseline's and
@@ -754,8 +759,7 @@ def render_protocol_ablation(table_id: str, table: Mapping[str, Any], outputs: S
     from fedseg.bench.stats import compare, seed_differences, summarise_seeds
     from fedseg.bench.tables import caption, column_header
 
-    benches = {r[len("fedevi-protocol-"):] if r.startswith("fedevi-protocol-") else r: o
-               for r, o in zip(run_ids(table), outputs)}
+    benches = {bench_name(r): o for r, o in zip(run_ids(table), outputs)}
     present = {name: o for name, o in benches.items() if o is not None}
     runs = {name: load_runs(Path(o["_output_dir"])) for name, o in present.items()}
     first = next(iter(present.values()))

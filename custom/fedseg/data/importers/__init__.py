@@ -11,42 +11,13 @@ No pixel of a licensed data set is copied (derived crops go to the caller's outp
 re-exports each module's public names.
 """
 
-from .foundation import build_foundation, builtin_xray_items, nuclei_items, retina_items
-from .nuclei import DEFAULT_NUCLEI_ROOT, DEFAULT_ORGAN_MIN_IMAGES, LAYOUTS, import_nuclei
-from .odoc import ODOC_FOLDER, ODOC_TASKS, import_odoc
-from .retina import DEFAULT_RESCALE, DEFAULT_RETINA_ROOT, import_retina, participant_split, read_manifest
-from .sources import DATA_FOLDERS, DATA_ROOT_ENV, default_data_root, resolve_source
-from .xray_angio import ARCADE_CLASSES, DEFAULT_XRAY_ANGIO_ROOT, arcade_crops, import_dca1
+from . import foundation, nuclei, odoc, retina, sources, xray_angio
+from .foundation import *  # noqa: F401,F403 -- each module's __all__ is this package's
+from .nuclei import *  # noqa: F401,F403
+from .odoc import *  # noqa: F401,F403
+from .retina import *  # noqa: F401,F403
+from .sources import *  # noqa: F401,F403
+from .xray_angio import *  # noqa: F401,F403
 
-__all__ = [
-    # retina.py
-    "DEFAULT_RETINA_ROOT",
-    "DEFAULT_RESCALE",
-    "import_retina",
-    "participant_split",
-    "read_manifest",
-    # nuclei.py
-    "DEFAULT_NUCLEI_ROOT",
-    "DEFAULT_ORGAN_MIN_IMAGES",
-    "LAYOUTS",
-    "import_nuclei",
-    # xray_angio.py
-    "DEFAULT_XRAY_ANGIO_ROOT",
-    "ARCADE_CLASSES",
-    "import_dca1",
-    "arcade_crops",
-    # odoc.py
-    "ODOC_FOLDER",
-    "ODOC_TASKS",
-    "import_odoc",
-    # foundation.py
-    "build_foundation",
-    "retina_items",
-    "nuclei_items",
-    "builtin_xray_items",
-    # sources.py
-    "DATA_ROOT_ENV",
-    "DATA_FOLDERS",
-    "default_data_root",
-    "resolve_source",
-]
+__all__ = list(dict.fromkeys(name for module in (retina, nuclei, xray_angio, odoc, foundation, sources)
+                             for name in module.__all__))

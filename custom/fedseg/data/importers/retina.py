@@ -43,7 +43,7 @@ import numpy as np
 from ..datalist import SPLITS, DatalistError, load_datalist, read_datalist_json, write_json_atomic
 from .sources import resolve_source
 
-__all__ = ["import_retina", "participant_split", "read_manifest", "DEFAULT_RETINA_ROOT"]
+__all__ = ["import_retina", "participant_split", "read_manifest", "DEFAULT_RETINA_ROOT", "DEFAULT_RESCALE"]
 
 #: the retina data set's folder under ``$FEDSEG_DATASETS``, read when no source folder is given
 #: (:func:`~fedseg.data.importers.sources.resolve_source`)

@@ -65,6 +65,8 @@ __all__ = [
     "generate_federation",
     "site_seed",
     "family_label_space",
+    "POLYP_FRACTION_BAND",
+    "VESSEL_FOV_FRACTION_BAND",
 ]
 
 #: bump whenever the generated pixels or the datalist layout change; part of the cache fingerprint

@@ -16,6 +16,10 @@ import numpy as np
 from PIL import Image
 
 
+__all__ = ["site_seed", "save_png_atomic", "split_counts", "check_site_name", "existing_datalist",
+           "prepare_site_folder", "numbered_names", "remove_stale_files", "seeded_splits"]
+
+
 def site_seed(family: str, site: str, seed: int) -> int:
     """Stable 32-bit seed for one site: ``zlib.crc32(f"{family}/{site}/{seed}")``."""
     return zlib.crc32(f"{family}/{site}/{seed}".encode("utf-8"))
