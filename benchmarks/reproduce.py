@@ -182,6 +182,8 @@ TABLES: Dict[str, Dict[str, Any]] = {
                  ("retina-authors", "fedavg", "fedevi", "... the best validation round's model", "dice", "global_best_val")],
         "title": "FedEvi against FedAvg under the suite's and the authors' local protocol, real retina federation "
                  "(native resolution, 20 rounds)"},
+    "retina-layout-cost": {"run": "fedevi-protocol-retina-architecture", "render": "cost",
+                           "title": "Cost with the reference U-Net's layout on the real retina federation (20 rounds)"},
     # the check the suite keeps: FedEvi's paper protocol for every method, FedEvi against FedAvg (built-in polyp)
     "fedevi-paper-polyp-accuracy": {"run": "fedevi-protocol-authors", "render": "accuracy", "metrics": ["dice_lcc"],
                                     "title": "FedEvi against FedAvg, both with the authors' local protocol "
