@@ -49,6 +49,7 @@ from fedseg.fl.validation import (
 from fedseg.objectives.registry import build_objective
 from fedseg.strategies.base import ClientUpdate, SitePayload
 from fedseg.strategies.registry import build_strategy
+from fedseg.strategies.server_step import ServerStep, server_step_config
 
 
 #: keys NVFlare's ModelController writes into a result's meta on the server (base_model_controller: the task's
@@ -64,6 +65,9 @@ class FedSegController(ModelController):
         num_rounds: communication rounds.
         strategy: server strategy name (``fedseg.strategies.registry``).
         strategy_args: options of the strategy.
+        server_step: a server optimiser stepping the strategy's global model after every aggregation
+            (``fedseg.strategies.server_step.server_step_config`` options: ``server_optimizer`` none | sgd-momentum |
+            adam, ``server_lr``, ``server_momentum``, ``server_betas``, ``server_eps``); None = no step.
         objective: client objective name (``fedseg.objectives.registry``), sent to the sites.
         objective_args: options of the objective.
         train_config: hyper-parameters every site trains with (sent in each task's meta).
@@ -91,6 +95,7 @@ class FedSegController(ModelController):
         num_rounds: int = 5,
         strategy: str = "fedavg",
         strategy_args: Optional[Dict[str, Any]] = None,
+        server_step: Optional[Dict[str, Any]] = None,
         objective: str = "fedavg",
         objective_args: Optional[Dict[str, Any]] = None,
         train_config: Optional[Dict[str, Any]] = None,
@@ -124,6 +129,14 @@ class FedSegController(ModelController):
         self.cross_site_evaluation = bool(cross_site_evaluation)
         # fail at job start, not after an hour of training, if a name or an option is wrong
         self._strategy = build_strategy(self.strategy, **self.strategy_args)
+        self.server_step = None if server_step is None else dict(server_step)  # None: no entry in the exported job
+        self._server_step = server_step_config(**(self.server_step or {}))
+        if self._server_step is not None and self.strategy == "fedopt":
+            raise ValueError("strategy 'fedopt' (FedAdam, FedAvgM) takes its server step from its own options "
+                             "(server_optimizer, server_lr, momentum): leave the job's server_optimizer at 'none'")
+        if self._server_step is not None and not self._strategy.has_global_model:
+            raise ValueError(f"{self.method}: no global model during training, so no server step applies; "
+                             "use server_optimizer=none")
         objective_ = build_objective(self.objective, **self.objective_args)
         self._allowed_statistics = objective_.declared_statistics
         self._weight_tasks = tuple(objective_.weight_tasks)
@@ -164,6 +177,8 @@ class FedSegController(ModelController):
             self._strategy.network_factory = lambda: build_network(self.train_config)
         self._strategy.total_rounds = self.num_rounds
         self._strategy.start(clients, self._reference)
+        if self._server_step is not None:
+            self._strategy.attach_server_step(ServerStep(self._server_step, build_network(self.train_config)))
         # what a train result must hold: every entry, or the shared ones of a method with site-local layers
         shared = self._strategy.shared_keys()
         self._train_reference = self._reference if shared is None else {k: self._reference[k] for k in shared}
@@ -183,7 +198,7 @@ class FedSegController(ModelController):
             payloads = {site: self._strategy.payload(site, round_) for site in clients}
             updates = self._exchange(TRAIN_TASK, payloads, round_, reference=self._train_reference)
             self._attach_train_config()  # now with the spatial settings the sites reported
-            fields = self._strategy.aggregate(
+            fields = self._strategy.aggregate_round(
                 round_, updates, lambda task, p, r=round_: self._exchange(task, p, r, require_params=task in self._weight_tasks)
             )
             if self._selects_best_round():
@@ -376,6 +391,7 @@ class FedSegController(ModelController):
             "train_config": self.train_config,
             "screening": self._screening.as_dict(),
             **self._strategy.config(),
+            **({"server_step": self._server_step.as_dict()} if self._server_step is not None else {}),
         }
 
     def _task_meta(self, round_: int, extra: Dict[str, Any]) -> Dict[str, Any]:

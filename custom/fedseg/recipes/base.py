@@ -5,7 +5,7 @@ A method's recipe module only picks the strategy, the objective, their options a
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 from nvflare.app_opt.pt.job_config.base_fed_job import BaseFedJob
 from nvflare.recipe.spec import ExecEnv, Recipe
@@ -19,6 +19,7 @@ from fedseg.fl.site_executor import FedSegScriptExecutor, FedSegSiteExecutor
 from fedseg.recipes.environments import ExecEnvError, deployment_failure, prepare_env
 from fedseg.recipes.tracking import add_tensorboard
 from fedseg.strategies.registry import get_strategy_class
+from fedseg.strategies.server_step import DEFAULT_SERVER_MOMENTUM, server_step_config
 
 #: ``site_executor`` option -> how a site receives its tasks (``fedseg.fl.site_executor``)
 SITE_EXECUTORS = {
@@ -53,7 +54,7 @@ TASK_REQUEST_INTERVAL = 0.2
 #: recipe options that configure the job rather than training (everything else is a train_config override)
 JOB_OPTIONS = (
     "min_clients", "task_timeout", "task_check_period", "script_args", "site_executor", "screening", "checkpoint_dir",
-    "task_request_interval",
+    "task_request_interval", "server_optimizer", "server_lr", "server_momentum", "server_betas", "server_eps",
 )
 
 
@@ -93,6 +94,10 @@ class FedSegRecipe(Recipe):
         task_request_interval: seconds an idle site waits before asking the server for a task again (NVFlare's
             server setting, default here 0.2; 0.05 trims ~0.05 s off every task at 4x the idle polling,
             benchmarks/framework_overhead.py).
+        server_optimizer: a server step on the global model the method's aggregation produces
+            (``fedseg.strategies.server_step``): "none" (default: the method as published), "sgd-momentum"
+            (FedAvgM's heavy ball) or "adam" (FedAdam's); with ``server_lr`` (1.0), ``server_momentum`` (0.6),
+            ``server_betas`` ((0.9, 0.99)) and ``server_eps`` (1e-3).
     """
 
     def __init__(
@@ -114,12 +119,20 @@ class FedSegRecipe(Recipe):
         screening: Optional[Dict[str, Any]] = None,
         checkpoint_dir: Optional[str] = None,
         task_request_interval: float = TASK_REQUEST_INTERVAL,
+        server_optimizer: str = "none",
+        server_lr: float = 1.0,
+        server_momentum: float = DEFAULT_SERVER_MOMENTUM,
+        server_betas: Sequence[float] = (0.9, 0.99),
+        server_eps: float = 1e-3,
     ):
         if not (isinstance(task_request_interval, (int, float)) and 0 < task_request_interval <= 60):
             raise ValueError(f"task_request_interval must be in (0, 60] seconds, got {task_request_interval!r}")
         self.name = name
         self.method = method
         self.train_config = dict(train_config)
+        step_options = {"server_optimizer": server_optimizer, "server_lr": server_lr, "server_momentum": server_momentum,
+                        "server_betas": list(server_betas), "server_eps": server_eps}
+        step = server_step_config(**step_options)  # fails here on a wrong name or value
         job = BaseFedJob(
             initial_model=build_initial_network(self.train_config),
             name=name,
@@ -131,6 +144,8 @@ class FedSegRecipe(Recipe):
             num_rounds=num_rounds,
             strategy=strategy,
             strategy_args=strategy_args,
+            # the job's JSON records the options the step reads (none: no entry, the method as published)
+            server_step=None if step is None else {k: v for k, v in step_options.items() if k in step.as_dict()},
             objective=objective,
             objective_args=objective_args,
             train_config=self.train_config,

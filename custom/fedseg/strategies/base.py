@@ -3,7 +3,8 @@
 The controller (``fedseg.fl.controller.FedSegController``) drives the rounds and calls:
     start(clients, initial_params)            once
     payload(site, round) -> SitePayload       the model (and meta) each site trains from
-    aggregate(round, updates, exchange)       after the train task; returns this round's report fields
+    aggregate_round(round, updates, exchange) after the train task: ``aggregate`` (the method's rule), then the
+                                              server step when one is attached; returns the round's report fields
     finish()                                  once, after the last round (e.g. FedEFM's final averaging)
     global_params()                           the model evaluated as ``final.global`` (unless
                                               ``evaluates_global`` is False: FedBN, FedRep)
@@ -88,6 +89,8 @@ class ServerStrategy:
         self.total_rounds: int = 0
         #: set by the controller before ``start`` when ``needs_network``: builds the job's network (CPU)
         self.network_factory = None
+        #: the server optimiser stepping the global model after each aggregation (``attach_server_step``), or None
+        self.server_step = None
 
     def config(self) -> Dict[str, Any]:
         """Effective hyper-parameters, written into ``report.json['config']``."""
@@ -102,6 +105,36 @@ class ServerStrategy:
 
     def aggregate(self, round_: int, updates: Dict[str, ClientUpdate], exchange: Exchange) -> Dict[str, Any]:
         raise NotImplementedError
+
+    # ------------------------------------------------------------------------------- server step
+    def attach_server_step(self, step) -> None:
+        """Step the global model by ``step`` (``fedseg.strategies.server_step.ServerStep``) after every aggregation;
+        call after ``start``. Only the global model moves: what the method keeps beside it (personalised models,
+        weights, graphs, controls) is its aggregation's, as without the step.
+
+        Raises:
+            ValueError: the strategy has no global model during training (FedEFM's DFL).
+        """
+        if not self.has_global_model:
+            raise ValueError(f"{self.name}: no global model during training (the sites mix their own), so no server "
+                             "step applies; use server_optimizer=none")
+        self.server_step = step
+
+    def aggregate_round(self, round_: int, updates: Dict[str, ClientUpdate], exchange: Exchange) -> Dict[str, Any]:
+        """:meth:`aggregate`, then the attached server step from the model the sites trained from along the
+        aggregation's update (report fields ``server_update_norm``, ``server_lr``)."""
+        step = self.server_step
+        if step is None:
+            return self.aggregate(round_, updates, exchange)
+        previous = clone_params(self._global)  # a strategy may change its dict in place
+        fields = self.aggregate(round_, updates, exchange)
+        stepped, norm = step.step(previous, self._global)
+        self.set_global(stepped)
+        return {**fields, "server_update_norm": norm, "server_lr": step.lr}
+
+    def set_global(self, params: Params) -> None:
+        """Replace the global model (after the server step); strategies that keep copies of it override this."""
+        self._global = params
 
     def finish(self) -> Dict[str, Any]:
         """Called once after the last round; returns report fields (none by default)."""
@@ -119,12 +152,15 @@ class ServerStrategy:
         state (FedEvi's beta, GraphFedSeg's graph and personalised models, ...) and must restore it in
         :meth:`load_state_dict`; what ``start`` derives from the clients alone is not stored.
         """
-        return {
+        state = {
             "name": self.name,
             "config": self.config(),
             "clients": list(self.clients),
             "global": clone_params(self._global),
         }
+        if self.server_step is not None:
+            state["server_step"] = self.server_step.state_dict()
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output; call after ``start`` with the same clients.
@@ -141,6 +177,13 @@ class ServerStrategy:
             raise ValueError(f"checkpoint was written with other {self.name} options: {differing}")
         if list(state.get("clients", [])) != list(self.clients):
             raise ValueError(f"checkpoint is for sites {state.get('clients')}, this job started with {self.clients}")
+        step = self.server_step
+        if (step is None) != ("server_step" not in state):
+            written = state.get("server_step", {}).get("config", "none")
+            raise ValueError(f"checkpoint was written with server step {written}, this job runs "
+                             f"{step.config.as_dict() if step is not None else 'none'}")
+        if step is not None:
+            step.load_state_dict(state["server_step"])
         self._global = clone_params(state["global"])
 
     def personalized_params(self) -> Optional[Dict[str, Params]]:

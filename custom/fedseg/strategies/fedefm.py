@@ -126,6 +126,12 @@ class FedEFMStrategy(ServerStrategy):
         self._experts = {i: {j: clone_params(m) for j, m in e.items()} for i, e in state["experts"].items()}
         self._n_samples = {s: int(n) for s, n in state["n_samples"].items()}
 
+    def set_global(self, params: Params) -> None:
+        """CFL after the server step: every silo continues from the stepped model (this round's overseas experts
+        were trained from the average, before the step: the step closes the round)."""
+        self._global = params
+        self._models = {s: params for s in self.clients}
+
     # ------------------------------------------------------------------------------------ rounds
     def payload(self, site: str, round_: int) -> SitePayload:
         experts = self._experts.get(site, {})
