@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from fedseg.bench.report import build_results, markdown, plot_results
+from fedseg.bench.ranking import recommendation_lines
+from fedseg.bench.report import budget_text, build_results, markdown, plot_results
 from fedseg.bench.runs import (
     REFERENCES, Budget, RunSpec, federation_task, load_finished, parse_variant, record_task, refresh_method, run_method, run_reference,
     save_run, task_metrics,
@@ -282,4 +283,6 @@ def run_bench(
     (root / "results.md").write_text(text)
     print("\n" + text)
     print(f"wrote {root / 'results.json'}, {root / 'results.md'} and {root / 'plots'}")
+    for line in recommendation_lines(results.get("ranking"), "these sites", budget_text(results["budget"])):
+        print(line)
     return results

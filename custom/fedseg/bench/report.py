@@ -11,6 +11,7 @@ from fedseg.bench.runs import VAL_METRIC, record_task, task_metrics, with_struct
 from fedseg.data.labels import split_metric_key
 from fedseg.fl.report import CLASSIFICATION_NOTE, METRIC_HEADERS, METRIC_NOTE, STRUCTURE_NOTE, metric_header
 from fedseg.bench.stats import compare, compare_correct, seed_differences, seed_spread, summarise_seeds
+from fedseg.bench.ranking import rank, recommendation_lines
 
 #: the approach every other is tested against, unless the bench names another (``--baseline``)
 BASELINE = "fedavg"
@@ -118,6 +119,8 @@ def build_results(records: Sequence[Dict[str, Any]], sites: Sequence[str], heade
                                                                              base["final_by_seed"], sites, head)}}
 
     timing = _timing(records, base_label)
+    # the rule's paired test is on per-image scores (Wilcoxon): segmentation; classification has McNemar's only
+    ranking = rank(approaches, timing, sites, head) if task == "segmentation" else None
     results = dict(header)
     results.update({
         "task": task,
@@ -127,6 +130,8 @@ def build_results(records: Sequence[Dict[str, Any]], sites: Sequence[str], heade
         "approaches": {k: {kk: vv for kk, vv in v.items() if kk not in ("per_image_by_seed",)} for k, v in approaches.items()},
         "comparisons": comparisons,
         "timing": timing,
+        # the approach to use by the page's rule (fedseg.bench.ranking), None with fewer than two federated approaches
+        "ranking": ranking,
     })
     results.update(_compat(records, approaches, timing, sites, metrics, VAL_METRIC[task]))
     return results
@@ -236,6 +241,14 @@ def format_p(v: Optional[float]) -> str:
 _pm, _p = format_spread, format_p  # the short names the tables below use
 
 
+def budget_text(budget: Dict[str, Any]) -> str:
+    """``20 rounds x 1 local epoch, profile default`` (what a recommendation holds for)."""
+    rounds = budget.get("rounds") or "the profile's rounds"
+    epochs = budget.get("local_epochs")
+    epochs_text = "each method's local epochs" if epochs is None else f"{epochs} local epoch{'s' if epochs != 1 else ''}"
+    return f"{rounds} rounds x {epochs_text}, profile {budget.get('profile', 'default')}"
+
+
 def markdown(results: Dict[str, Any]) -> str:
     """The human-readable ``results.md``."""
     sites = results["sites"]
@@ -256,6 +269,9 @@ def markdown(results: Dict[str, Any]) -> str:
         f"{CLASSIFICATION_NOTE if task == 'classification' else METRIC_NOTE}. Total wall time {results.get('wall_time_s', 0):.0f} s.",
         "",
     ]
+    if results.get("ranking"):
+        lines += ["## Which to use", ""] + [line + "  " for line in recommendation_lines(
+            results["ranking"], "these sites", budget_text(budget))] + [""]
     shown = [m for m in metrics if any(
         (entry["summary"].get(site) or {}).get(m, {}).get("mean") is not None
         for entry in results["approaches"].values() for site in sites)]
