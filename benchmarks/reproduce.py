@@ -106,6 +106,12 @@ REAL_DATA = {
 }
 
 
+#: a bench of every method with and without the server step: the baselines, then each method plain and stepped
+SERVER_STEP_METHODS = " ".join(
+    ["fedavg", "fedevi", "fedavgm", "feddyn"]
+    + [f"{m}+m={m}:server_optimizer=sgd-momentum" for m in ("fedevi", "graphfedseg", "fvac", "pathfl")])
+
+
 def real_bench(federation: str, out: str, options: str) -> Dict[str, Any]:
     """A run of ``fedseg bench`` on a real federation at native resolution: import, then the bench with ``options``
     (methods, references, seeds, rounds), one local epoch and the 0.2 s task request interval."""
@@ -137,6 +143,13 @@ RUNS: Dict[str, Dict[str, Any]] = {
                                     ("authors", "fedavg fedavg_dicece=fedavg:lambda_ce=1.0 fedevi", " --profile paper"),
                                     ("architecture", "fedavg fedevi",
                                      " --set network_variant=three_conv_nearest network_init=pytorch"))},
+    # every method with and without the server step (FedAvgM's heavy ball, lr 1, momentum 0.6) against FedAvg and the
+    # baselines with a server-side correction, real retina; FedAvg and FedEvi are the protocol bench's runs
+    "retina-server-step": {"out": "retina_server_step", "commands": [
+        REAL_DATA["retina"][0],
+        f"fedseg bench --site-datalists {REAL_DATA['retina'][1]} --methods {SERVER_STEP_METHODS} --references "
+        "--seeds 0 1 2 --rounds 20 --local-epochs 1 --task-request-interval 0.2 "
+        "--reuse {root}/fedevi_protocol/retina_base --out {out}"]},
     # the check at three times the budget: does the authors' protocol train, and FedEvi gain, when sites take more steps?
     "fedevi-protocol-authors-30": {"out": "fedevi_protocol/authors_30", "commands": [
         "fedseg bench --family polyp --references --seeds 0 1 2 --methods fedavg fedavg_dicece=fedavg:lambda_ce=1.0 fedevi "
@@ -191,8 +204,18 @@ TABLES: Dict[str, Dict[str, Any]] = {
     "fedevi-paper-polyp-30-accuracy": {"run": "fedevi-protocol-authors-30", "render": "accuracy", "metrics": ["dice_lcc"],
                                        "title": "The same at 30 rounds: FedEvi against FedAvg with the authors' local "
                                                 "protocol, built-in polyp"},
+    "retina-server-step": {"run": "retina-server-step", "render": "accuracy", "metrics": ["dice_fov@DRIVE"],
+                           "data": "real retina (DRIVE / STARE / CHASE_DB1), native resolution",
+                           "title": "Each method with the server step, against FedAvg, FedAvgM and FedDyn, real retina "
+                                    "federation at native resolution (20 rounds)"},
+    "retina-server-step-vs-fedavgm": {"run": "retina-server-step", "render": "accuracy", "baseline": "fedavgm",
+                                      "title": "The same runs against FedAvgM, real retina federation (20 rounds)"},
+    "retina-server-step-ranking": {"run": "retina-server-step", "render": "ranking", "baseline": "fedavg",
+                                   "title": "Which approach to use on the real retina federation (20 rounds)"},
+    "retina-server-step-cost": {"run": "retina-server-step", "render": "cost",
+                                "title": "Cost of the server step on the real retina federation (20 rounds)"},
     "glance": {"render": "glance", "title": "Results at a glance", "link": "docs/benchmarks.md",
-               "from": ["polyp-accuracy", "fundus-accuracy", "retina-accuracy"]},
+               "from": ["polyp-accuracy", "fundus-accuracy", "retina-server-step"]},
 }
 
 
@@ -567,7 +590,9 @@ def render_glance(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
     """"Results at a glance": the rows of every listed accuracy table whose output exists (:func:`glance_rows`)."""
     from fedseg.bench.tables import glance_rows, glance_table
 
-    rows, used, missing = [], [], []
+    from fedseg.bench.tables import recommendation_text
+
+    rows, used, missing, uses = [], [], [], []
     for source in table["from"]:
         src = tables[source]
         try:
@@ -583,6 +608,9 @@ def render_glance(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
             rows += glance_rows(results, src.get("data") or src["title"], source, link, timing_from)
         except ValueError as e:  # a source whose baseline is not FedAvg
             raise ReproduceError(str(e)) from None
+        # the bench re-aggregated from its run records: the ranking needs the per-image scores
+        ranked = load_output(run_ids(src)[0], root, runs, ignore_command, baseline=results.get("baseline"))
+        uses.append("- " + recommendation_text(ranked, src.get("data") or src["title"]))
         used.append(f"`{source}` ({str(results.get('date', ''))[:10]})")
     if not rows:
         raise MissingOutput(f"table {table_id!r}: none of its source tables has an output yet: {', '.join(table['from'])}")
@@ -592,7 +620,26 @@ def render_glance(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
             "or in the cost run the cell names."
             + (f" Not yet run: {', '.join(missing)}." if missing else "")
             + f" Re-make: `python benchmarks/reproduce.py {table_id}`.")
-    return [f"**{table['title']}.** {note}", "", *glance_table(rows)]
+    return [f"**{table['title']}.** {note}", "", *glance_table(rows), "",
+            "Which to use, by the rule (ahead in every seed, beyond the spread, paired p < 0.05; of approaches level "
+            "with the leader, the cheapest round), on each federation at its table's budget:", "", *uses]
+
+
+def render_ranking(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
+    """Which approach to use on a bench's federation by the page's rule (``fedseg.bench.ranking``): the approaches by
+    mean Dice, the leader against each, the verdict; the caption says which to use. The table's entry sets
+    ``baseline`` so that the bench is re-aggregated from its run records (the ranking needs the per-image scores)."""
+    from fedseg.bench.tables import caption, ranking_table, recommendation_text
+
+    results = outputs[0]
+    if not results.get("ranking"):
+        raise ReproduceError(f"table {table_id!r}: no ranking (set the table's 'baseline'; a segmentation bench of two "
+                             "or more federated approaches)")
+    note = (recommendation_text(results, "On this federation, at this budget") + ". The rule: ahead in every seed, the "
+            "mean per-seed difference beyond its std, paired per-image Wilcoxon p < 0.05; an approach the leader does "
+            "not beat by it is level, and of the level ones the cheapest round (median round wall in this bench) is the "
+            f"one to use. References (local, pooled) are not ranked. {_remake(table_id)}{_stale(results)}")
+    return [caption(results, table["title"], note), "", *ranking_table(results)]
 
 
 def render_gpu_check(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
@@ -819,7 +866,7 @@ RENDERERS: Dict[str, Callable[..., List[str]]] = {
     "pairs": render_pairs, "budget": render_budget,
     "accuracy": render_accuracy, "cost": render_cost, "overview": render_overview,
     "multiclass-cost": render_multiclass_cost, "engine-throughput": render_engine_throughput,
-    "gpu-check": render_gpu_check, "glance": render_glance,
+    "gpu-check": render_gpu_check, "glance": render_glance, "ranking": render_ranking,
 }
 
 

@@ -62,12 +62,22 @@ def build_parser(method: str = None) -> argparse.ArgumentParser:
         from fedseg.recipes import get_recipe_class
         from fedseg.recipes.job_options import method_parameters
         from fedseg.bench.runs import parse_value
+        from fedseg.strategies.server_step import SERVER_STEPS
 
         group = parser.add_argument_group(f"{method} options (the recipe's; values read as JSON where possible)")
-        for name, p in method_parameters(get_recipe_class(method)).items():
+        own = method_parameters(get_recipe_class(method))
+        for name, p in own.items():
             default = "" if p.default is p.empty else f" (default {p.default!r})"
             group.add_argument("--" + name.replace("_", "-"), dest=f"opt_{name}", type=parse_value,
                                default=argparse.SUPPRESS, metavar="VALUE", help=f"{name}{default}")
+        if "server_optimizer" not in own:  # FedAdam / FedAvgM carry their own server step
+            step = parser.add_argument_group("server step on the method's global model (fedseg.strategies.server_step)")
+            step.add_argument("--server-optimizer", dest="opt_server_optimizer", choices=SERVER_STEPS,
+                              default=argparse.SUPPRESS, help="none (default: the method as published), sgd-momentum, adam")
+            for name, help_ in (("server_lr", "server learning rate (default 1.0)"),
+                                ("server_momentum", "sgd-momentum's momentum (default 0.6)")):
+                step.add_argument("--" + name.replace("_", "-"), dest=f"opt_{name}", type=float,
+                                  default=argparse.SUPPRESS, metavar="VALUE", help=help_)
     return parser
 
 

@@ -68,3 +68,36 @@ def test_fewer_than_three_seeds_decide_nothing():
     assert got["use"] == "x" and "fewer than 3 seeds" in got["why"]
     assert not rule_verdict(one, _approach(b, "fedavg"), SITES, "dice")["beats"]
     assert rank({"fedavg": _approach(b, "fedavg")}, {}, SITES) is None
+
+
+def test_glance_adds_the_best_baseline_of_a_recorded_bench():
+    """The built-in polyp record: the best baseline is the non-published approach with the highest mean Dice,
+    computed here from the raw run records with numpy."""
+    import json
+    from pathlib import Path
+
+    from fedseg.bench.tables import PUBLISHED_METHODS, approach_title, glance_rows
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "polyp"
+    results = json.loads((folder / "results.json").read_text())
+    by_label = {}
+    for path in sorted((folder / "runs").glob("*.json")):
+        run = json.loads(path.read_text())
+        if run["kind"] == "method" and run["method"] not in PUBLISHED_METHODS and run["label"] != "fedavg":
+            sites = run["final"]["global"]
+            by_label.setdefault(run["label"], []).append(np.mean([sites[s]["dice"] for s in results["sites"]]))
+    best = max(by_label, key=lambda k: np.mean(by_label[k]))
+    rows = glance_rows(results, "polyp", "polyp-accuracy")
+    assert rows[-1][0] == "best baseline: " + approach_title(results["approaches"][best])
+    assert rows[-1][2].startswith(f"{np.mean(by_label[best]):.3f} ± {np.std(by_label[best], ddof=1):.3f}")
+    published = [r[0] for r in rows[:-1]]
+    assert all(not r.startswith("best baseline") for r in published) and "FVAC" in published
+
+
+def test_server_step_rows_are_named_by_their_step():
+    from fedseg.bench.tables import approach_title
+
+    assert approach_title({"method": "graphfedseg", "label": "graphfedseg+m",
+                           "variant_args": {"server_optimizer": "sgd-momentum"}}) == "GraphFedSeg + server momentum"
+    assert approach_title({"method": "fedevi", "label": "x", "variant_args": {"server_optimizer": "adam", "server_lr": 0.01}}
+                          ) == "FedEvi + server Adam (server_lr=0.01)"

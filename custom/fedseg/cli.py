@@ -140,6 +140,9 @@ def _cmd_export(args: argparse.Namespace) -> None:
         job_options["task_timeout"] = args.task_timeout
     if args.task_request_interval is not None:
         job_options["task_request_interval"] = args.task_request_interval
+    if args.server_optimizer != "none":
+        job_options.update(server_optimizer=args.server_optimizer, server_lr=args.server_lr,
+                           server_momentum=args.server_momentum)
     overrides = _train_sets(args.set)
     if args.family:
         overrides["data_family"] = args.family
@@ -479,6 +482,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--task-request-interval", type=float, default=None,
         help="seconds an idle site waits before asking for a task again (default 0.2: measured by benchmarks/framework_overhead.py)",
     )
+    export.add_argument("--server-optimizer", default="none", choices=("none", "sgd-momentum", "adam"),
+                        help="a server step on the method's global model (default none: the method as published; "
+                             "FedAdam / FedAvgM carry their own)")
+    export.add_argument("--server-lr", type=float, default=1.0, help="the server step's learning rate (default 1.0)")
+    export.add_argument("--server-momentum", type=float, default=0.6, help="sgd-momentum's momentum (default 0.6)")
     export.add_argument("--family", default=None, choices=FAMILY_CHOICES + VOLUME_FAMILY_CHOICES,
                         help="built-in data family of the job (its label space and, for volumes, its volume settings too)")
     export.add_argument("--labels-from", default=None, metavar="DATALIST",

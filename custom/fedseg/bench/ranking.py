@@ -76,7 +76,8 @@ def rank(approaches: Mapping[str, Mapping[str, Any]], timing: Mapping[str, Mappi
 
     Returns:
         None when fewer than two federated approaches ran; else ``{"metric", "order": [(name, score)], "leader",
-        "level": [names level with the leader], "use", "why", "evidence": [lines], "seeds"}``.
+        "level": [names level with the leader], "use", "why", "evidence": [lines], "seeds", "verdicts": {name: the
+        leader against it, :func:`rule_verdict`'s per-seed spread, paired n / mean_diff / wilcoxon_p and beats}}``.
     """
     scored = [(name, _score(e, sites, metric)) for name, e in approaches.items() if e.get("kind") == "method"]
     scored = sorted([(n, s) for n, s in scored if s is not None], key=lambda t: -t[1])
@@ -103,7 +104,9 @@ def rank(approaches: Mapping[str, Mapping[str, Any]], timing: Mapping[str, Mappi
         why = (f"level by the rule with the highest-scoring {leader}" if use != leader else "highest mean " + metric)
         why += f"; the rule does not separate {', '.join(group)}: the cheapest round of them"
     return {"metric": metric, "order": [[n, s] for n, s in scored], "leader": leader, "level": level, "use": use,
-            "why": why, "evidence": lines, "seeds": seeds}
+            "why": why, "evidence": lines, "seeds": seeds,
+            "verdicts": {n: {"per_seed": v["per_seed"], "paired": {k: v["paired"].get(k) for k in ("n", "mean_diff", "wilcoxon_p")},
+                             "beats": v["beats"]} for n, v in verdicts.items()}}
 
 
 def recommendation_lines(ranking: Optional[Mapping[str, Any]], data: str = "this federation",

@@ -24,6 +24,10 @@ METHOD_NAMES = {
     "fedprox": "FedProx", "scaffold": "SCAFFOLD", "fedadam": "FedAdam", "fedavgm": "FedAvgM", "fedbn": "FedBN", "ditto": "Ditto",
     "fedrep": "FedRep", "moon": "MOON", "feddyn": "FedDyn", "fedce": "FedCE",
 }
+#: the five published methods the suite ships (every other method is a baseline)
+PUBLISHED_METHODS = ("graphfedseg", "fedevi", "fvac", "pathfl", "fedefm", "fedefm_downstream")
+#: a method's ``server_optimizer`` option as a name suffix (``fedseg.strategies.server_step``)
+SERVER_STEP_NAMES = {"sgd-momentum": " + server momentum", "adam": " + server Adam"}
 #: train_config keys of the label space (shown as classes and regions, not as ``--set`` values)
 _LABEL_KEYS = ("num_classes", "labels", "regions", "label_values")
 
@@ -34,10 +38,15 @@ def approach_title(entry: Mapping[str, Any]) -> str:
     ablation row, ``GraphFedSeg (personalised)`` for a personalised model; unknown methods keep their label."""
     method, label = entry.get("method"), entry.get("label")
     name = METHOD_NAMES.get(method, method or label)
-    args = entry.get("variant_args") or {}
+    args = dict(entry.get("variant_args") or {})
+    step = args.pop("server_optimizer", None)
+    if step in SERVER_STEP_NAMES:
+        name += SERVER_STEP_NAMES[step]
+    elif step is not None:
+        args["server_optimizer"] = step
     if args:
         name += " (" + ", ".join(f"{k}={v}" for k, v in args.items()) + ")"
-    elif label and label != method:
+    elif label and label != method and step is None:
         name += f" `{label}`"
     name += MODEL_SUFFIXES.get(entry.get("model", "global"), "")
     return name
@@ -390,8 +399,9 @@ def cost_note(results: Mapping[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------ glance
 def glance_rows(results: Mapping[str, Any], data: str, table_id: str, link: Optional[str] = None,
                 timing_from: Optional[Tuple[Mapping[str, Any], str]] = None) -> List[List[str]]:
-    """Rows of the "Results at a glance" table from one accuracy run: per method as shipped other than the baseline
-    (global and personalised models; not references, not ablation rows ``LABEL=METHOD:key=value``): method, data,
+    """Rows of the "Results at a glance" table from one accuracy run: per published method as shipped or with the
+    server step (global and personalised models; not references, not other ablation rows ``LABEL=METHOD:key=value``),
+    then the run's best-scoring other baseline (FedAvgM, FedDyn, FedAvg with more local epochs, ...): method, data,
     score (baseline's), Δ vs baseline (p), round time vs baseline, source table. ``timing_from``: (another run's
     results, its table id) whose round times to show instead (a cost measurement on a quieter machine); the cell
     names that table.
@@ -409,10 +419,9 @@ def glance_rows(results: Mapping[str, Any], data: str, table_id: str, link: Opti
     test_key, p_key = ("correct", "mcnemar_p") if classification else ("dice", "wilcoxon_p")
     base_score = seed_cell(base["summary"]["mean"][metric], _digits(metric))
     source = f"[{table_id}]({link}#{table_id})" if link else f"`{table_id}`"
-    rows = []
-    for name, entry in results.get("approaches", {}).items():
-        if entry.get("kind") != "method" or name == base_label or entry.get("variant_args"):
-            continue  # the methods as shipped; references and ablation rows stay in the source table
+    comparisons = results.get("comparisons", {})
+
+    def row(name: str, entry: Mapping[str, Any], title: str) -> List[str]:
         timing_results, timing_table = timing_from or (results, None)
         t = (timing_results.get("timing") or {}).get(entry.get("label"), {})
         ratio = "-" if t.get("round_wall_ratio_to_fedavg") is None else f"{t['round_wall_ratio_to_fedavg']:.2f}x"
@@ -420,8 +429,20 @@ def glance_rows(results: Mapping[str, Any], data: str, table_id: str, link: Opti
             ratio += f" (`{timing_table}`)"
         score = seed_cell(entry["summary"]["mean"][metric], _digits(metric))
         prefix = "accuracy " if classification else ""
-        rows.append([approach_title(entry), data, f"{prefix}{score} ({base_score})",
-                     _diff_cell(paired_test(results.get("comparisons", {}).get(name), test_key), p_key), ratio, source])
+        return [title, data, f"{prefix}{score} ({base_score})", _diff_cell(paired_test(comparisons.get(name), test_key), p_key),
+                ratio, source]
+
+    rows, baselines = [], []
+    for name, entry in results.get("approaches", {}).items():
+        if entry.get("kind") != "method" or name == base_label:
+            continue  # references stay in the source table
+        if entry.get("method") not in PUBLISHED_METHODS:
+            baselines.append((name, entry))
+        elif set(entry.get("variant_args") or {}) <= {"server_optimizer"}:
+            rows.append(row(name, entry, approach_title(entry)))  # as shipped, or with the server step
+    if baselines:  # the strongest other baseline of the same run beside the methods (FedAvg is in every row)
+        name, entry = max(baselines, key=lambda b: b[1]["summary"]["mean"][metric]["mean"])
+        rows.append(row(name, entry, f"best baseline: {approach_title(entry)}"))
     return rows
 
 
@@ -431,3 +452,52 @@ GLANCE_HEADER = ["method", "data", "Dice (FedAvg)", "Δ vs FedAvg (p)", "round t
 def glance_table(rows: Sequence[Sequence[str]]) -> List[str]:
     lines = ["| " + " | ".join(GLANCE_HEADER) + " |", "|---" * len(GLANCE_HEADER) + "|"]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+# ----------------------------------------------------------------------------------------- ranking
+def _entry_title(results: Mapping[str, Any], name: str) -> str:
+    entry = (results.get("approaches") or {}).get(name)
+    return approach_title(entry) if entry else name
+
+
+def recommendation_text(results: Mapping[str, Any], data: str) -> str:
+    """``built-in polyp: use FedAvg (local_epochs=5) — level by the rule with FVAC, the cheaper round (leader vs
+    FVAC: +0.023 ± 0.029 per seed, 2/3 seeds ahead, p 0.1)`` from ``results["ranking"]`` (``fedseg.bench.ranking``)."""
+    ranking = results.get("ranking")
+    if not ranking:
+        return f"{data}: no ranking (fewer than two federated approaches)"
+    use, leader, level = ranking["use"], ranking["leader"], ranking["level"]
+    runner_up = ranking["order"][1][0]
+    v = ranking["verdicts"][runner_up]
+    ps, pt = v["per_seed"], v["paired"]
+    p = "-" if pt.get("wilcoxon_p") is None else format_p(pt["wilcoxon_p"])
+    evidence = (f"{_entry_title(results, leader)} vs {_entry_title(results, runner_up)}: {ps['mean']:+.3f} ± {ps['std']:.3f} "
+                f"per seed, {ps['ahead']}/{ps['n']} seeds ahead, p {p}")
+    if ranking["seeds"] < 3:
+        how = "the highest mean; fewer than three seeds decide nothing"
+    elif not level:
+        how = "beats every other approach by the rule"
+    else:
+        group = [leader] + level
+        how = ("level by the rule with " + ", ".join(_entry_title(results, n) for n in group if n != use)
+               + (", the cheapest round of them" if use != leader else ", the highest mean and the cheapest round"))
+    return f"{data}: **use {_entry_title(results, use)}** — {how} ({evidence})"
+
+
+def ranking_table(results: Mapping[str, Any]) -> List[str]:
+    """Every federated approach by mean Dice, the leader against it (per seed, per image) and the rule's verdict."""
+    ranking = results["ranking"]
+    lines = ["| rank | approach | Dice | leader minus it, per seed (seeds ahead) | per image (Wilcoxon p) | by the rule |",
+             "|---|---|---|---|---|---|"]
+    for i, (name, score) in enumerate(ranking["order"], 1):
+        title = _entry_title(results, name) + (" **(use)**" if name == ranking["use"] else "")
+        if name == ranking["leader"]:
+            lines.append(f"| {i} | {title} | {score:.3f} | leader | leader | - |")
+            continue
+        v = ranking["verdicts"][name]
+        ps, pt = v["per_seed"], v["paired"]
+        per_image = "-" if pt.get("mean_diff") is None else f"{pt['mean_diff']:+.3f} ({format_p(pt.get('wilcoxon_p'))})"
+        verdict = "beaten by the leader" if v["beats"] else "level with the leader"
+        lines.append(f"| {i} | {title} | {score:.3f} | {ps['mean']:+.3f} ± {ps['std']:.3f} ({ps['ahead']}/{ps['n']}) | "
+                     f"{per_image} | {verdict} |")
+    return lines
