@@ -13,6 +13,8 @@ Steps (each bounded in time; a failing step is recorded and the next one still r
    ``benchmarks/engine_throughput.py``'s :func:`bench_mode` (same model, loss, optimiser and in-memory batches).
 3. One federated round on one GPU: FedAvg, 4 sites, ``nvflare simulator -n 4 -t 4 -gpu 0`` (default profile,
    64 px), round time and each site's compute from ``report.json``.
+4. A site training as N ranks: one FedAvg round at one site under ``torchrun`` (DDP, ``site_executor=
+   "client_api_torchrun"``) with 1 rank, and with N where the machine has N > 1 GPUs; gloo with 2 ranks on CPU.
 
 Writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` (device named, date, command, every number) and
 ``OUT/cuda_tests.xml`` (pytest's JUnit report). Exit status: 0 when every step ran and no test failed, else 1.
@@ -184,7 +186,7 @@ def measure_engine_volumes(amp: Optional[str], data_profile: str, repeats: int, 
                 "peak_gpu_memory_mib": (round(torch.cuda.max_memory_allocated() / 2**20) if torch.cuda.is_available() else None),
             }
             print(f"   3-D {row['patch']} {row['precision']}: engine {row['engine_volumes_per_s']:.1f} volumes/s "
-                  f"({row["engine_mvoxels_per_s"]:.1f} Mvox/s), plain {row['plain_volumes_per_s']:.1f} "
+                  f"({row['engine_mvoxels_per_s']:.1f} Mvox/s), plain {row['plain_volumes_per_s']:.1f} "
                   f"(x{row['ratio_engine_to_plain']:.2f})", flush=True)
             rows.append(row)
     return rows
@@ -213,6 +215,99 @@ def measure_simulator_round(out: Path, quick: bool, timeout: int) -> Dict[str, A
         "task_breakdown": [r.get("task_breakdown") for r in report["rounds"]],
         "final_mean_dice": sum(v["dice"] for v in report["final"]["global"].values()) / len(report["final"]["global"]),
     }
+
+
+def measure_site_ranks(out: Path, quick: bool, timeout: int) -> Dict[str, Any]:
+    """A site training as N ranks (DDP under torchrun, ``site_executor="client_api_torchrun"``): one FedAvg round, one
+    site, with 1 rank and, where the machine has N > 1 GPUs, with N; on CPU the gloo path with 2 ranks. Per run: the
+    launch command, round wall time and the site's compute and loss from ``report.json``."""
+    from fedseg.bench.simulator import round_timings, run_simulator
+    from fedseg.recipes.export import export_job
+
+    if shutil.which("torchrun") is None or shutil.which("nvflare") is None:
+        raise RuntimeError("torchrun and nvflare must be on PATH (pip install -e . installs both)")
+    gpus = torch.cuda.device_count()
+    counts = ([1] + ([gpus] if gpus > 1 else [])) if gpus else [2]
+    profile = "tiny" if quick else "default"
+    runs = []
+    for n in counts:
+        root = out / "site_ranks" / f"ranks{n}"
+        # no -gpu: every GPU of the machine stays visible to the site, whose ranks take cuda:LOCAL_RANK
+        job = export_job("fedavg", root / "jobs", profile=profile, num_rounds=1, min_clients=1,
+                         site_executor="client_api_torchrun", site_ranks=n)
+        run = run_simulator(job, root / "ws", ["site-1"], omp_threads="1", fedseg_threads="1", timeout=timeout,
+                            log_path=root / "simulator.log")
+        report = run["report"]
+        [round_] = report["rounds"]
+        if round_["missing"] or round_["rejected"]:
+            raise RuntimeError(f"{n} rank(s): the site's update is missing or rejected: {round_['missing']} {round_['rejected']}")
+        site = round_["metrics"]["site-1"]
+        runs.append({"ranks": n, "backend": "nccl" if gpus else "gloo", "command": run["command"],
+                     "job_total_s": round(run["total_wall_s"], 1), "per_round": round_timings(report),
+                     "site_compute_s": site.get("compute_time"), "train_loss": site.get("train_loss"),
+                     "steps": site.get("steps"), "test_dice": report["final"]["global"]["site-1"]["dice"]})
+    return {"profile": profile, "gpus": gpus, "runs": runs}
+
+
+def measure_volume_networks_96(quick: bool) -> Dict[str, Any]:
+    """The 3-D U-Net and UNETR of the volume bundle as the ``paper`` profile builds them (``volume_network``; 96^3
+    patches, ``fedseg.config.VOLUME_PAPER_DEFAULTS``): training steps on random in-memory patches (no data loading),
+    batch 2, the bundle's DiceCE loss and Adam, float32 and AMP (float16 with a gradient scaler on CUDA, bfloat16 on
+    CPU). Per row: voxels/s (patch voxels trained per second, median step after a warm-up) and peak GPU memory.
+    ``quick``: 32^3 patches, batch 1, one step (a dry run on CPU)."""
+    import statistics
+
+    from fedseg.bundle import bundle_for_task, load_bundle
+    from fedseg.config import resolve_profile
+    from fedseg.recipes.fedavg import PAPER_PROFILES
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    side, batch, steps = (32, 1, 1) if quick else (96, 2, 5)
+    rows = []
+    for kind in ("unet", "unetr"):
+        cfg = resolve_profile("paper", PAPER_PROFILES, spatial_dims=3, spatial_mode="patch", volume_network=kind,
+                              num_classes=3, in_channels=1)["train_config"]
+        cfg["patch_size"] = [side] * 3
+        parser = load_bundle(bundle_for_task(cfg), cfg)
+        for amp in (None, torch.float16 if cuda else torch.bfloat16):
+            network = parser.get_parsed_content("network_def", instantiate=True, lazy=False).to(device)
+            loss_fn = parser.get_parsed_content("loss", instantiate=True)
+            optimizer = torch.optim.Adam(network.parameters(), lr=1e-4)
+            scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
+            x = torch.randn(batch, 1, side, side, side, device=device)
+            y = torch.randint(0, 3, (batch, 1, side, side, side), device=device)
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            walls = []
+            for _ in range(steps + 1):  # the first step is a warm-up (cuDNN autotuning, allocator)
+                started = time.perf_counter()
+                optimizer.zero_grad(set_to_none=True)
+                with torch.autocast(device_type=device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                    loss = loss_fn(network(x), y)
+                (scaler.scale(loss) if scaler else loss).backward()
+                if scaler:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                if cuda:
+                    torch.cuda.synchronize()
+                walls.append(time.perf_counter() - started)
+            step_s = statistics.median(walls[1:])
+            row = {"network": kind, "patch": [side] * 3, "batch": batch, "precision": str(amp).replace("torch.", "") if amp else "float32",
+                   "device": str(device), "parameters_m": round(sum(p.numel() for p in network.parameters()) / 1e6, 1),
+                   "step_s": round(step_s, 3), "mvoxels_per_s": round(batch * side ** 3 / step_s / 1e6, 2),
+                   "loss_finite": bool(torch.isfinite(loss)),
+                   "peak_gpu_memory_mib": round(torch.cuda.max_memory_allocated() / 2**20) if cuda else None}
+            print(f"   {kind} {side}^3 x{batch} {row['precision']}: {row['mvoxels_per_s']} Mvoxel/s, "
+                  f"peak {row['peak_gpu_memory_mib'] or '-'} MiB", flush=True)
+            rows.append(row)
+            del network, optimizer, loss
+            if cuda:
+                torch.cuda.empty_cache()
+    return {"rows": rows}
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -297,6 +392,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         _step(steps, "engine_throughput", lambda: measure_engine([256, 512], amp, "default", repeats=5, epochs=5, batch_size=8))
         _step(steps, "engine_throughput_3d", lambda: measure_engine_volumes(amp, "default", repeats=5, epochs=3, batch_size=2))
     _step(steps, "simulator_round", lambda: measure_simulator_round(out, args.quick, SIM_TIMEOUT_S))
+    _step(steps, "site_ranks", lambda: measure_site_ranks(out, args.quick, SIM_TIMEOUT_S))
+    _step(steps, "volume_networks_96", lambda: measure_volume_networks_96(args.quick))
 
     result["ok"] = all(s["ok"] for s in steps.values())
     (out / "gpu_check.json").write_text(json.dumps(result, indent=1))

@@ -82,6 +82,7 @@ BUNDLE_KEYS = (
     "modality",
     "intensity_window",
     "image_channels",
+    "volume_network",
     # classification ViT (bundles/vit_foundation)
     "vit_profile",
     "vit_image_size",

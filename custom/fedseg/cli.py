@@ -14,6 +14,7 @@
                         [--references local pooled] [--seeds 0 1 2] [--rounds R] [--local-epochs E] [--set key=value ...]
     fedseg summarise    WORKSPACE_OR_REPORT
     fedseg infer        --checkpoint CKPT --input DIR --output DIR [--bundle bundles/unetr_seg] [--largest-component]
+                        [--stitch-device cpu]
 """
 
 from __future__ import annotations
@@ -366,7 +367,7 @@ def _cmd_infer(args: argparse.Namespace) -> None:
     written = run_inference(
         args.checkpoint, args.output, input_dir=args.input, datalist=args.datalist, split=args.split, overrides=overrides,
         bundle_dir=args.bundle, label_values=label_values, class_indices=args.class_indices,
-        largest_component=args.largest_component,
+        largest_component=args.largest_component, stitch_device=args.stitch_device,
     )
     print(f"wrote {len(written)} masks to {args.output}")
 
@@ -571,6 +572,9 @@ def build_parser() -> argparse.ArgumentParser:
              "(default: the --datalist's own, else the one the checkpoint's job recorded, else class indices; 0/255 "
              "for a binary model)")
     infer.add_argument("--class-indices", action="store_true", help="write class indices 0..C-1 instead")
+    infer.add_argument("--stitch-device", default=None,
+                       help="assemble the sliding window's output on this device (e.g. cpu) while the windows run on the "
+                            "network's device: a whole scan's scores in host memory, not GPU memory (patch mode)")
     infer.add_argument("--largest-component", action="store_true",
                        help="keep only each class's largest connected component in every mask")
     infer.add_argument(

@@ -117,11 +117,18 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     "modality": None,
     "intensity_window": None,
     "image_channels": None,
+    # the network of a volume job (fedseg.networks.volume): "unet" (FeatureUNet, every method) or "unetr" (MONAI's
+    # UNETR with a ViT-B/16 encoder over the patch, as on 96^3 CT patches; patch sides multiples of 16)
+    "volume_network": "unet",
     "sw_batch_size": 4,
     "sw_overlap": 0.25,
     "sw_blend_mode": "gaussian",
     # decoded images a site process keeps in memory (MB, all splits together); the rest are decoded on access
     "cache_max_mb": 4096,
+    # a folder on the site's local disk (None = off; relative to the site process's folder) where training volumes
+    # beyond cache_max_mb are kept decoded (MONAI PersistentDataset, fedseg.engine.cache.SiteDataset): each is decoded
+    # once and read back afterwards instead of decoded every epoch; it holds the site's own data, in float32
+    "cache_dir": None,
     # federated schedule
     "local_epochs": 1,
     # validation metric (val_dice / val_accuracy) sent every N rounds and always in the last round: sliding-window
@@ -151,6 +158,11 @@ VOLUME_DEFAULTS: Dict[str, Any] = {
     "batch_size": 2,
     "patch_samples": 2,
 }
+
+#: and under the ``paper`` profile with 3-D patches: 96^3-voxel patches, the size CT segmentation papers train their 3-D
+#: U-Nets and UNETR on (96 = 16 x 6: UNETR's ViT patches, and 6^3 voxels at a 5-level U-Net's bottleneck), and that
+#: U-Net's width
+VOLUME_PAPER_DEFAULTS: Dict[str, Any] = {"patch_size": [96, 96, 96], "channels": [32, 64, 128, 256, 320]}
 
 #: and in slice mode: an epoch draws this many slices of each volume (about every slice of a 13-23-slice MR stack
 #: once), as a 2-D pipeline over the slices would; 3-D patches keep VOLUME_DEFAULTS' 2 per volume
@@ -277,7 +289,9 @@ def resolve_profile(
     given = {k: v for k, v in train_overrides.items() if v is not None}
     if int(given.get("spatial_dims") or 2) == 3:
         # a volume job: the 3-D defaults where neither the profile nor the caller chose
-        defaults = {**VOLUME_DEFAULTS, **(SLICE_DEFAULTS if given.get("spatial_mode") == "slices" else {})}
+        slices = given.get("spatial_mode") == "slices"
+        defaults = {**VOLUME_DEFAULTS, **(SLICE_DEFAULTS if slices else {}),
+                    **(VOLUME_PAPER_DEFAULTS if profile == "paper" and not slices else {})}
         for key, value in defaults.items():
             if key not in chosen.get("train_config", {}) and key not in given:
                 train_config[key] = copy.deepcopy(value)

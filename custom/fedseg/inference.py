@@ -307,6 +307,7 @@ def run_inference(
     label_values: Optional[Mapping[str, int]] = None,
     class_indices: bool = False,
     largest_component: bool = False,
+    stitch_device: Optional[str] = None,
 ) -> List[Path]:
     """Segment new images with ``checkpoint`` through the bundle's ``inference.json``.
 
@@ -333,6 +334,10 @@ def run_inference(
         largest_component: keep only each class's largest connected component in every mask, on the input's own
             grid (``fedseg.metrics.segmentation.keep_largest_component``'s rule; MONAI's
             ``KeepLargestConnectedComponentd``).
+        stitch_device: where the sliding window's output is assembled (``"cpu"``), while the windows run on the
+            network's device: a whole scan's class scores ``(1, C, X, Y, Z)`` then take host memory instead of GPU
+            memory, and only ``sw_batch_size`` windows are on the GPU at a time (MONAI ``SlidingWindowInferer``'s
+            ``device``). ``None``: the input's device (the default). Patch mode only; the masks are the same.
 
     Returns:
         The written mask paths, in input order.
@@ -354,6 +359,8 @@ def run_inference(
         "output_class_indices": bool(class_indices),
         "largest_component": bool(largest_component),
     }
+    if stitch_device is not None:
+        settings["sw_stitch_device"] = str(torch.device(stitch_device))
     if label_values is None and datalist and not input_dir:
         # masks go back to the site in the datalist's own encoding, so its tools read them
         label_values = read_datalist_json(datalist)[1].get("label_values")

@@ -176,7 +176,8 @@ class Budget:
     def protocol_config(self) -> Dict[str, Any]:
         from fedseg.recipes import paper_protocol
 
-        return paper_protocol(self.protocol)
+        # a volume bench (the preflight's spatial_dims 3 among the sets) takes the protocol's volume network and patches
+        return paper_protocol(self.protocol, self.sets.get("spatial_dims"), self.sets.get("spatial_mode"))
 
     def to_dict(self) -> Dict[str, Any]:
         # without a protocol, the record of a bench stored before protocols existed (its runs resume as they are)

@@ -364,3 +364,19 @@ def resize_scores(scores: torch.Tensor, size: Sequence[int], mode: str = "biline
 def _source_name(x: Any) -> str:
     meta = getattr(x, "meta", None) or {}
     return str(meta.get("filename_or_obj", "<unknown file>"))
+
+
+def _register_volume_checks() -> None:
+    """The volume checks of :mod:`fedseg.data.volumes` are plain classes (that module imports no MONAI); declared
+    deterministic MONAI transforms here, as MONAI's caching datasets only cache past ``Transform`` instances: otherwise
+    ``CacheDataset`` would stop at the first check and keep each volume as loaded, unresampled (larger than the budget
+    reckons, and resampled again on every access)."""
+    from monai.transforms import Transform
+
+    from .volumes import CheckChannelsd, CheckVolumeGeometryd
+
+    for cls in (CheckVolumeGeometryd, CheckChannelsd):
+        Transform.register(cls)
+
+
+_register_volume_checks()

@@ -16,6 +16,8 @@ same way where they should:
   ``train_config["amp"]``) and its data loaders (:meth:`data_loader`); an engine says only how
   its batches give labels (:meth:`batch_labels`) and how its network gives logits and features
   (:meth:`forward`);
+* a site whose training runs as N ranks (``ranks``; ``fedseg.engine.distributed``): rank 0 leads each
+  :meth:`run_epochs`, the other ranks join it (:meth:`join_epochs`), the model in ``DistributedDataParallel``;
 * differential-privacy switches: ``dp_enabled`` and :meth:`refuse_private_training`, which an engine
   without a DP path calls to fail with a clear message instead of silently training in the clear.
 """
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional
 
 import torch
 from monai.data import DataLoader
@@ -33,6 +35,9 @@ from torch import nn
 
 from fedseg.data.datalist import read_datalist_json
 from fedseg.objectives.base import BatchOutput, ClientObjective, RoundContext
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedseg.engine.distributed import RankGroup
 
 SPLITS = ("training", "validation", "test")
 
@@ -84,6 +89,8 @@ class LocalEngine(ABC):
         self._optimizers: Dict[int, torch.optim.Optimizer] = {}
         self._shuffle_generator = torch.Generator().manual_seed(self.seed)
         self.dp_seed = dp_seed
+        #: the site's ranks when its local training runs as N processes (``fedseg.engine.distributed``); None: one
+        self.ranks: Optional["RankGroup"] = None
 
     # ----------------------------------------------------------------------------------- components
     @abstractmethod
@@ -154,11 +161,12 @@ class LocalEngine(ABC):
         """Whether training epochs drop their last incomplete batch (``train_config["drop_last"]``, default off)."""
         return bool(self.train_config.get("drop_last", False))
 
-    def data_loader(self, dataset, batch_size: int, shuffle: bool, train: bool) -> DataLoader:
+    def data_loader(self, dataset, batch_size: int, shuffle: bool, train: bool, sampler=None) -> DataLoader:
         """A MONAI ``DataLoader`` over ``dataset``: one seeded generator per engine (each epoch and round gets a
         new, reproducible order); training loaders get ``train_config["num_workers"]`` worker processes, drop
         their last incomplete batch with ``train_config["drop_last"]``, and pinned memory when the engine runs
-        on CUDA."""
+        on CUDA. ``sampler``: the items and their order instead of ``shuffle`` (a rank's share of a site's
+        training, ``fedseg.engine.distributed``)."""
         if train and self.drop_last and len(dataset) < batch_size:
             raise ValueError(f"{self.site}: {len(dataset)} training images, fewer than batch_size {batch_size} with drop_last: "
                              "every batch would be dropped and the site would not train; lower batch_size or set drop_last false")
@@ -166,7 +174,8 @@ class LocalEngine(ABC):
         if workers < 0:
             raise ValueError(f"train_config['num_workers'] must be >= 0, got {workers}")
         return DataLoader(
-            dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers, generator=self._shuffle_generator,
+            dataset, batch_size=batch_size, shuffle=shuffle and sampler is None, sampler=sampler, num_workers=workers,
+            generator=self._shuffle_generator,
             pin_memory=self.device.type == "cuda", persistent_workers=workers > 0, drop_last=train and self.drop_last,
         )
 
@@ -236,7 +245,72 @@ class LocalEngine(ABC):
         self, model: nn.Module, objective: ClientObjective, ctx: RoundContext, optimizer: torch.optim.Optimizer, epochs: int
     ) -> Dict[str, float]:
         """``epochs`` epochs of ``objective.loss`` over the training loader with ``optimizer``; returns
-        ``train_loss`` (mean over iterations) and ``steps``. A non-finite loss stops training with an error."""
+        ``train_loss`` (mean over iterations) and ``steps``. A non-finite loss stops training with an error.
+
+        With ``ranks`` set (a site training as N ranks, rank 0 here): the other ranks join these epochs and each
+        trains on its share of every global batch in ``DistributedDataParallel`` (``fedseg.engine.distributed``);
+        ``train_loss`` is then the mean over the ranks."""
+        if self.ranks is None:
+            return self._epochs(model, objective, ctx, optimizer, epochs, self.loader("training", shuffle=True, train=True))
+        return self._lead_rank_epochs(model, objective, ctx, optimizer, epochs)
+
+    def _lead_rank_epochs(
+        self, model: nn.Module, objective: ClientObjective, ctx: RoundContext, optimizer: torch.optim.Optimizer, epochs: int
+    ) -> Dict[str, float]:
+        """Rank 0: send the epochs' inputs to the other ranks, train with them, merge what the objective recorded."""
+        from fedseg.engine.distributed import EPOCHS, RanksOutOfStep, without_hooks
+
+        ranks = self.ranks
+        if ranks.world_size > 1:
+            # one serialisation: the objective's references to the model's parameters (a regulariser) and the
+            # optimiser's to the same parameters arrive as references to the receiving rank's copy
+            with without_hooks(model):
+                ranks.send(EPOCHS, {"model": model, "optimizer": optimizer, "objective": objective, "ctx": ctx,
+                                    "epochs": epochs, "generator": self.shuffle_generator.get_state()})
+        try:
+            metrics = self._rank_epochs(model, objective, ctx, optimizer, epochs)
+            if ranks.world_size > 1:
+                objective.merge_rank_records(ranks.gather(objective.rank_records())[1:])
+        except Exception as e:  # the other ranks may wait in a collective this rank will never reach
+            raise RanksOutOfStep(f"{self.site}: local training failed on rank 0 with {type(e).__name__}") from e
+        return metrics
+
+    def join_epochs(self, payload: Dict[str, Any]) -> None:
+        """Ranks 1..N-1: train rank 0's ``run_epochs`` on this rank's share (``fedseg.engine.distributed.follow``)."""
+        model, optimizer, objective = payload["model"], payload["optimizer"], payload["objective"]
+        self._shuffle_generator.set_state(payload["generator"].cpu())
+        objective.begin_rank_epochs(model)
+        self._rank_epochs(model, objective, payload["ctx"], optimizer, int(payload["epochs"]))
+        self.ranks.gather(objective.rank_records())
+
+    def _rank_epochs(
+        self, model: nn.Module, objective: ClientObjective, ctx: RoundContext, optimizer: torch.optim.Optimizer, epochs: int
+    ) -> Dict[str, float]:
+        """Every rank: this rank's share of ``epochs`` epochs (per-rank batch ``batch_size / N``), model in DDP."""
+        from fedseg.engine.distributed import EngineForward
+
+        ranks = self.ranks
+        dataset = self._dataset("training", True)
+        # every rank holds the same generator state: one seed, one permutation per epoch, dealt to the ranks
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._shuffle_generator))
+        sampler = ranks.sampler(dataset, seed)
+        batch = ranks.per_rank_batch(int(self.train_config.get("batch_size", 4)))
+        if self.drop_last and len(sampler) < batch:
+            raise ValueError(f"{self.site}: {len(sampler)} training images per rank, fewer than the per-rank batch {batch} "
+                             "with drop_last: no rank would train")
+        loader = self.data_loader(dataset, batch, shuffle=False, train=True, sampler=sampler)
+        with ranks.sync_batchnorm(model):
+            network = ranks.wrap(EngineForward(self, model))
+            metrics = self._epochs(model, objective, ctx, optimizer, epochs, loader, network)
+        metrics["train_loss"] = ranks.mean(metrics["train_loss"])
+        return metrics
+
+    def _epochs(
+        self, model: nn.Module, objective: ClientObjective, ctx: RoundContext, optimizer: torch.optim.Optimizer, epochs: int,
+        loader: DataLoader, network: Optional[nn.Module] = None,
+    ) -> Dict[str, float]:
+        """The training loop over ``loader``; ``network(inputs, with_features)`` runs the forward pass when given
+        (a DDP wrapper of ``model``), else :meth:`forward`."""
         from monai.engines import SupervisedTrainer
 
         losses = []
@@ -252,7 +326,10 @@ class LocalEngine(ABC):
             model.train()
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast(device_type=self.device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                logits, features = self.forward(model, inputs, objective.needs_features)
+                if network is None:
+                    logits, features = self.forward(model, inputs, objective.needs_features)
+                else:
+                    logits, features = network(inputs, objective.needs_features)
                 loss = objective.loss(BatchOutput(inputs, labels, logits, features, epoch=engine.state.epoch - 1))
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"{self.site}: non-finite training loss {loss.item()} at round {ctx.round}")
@@ -270,7 +347,7 @@ class LocalEngine(ABC):
         trainer = SupervisedTrainer(
             device=self.device,
             max_epochs=epochs,
-            train_data_loader=self.loader("training", shuffle=True, train=True),
+            train_data_loader=loader,
             network=model,
             optimizer=optimizer,
             loss_function=objective.seg_loss,

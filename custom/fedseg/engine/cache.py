@@ -10,9 +10,14 @@ job's target spacing), so a volume far larger than the budget is simply decoded 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from monai.data import CacheDataset
 
 logger = logging.getLogger(__name__)
 
@@ -92,3 +97,57 @@ class CacheBudget:
     @property
     def used_mb(self) -> float:
         return self.used_bytes / 2**20
+
+
+#: the train_config keys the deterministic transforms depend on (grid, orientation, intensity, labels, padding)
+DISK_CACHE_SETTINGS = ("spatial_dims", "spatial_mode", "slice_axis", "target_spacing", "orientation", "modality",
+                       "intensity_window", "image_channels", "in_channels", "num_classes", "labels", "label_values",
+                       "patch_size", "rescale", "image_size", "intensity")
+
+
+def _file_stamp_hash(item: Mapping[str, Any], settings: Optional[Mapping[str, Any]] = None) -> bytes:
+    """The disk-cache key of an item: its values, each file's size and modification time (a file rewritten in place,
+    a re-exported scan, is decoded again instead of served stale) and the job's :data:`DISK_CACHE_SETTINGS` (MONAI
+    hashes the transforms by class name only, not their arguments)."""
+    from monai.data.utils import pickle_hashing
+
+    stamps = {}
+    for key, value in item.items():
+        if isinstance(value, str) and os.path.isfile(value):
+            st = os.stat(value)
+            stamps[key] = (st.st_size, st.st_mtime_ns)
+    job = {k: (settings or {}).get(k) for k in DISK_CACHE_SETTINGS}
+    return pickle_hashing({"item": dict(item), "files": stamps, "settings": repr(sorted(job.items()))})
+
+
+class SiteDataset(CacheDataset):
+    """``CacheDataset`` whose items beyond the memory budget (index >= ``cache_num``) may be kept on local disk.
+
+    Items ``0 .. cache_num - 1`` are decoded once and held in memory, as ``CacheDataset`` does. Without ``cache_dir``
+    the rest are decoded on every access; with it, the rest go through MONAI's ``PersistentDataset``: the output of
+    the deterministic transforms (decoded, reoriented, resampled, windowed) is written once to ``cache_dir`` as a
+    ``.pt`` file (float32, as in memory) and read back on later accesses, so memory stays bounded by the budget plus
+    one item while the decoding is paid once. Keys hash the item, the file stamps and the job's settings the
+    transforms depend on (``settings``: the train_config; :data:`DISK_CACHE_SETTINGS`), so a changed file or setting is
+    decoded afresh. Random transforms (patches, augmentation) run on every access in both paths. Items are dictionaries
+    such as ``{"image": path, "label": path}``; what comes out is what ``transform`` makes of them."""
+
+    def __init__(self, data: Sequence[Mapping[str, Any]], transform: Any, cache_num: int,
+                 cache_dir: Optional[os.PathLike] = None, settings: Optional[Mapping[str, Any]] = None):
+        super().__init__(data, transform=transform, cache_num=cache_num, progress=False, num_workers=0)
+        self._disk = None
+        if cache_dir is not None and self.cache_num < len(self.data):
+            from monai.data import PersistentDataset
+            from monai.data.utils import json_hashing
+
+            Path(cache_dir).mkdir(parents=True, exist_ok=True)
+            # the items keep their metadata (affine, applied transforms: later transforms read them); MetaTensors
+            # load only as full pickles, so cache_dir must be a folder that only the site's account can write
+            self._disk = PersistentDataset(self.data, transform=transform, cache_dir=cache_dir,
+                                           hash_func=functools.partial(_file_stamp_hash, settings=dict(settings or {})),
+                                           hash_transform=json_hashing, track_meta=True, weights_only=False)
+
+    def _transform(self, index: int):
+        if self._disk is not None and index % len(self) >= self.cache_num:
+            return self._disk._transform(index % len(self))
+        return super()._transform(index)

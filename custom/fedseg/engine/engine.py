@@ -52,7 +52,7 @@ from fedseg.data.datalist import load_datalist
 from fedseg.data.labels import resolve_patch_sampler, site_label_space
 from fedseg.data.transforms import resize_scores
 from fedseg.engine.base import SPLITS, LocalEngine, default_device
-from fedseg.engine.cache import CacheBudget
+from fedseg.engine.cache import CacheBudget, SiteDataset
 from fedseg.engine.spatial import WholeImagePredictor, check_patch_size, pixel_spacing, resolve_spatial_settings, tensor_spacing
 from fedseg.engine.volume import invert_to_scan, plain, scan_spacing
 from fedseg.uncertainty.window_sample import SampledImage, crop_windows, sample_generator, sample_windows, window_cell_size
@@ -205,7 +205,9 @@ class SegEngine(LocalEngine):
             # rescaling) once per process, within the site's memory budget; patches and augmentation
             # are drawn afresh every epoch
             cache_num = self.cache.reserve(items, self.train_config, train)
-            self._datasets[key] = CacheDataset(items, transform=transform, cache_num=cache_num, progress=False, num_workers=0)
+            # training items beyond the budget may be kept decoded on local disk (train_config cache_dir)
+            self._datasets[key] = SiteDataset(items, transform, cache_num, self.train_config.get("cache_dir") if train else None,
+                                              self.train_config)
         return self._datasets[key]
 
     def _items(self, entries: Sequence[Dict[str, Any]], keys: Sequence[str]) -> List[Dict[str, Any]]:
@@ -263,6 +265,10 @@ class SegEngine(LocalEngine):
         optimizer = self.prepare_optimizer(model, ctx)
         epochs = self.local_epochs(epochs)
         if self.dp_enabled:
+            if self.ranks is not None and self.ranks.world_size > 1:
+                # Opacus accounts one process's Poisson sampling; sharding it over ranks is not that mechanism
+                raise ValueError(f"{self.site}: differential privacy (dp_target_epsilon) needs one training process; "
+                                 f"this site trains as {self.ranks.world_size} ranks (site_ranks)")
             return self._train_private(model, objective, ctx, epochs)
         return self.run_epochs(model, objective, ctx, optimizer, epochs)
 

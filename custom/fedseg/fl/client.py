@@ -33,6 +33,7 @@ import torch
 from fedseg.config import validation_due
 from fedseg.data.checks import check_datalist
 from fedseg.engine.base import LocalEngine
+from fedseg.engine.distributed import ENGINE, RankGroup, RanksOutOfStep
 from fedseg.engine.factory import build_engine, resolve_task
 from fedseg.engine.site_state import SiteState, job_key
 from fedseg.fl.faults import FAULT_ENV, apply_faults, faults_for
@@ -49,11 +50,17 @@ logger = logging.getLogger(__name__)
 
 
 class SiteRunner:
-    """Holds a site's engine, model and objective across tasks (built on the first task)."""
+    """Holds a site's engine, model and objective across tasks (built on the first task).
 
-    def __init__(self, site: str, args: argparse.Namespace, workspace: Optional[str] = None):
+    ``ranks``: the site trains as N ranks and this is rank 0 (``fedseg.engine.distributed``): every engine built
+    here is built on the other ranks too, and joins their training epochs; everything else runs here only.
+    """
+
+    def __init__(self, site: str, args: argparse.Namespace, workspace: Optional[str] = None,
+                 ranks: Optional[RankGroup] = None):
         self.site = site
         self.args = args
+        self.ranks = ranks
         self.workspace = Path(workspace or os.getcwd())
         self.output_dir = self.workspace / "fedseg_outputs" / site
         self.state_dir = self.workspace / "fedseg_state" / site
@@ -87,7 +94,12 @@ class SiteRunner:
         # a foundation checkpoint is read by the server into the initial global model: a site receives those
         # weights with its first task and needs no copy of the file
         site_cfg = {**cfg, "foundation_ckpt": None}
-        self.engine = build_engine(self.site, datalist, site_cfg, bundle_dir=self.args.bundle_dir)
+        device = None if self.ranks is None else self.ranks.device
+        self.engine = build_engine(self.site, datalist, site_cfg, bundle_dir=self.args.bundle_dir, device=device)
+        if self.ranks is not None:
+            if self.ranks.world_size > 1:  # the datalist is resolved (built-in data generated) here, then read there
+                self.ranks.send(ENGINE, (self.site, str(datalist), site_cfg, self.args.bundle_dir))
+            self.engine.ranks = self.ranks
         self.model = self.engine.build_network()
         logger.info("%s: engine on device %s", self.site, self.engine.device)
         self.objective = build_objective(job["objective"], **job["objective_args"])
@@ -241,9 +253,10 @@ class SiteService:
     job uses) and :func:`main` (the Client API script) both call :meth:`answer`.
     """
 
-    def __init__(self, site: str, args: argparse.Namespace, workspace: Optional[str] = None):
+    def __init__(self, site: str, args: argparse.Namespace, workspace: Optional[str] = None,
+                 ranks: Optional[RankGroup] = None):
         self.site = site
-        self.runner = SiteRunner(site, args, workspace=workspace)
+        self.runner = SiteRunner(site, args, workspace=workspace, ranks=ranks)
         self.faults = faults_for(site)  # test-only (FEDSEG_FAULT_INJECTION); empty in any real run
         if self.faults:
             logger.warning("%s: %s is set: this site will send faulty results (%s)", site, FAULT_ENV, self.faults)
@@ -256,6 +269,8 @@ class SiteService:
         started_at = time.time()
         try:
             out = self.runner.handle(task, params or {}, meta or {})
+        except RanksOutOfStep:  # the site's other ranks cannot follow another task: end the site script
+            raise
         except Exception as e:  # keep serving: the server leaves this site out of the round
             logger.exception("%s: task %s failed", self.site, task)
             # only the exception type travels; its message may name local files (patient ids)
@@ -284,15 +299,20 @@ def set_site_threads() -> None:
 
 def main(argv=None) -> None:
     """The Client API site loop (``fedseg.fl.site_executor.FedSegScriptExecutor``): receive, answer, send."""
+    args = parse_args(argv)
+    set_site_threads()
+    serve_client_api(args)
+
+
+def serve_client_api(args: argparse.Namespace, ranks: Optional[RankGroup] = None) -> None:
+    """Receive, answer and send until NVFlare ends the job (``ranks``: this is rank 0 of a site's ranks)."""
     import nvflare.client as flare
     from nvflare.client.tracking import SummaryWriter
 
     from fedseg.fl.tracking import tracked_metrics
 
-    args = parse_args(argv)
-    set_site_threads()
     flare.init()
-    service = SiteService(flare.get_site_name(), args)
+    service = SiteService(flare.get_site_name(), args, ranks=ranks)
     writer = SummaryWriter()
     while flare.is_running():
         received = flare.receive()

@@ -11,7 +11,12 @@ kept for one purpose: ``execution_mode="external_process"`` runs a site's traini
 so a crash there (a CUDA fault, the kernel's out-of-memory killer) leaves the site's NVFlare client
 connected and the job answers with the task missing rather than a lost site. Both run one site logic.
 
-Neither carries code in the job: the job folder references ``fedseg`` installed at the site (custom code
+``FedSegRanksExecutor`` is the same Client API executor for a site that trains as N ranks (N GPUs of one server):
+NVFlare launches ``torchrun --nproc_per_node=N -m fedseg.fl.site_ranks ARGS`` as the site's external trainer; rank 0
+talks to NVFlare, every rank joins the training epochs (``fedseg.engine.distributed``). The command is in the job's
+config as it will run, so a site can read, and adjust, what it launches.
+
+None carries code in the job: the job folder references ``fedseg`` installed at the site (custom code
 — "bring your own code" — is refused by a production deployment, ``deploy/``).
 """
 
@@ -110,3 +115,45 @@ class FedSegScriptExecutor(ClientAPIExecutor):
             params_transfer_type=TransferType.FULL,
         )
         self.script_args = script_args
+
+
+#: the module torchrun starts on every rank of a site (``fedseg/fl/site_ranks.py`` in the installed package)
+RANKS_SITE_MODULE = "fedseg.fl.site_ranks"
+
+
+def torchrun_command(site_ranks: int, script_args: str = "") -> str:
+    """``torchrun --standalone --nnodes=1 --nproc_per_node=N -m fedseg.fl.site_ranks ARGS``: N ranks on this machine,
+    the rendezvous on a free local port (``--standalone``: several sites or jobs on one machine do not collide).
+
+    Raises:
+        ValueError: ``site_ranks`` is not a positive integer.
+    """
+    if isinstance(site_ranks, bool) or not isinstance(site_ranks, int) or site_ranks < 1:
+        raise ValueError(f"site_ranks must be a positive integer, got {site_ranks!r}")
+    parse_args(shlex.split(script_args))  # a bad site option fails when the job is built
+    launcher = ["torchrun", "--standalone", "--nnodes=1", f"--nproc_per_node={site_ranks}", "-m", RANKS_SITE_MODULE]
+    return shlex.join(launcher + shlex.split(script_args))
+
+
+class FedSegRanksExecutor(ClientAPIExecutor):
+    """NVFlare Client API executor launching a site's N training ranks under torchrun (module docstring).
+
+    Args:
+        command: the launch command, :func:`torchrun_command` (the recipe writes it from ``site_ranks`` and
+            ``script_args``); it runs in the site's app folder with NVFlare's trainer bootstrap in its environment.
+        launch_timeout: seconds the ranks may take to start and rank 0 to reach NVFlare.
+    """
+
+    def __init__(self, command: str, launch_timeout: float = 300.0):
+        if not isinstance(command, str) or not command.strip():
+            raise ValueError("FedSegRanksExecutor needs a launch command (fedseg.fl.site_executor.torchrun_command)")
+        super().__init__(
+            execution_mode="external_process",
+            command=command,
+            launch_once=True,  # one group of ranks for the whole job: engines, caches and optimisers persist
+            launch_timeout=launch_timeout,
+            params_exchange_format=ExchangeFormat.PYTORCH,
+            server_expected_format=ExchangeFormat.PYTORCH,
+            params_transfer_type=TransferType.FULL,
+        )
+        self.command = command

@@ -38,7 +38,7 @@ other shape.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -184,6 +184,21 @@ class ClientObjective:
 
     def after_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Called by the engine after every optimiser step of local training (default: nothing)."""
+
+    # ----------------------------------------------------- a site training as N ranks (fedseg.engine.distributed)
+    def begin_rank_epochs(self, model: nn.Module) -> None:
+        """On ranks 1..N-1, on the copy of this objective rank 0 sent with ``model`` for one ``run_epochs``: empty
+        what :meth:`rank_records` returns and re-attach anything process-local (module hooks are not sent).
+        Default: nothing."""
+
+    def rank_records(self) -> Any:
+        """What this rank's share of the epochs recorded that ``end_round`` reads (e.g. sums over batches);
+        ``None`` (default) when the objective records nothing during training."""
+        return None
+
+    def merge_rank_records(self, records: List[Any]) -> None:
+        """On rank 0 after the epochs: fold the other ranks' :meth:`rank_records` into this objective's own, so
+        ``end_round`` sees the whole site's training. Default: nothing."""
 
     def local_state_keys(self, model: nn.Module) -> Tuple[str, ...]:
         """State-dict keys of ``model`` that stay at the site: never sent, and absent from what the server

@@ -139,6 +139,24 @@ class FedEFMObjective(ClientObjective):
         self._batches += 1
         return loss
 
+    # a site training as N ranks: per-batch sums and the batch count of every rank's share add up on rank 0
+    def begin_rank_epochs(self, model: nn.Module) -> None:
+        self._sums, self._batches = None, 0
+
+    def rank_records(self) -> Optional[Tuple[Dict[str, torch.Tensor], int]]:
+        return None if self._sums is None else ({k: v.detach().cpu() for k, v in self._sums.items()}, self._batches)
+
+    def merge_rank_records(self, records: List[Any]) -> None:
+        for record in records:
+            if record is None:
+                continue
+            sums, batches = record
+            if self._sums is None:
+                self._sums = sums
+            else:
+                self._sums = {k: self._sums[k] + sums[k].to(self._sums[k].device) for k in self._sums}
+            self._batches += batches
+
     def end_round(self, ctx: RoundContext, model: nn.Module, engine) -> Dict[str, Any]:
         if not self._sums:
             return {}

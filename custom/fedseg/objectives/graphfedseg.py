@@ -149,6 +149,18 @@ class GraphFedSegObjective(ClientObjective):
         # back-propagate through every step (docs/methods.md, GraphFedSeg)
         return similarity_regulariser(self._params, self._direction, self.lambda1)
 
+    # a site training as N ranks: each rank keeps the last-epoch vacuities of its share; rank 0 gets them all
+    def begin_rank_epochs(self, model: nn.Module) -> None:
+        self._training_values = []
+
+    def rank_records(self) -> Optional[List[torch.Tensor]]:
+        return [v.detach().cpu() for v in self._training_values] or None
+
+    def merge_rank_records(self, records: List[Any]) -> None:
+        for values in records:
+            self._training_values.extend(v.to(self._training_values[0].device) if self._training_values else v
+                                         for v in values or [])
+
     def end_round(self, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:
         self._params, self._direction = [], None  # do not hold the model past the round
         values, self._training_values = self._training_values, []

@@ -21,7 +21,7 @@ import math
 
 import zlib
 from collections import deque
-from typing import Any, Deque, Dict, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -112,6 +112,27 @@ class PathFLObjective(ClientObjective):
         self._moments = [0.0, 0.0, 0]
         if self.use_afa:
             self._watch_bottleneck(model)
+
+    # a site training as N ranks: every rank's batch styles and bottleneck moments add up on rank 0
+    def begin_rank_epochs(self, model: nn.Module) -> None:
+        self._batch_sum, self._batches = None, 0
+        self._moments = [0.0, 0.0, 0]
+        if self.use_afa:
+            self._watch_bottleneck(model)
+
+    def rank_records(self) -> Tuple[Optional[torch.Tensor], int, list]:
+        return self._batch_sum, self._batches, list(self._moments)
+
+    def merge_rank_records(self, records: List[Any]) -> None:
+        for batch_sum, batches, moments in records:
+            if batch_sum is not None:
+                self._batch_sum = batch_sum if self._batch_sum is None else self._batch_sum + batch_sum
+            self._batches += batches
+            self._moments = [a + b for a, b in zip(self._moments, moments)]
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # the bottleneck hook is a closure of this process (sent to another rank, a copy attaches its own)
+        return {**self.__dict__, "_hook": None, "_hooked": None}
 
     def _watch_bottleneck(self, model: nn.Module) -> None:
         """Record the raw bottleneck (before alignment) of every training forward pass."""

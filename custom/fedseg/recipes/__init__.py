@@ -43,10 +43,13 @@ def available_methods():
 PUBLISHED_METHODS = ("graphfedseg", "fedevi", "fvac", "pathfl", "fedefm_downstream")
 
 
-def paper_protocol(method: str) -> Dict[str, Any]:
+def paper_protocol(method: str, spatial_dims: Optional[int] = None, spatial_mode: Optional[str] = None) -> Dict[str, Any]:
     """The local training protocol of ``method``'s ``paper`` profile: ``{"num_rounds", "train_config"}`` with every
     key of :data:`fedseg.config.LOCAL_PROTOCOL_KEYS` (the base value where the profile leaves one unset), so that a
     method given these as overrides trains exactly as the protocol says, whatever its own profile sets.
+
+    ``spatial_dims`` 3 (and ``spatial_mode``): the protocol of a volume job, whose network and patches are the volume
+    ones where the profile leaves them (:data:`fedseg.config.VOLUME_PAPER_DEFAULTS`: 96^3 patches).
 
     Raises:
         ValueError: an unknown method, or one without a ``paper`` profile.
@@ -58,7 +61,7 @@ def paper_protocol(method: str) -> Dict[str, Any]:
     if not profiles or "paper" not in profiles:
         raise ValueError(f"method {method!r} has no paper profile to take a local protocol from; "
                          f"methods with one: {[m for m in available_methods() if _has_paper_profile(m)]}")
-    resolved = resolve_profile("paper", profiles)
+    resolved = resolve_profile("paper", profiles, spatial_dims=spatial_dims, spatial_mode=spatial_mode)
     return {"num_rounds": resolved["num_rounds"],
             "train_config": {k: resolved["train_config"][k] for k in LOCAL_PROTOCOL_KEYS}}
 

@@ -15,18 +15,24 @@ from fedseg.config import default_task_timeout
 from fedseg.fl.audit import ResultAuditFilter
 from fedseg.fl.controller import FedSegController
 from fedseg.fl.protocol import EVALUATE_TASK, TRAIN_TASK
-from fedseg.fl.site_executor import FedSegScriptExecutor, FedSegSiteExecutor
+from fedseg.fl.site_executor import FedSegRanksExecutor, FedSegScriptExecutor, FedSegSiteExecutor, torchrun_command
 from fedseg.recipes.environments import ExecEnvError, deployment_failure, prepare_env
 from fedseg.recipes.tracking import add_tensorboard
 from fedseg.strategies.registry import get_strategy_class
 from fedseg.strategies.server_step import DEFAULT_SERVER_MOMENTUM, server_step_config
 
-#: ``site_executor`` option -> how a site receives its tasks (``fedseg.fl.site_executor``)
+#: ``site_executor`` option -> how a site receives its tasks (``fedseg.fl.site_executor``), from the sites'
+#: ``script_args`` and ``site_ranks``
 SITE_EXECUTORS = {
-    "native": lambda args: FedSegSiteExecutor(args),
-    "client_api": lambda args: FedSegScriptExecutor(args, execution_mode="in_process"),
-    "client_api_external": lambda args: FedSegScriptExecutor(args, execution_mode="external_process"),
+    "native": lambda args, ranks: FedSegSiteExecutor(args),
+    "client_api": lambda args, ranks: FedSegScriptExecutor(args, execution_mode="in_process"),
+    "client_api_external": lambda args, ranks: FedSegScriptExecutor(args, execution_mode="external_process"),
+    # local training as N ranks (N GPUs of one server) under torchrun: fedseg.engine.distributed
+    "client_api_torchrun": lambda args, ranks: FedSegRanksExecutor(torchrun_command(ranks, args)),
 }
+
+#: the executors that run a site's training as ``site_ranks`` processes
+RANKED_EXECUTORS = ("client_api_torchrun",)
 
 
 class SiteScript:
@@ -37,14 +43,19 @@ class SiteScript:
     site, so the exported job is configuration only and relocatable.
     """
 
-    def __init__(self, script_args: str = "", executor: str = "native"):
+    def __init__(self, script_args: str = "", executor: str = "native", site_ranks: int = 1):
         if executor not in SITE_EXECUTORS:
             raise ValueError(f"site_executor must be one of {sorted(SITE_EXECUTORS)}, got {executor!r}")
+        if site_ranks != 1 and executor not in RANKED_EXECUTORS:
+            # a job asking for N ranks per site that would train in one process is a mistake, not a preference
+            raise ValueError(f"site_ranks={site_ranks!r} needs site_executor in {RANKED_EXECUTORS}, got {executor!r}")
         self.script_args = script_args
         self.executor = executor
+        self.site_ranks = site_ranks
+        self._executor = SITE_EXECUTORS[executor](script_args, site_ranks)  # bad options fail when the job is built
 
     def add_to_fed_job(self, job, ctx, **kwargs):
-        job.add_executor(SITE_EXECUTORS[self.executor](self.script_args), tasks=["*"], ctx=ctx)
+        job.add_executor(self._executor, tasks=["*"], ctx=ctx)
         return {}
 
 
@@ -53,7 +64,8 @@ TASK_REQUEST_INTERVAL = 0.2
 
 #: recipe options that configure the job rather than training (everything else is a train_config override)
 JOB_OPTIONS = (
-    "min_clients", "task_timeout", "task_check_period", "script_args", "site_executor", "screening", "checkpoint_dir",
+    "min_clients", "task_timeout", "task_check_period", "script_args", "site_executor", "site_ranks", "screening",
+    "checkpoint_dir",
     "task_request_interval", "server_optimizer", "server_lr", "server_momentum", "server_betas", "server_eps",
 )
 
@@ -86,7 +98,10 @@ class FedSegRecipe(Recipe):
             ``fedseg.config.default_task_timeout(train_config)`` (written into the exported job); 0 = no limit.
         script_args: the sites' command-line options (e.g. ``--site_datalists sites.json``).
         site_executor: "native" (default: ``FedSegSiteExecutor``), "client_api" or "client_api_external"
-            (NVFlare's Client API running the site script in-process or in a process of its own).
+            (NVFlare's Client API running the site script in-process or in a process of its own), or
+            "client_api_torchrun": the site's local training as ``site_ranks`` processes, one per GPU, launched by
+            ``torchrun`` (``fedseg.engine.distributed``).
+        site_ranks: N, the ranks (GPUs) each site trains with under "client_api_torchrun" (default 1).
         screening: checks on every result before aggregation (``fedseg.fl.screening.ScreeningConfig`` fields,
             e.g. ``{"norm_factor": 5, "max_update_norm": 50}``); ``None`` = the documented defaults.
         checkpoint_dir: absolute folder for the server's ``round_checkpoint.pt`` (None: the run directory);
@@ -116,6 +131,7 @@ class FedSegRecipe(Recipe):
         task_check_period: float = 0.5,
         script_args: str = "",
         site_executor: str = "native",
+        site_ranks: int = 1,
         screening: Optional[Dict[str, Any]] = None,
         checkpoint_dir: Optional[str] = None,
         task_request_interval: float = TASK_REQUEST_INTERVAL,
@@ -161,7 +177,7 @@ class FedSegRecipe(Recipe):
         # fedseg is an installed package at every site: reference it, don't copy its source into the job
         job.set_app_packages(["fedseg"])
         job.to_server(controller, id="controller")
-        job.to_clients(SiteScript(script_args, site_executor))
+        job.to_clients(SiteScript(script_args, site_executor, site_ranks))
         super().__init__(job)
         # every result a site sends is summarised (names/shapes, never values) into privacy_audit.jsonl
         # (NVFlare filter tables have no wildcard: list every task this method uses)
