@@ -92,3 +92,13 @@ def test_the_detector_finds_every_kind_of_import_cycle(tmp_path):
 
 def test_fedseg_has_no_import_cycles():
     assert cycles(import_graph(PACKAGE)) == []
+
+
+def test_every_script_of_the_repository_compiles_on_this_python():
+    """Scripts no test imports (the GPU check runs only on a GPU machine) must still parse on the supported Python: an
+    f-string nesting its own quotes is valid from Python 3.12 only, and a GPU session would find it too late."""
+    repo = PACKAGE.parents[1]
+    scripts = [p for folder in ("benchmarks", "jobs", "custom", "tests") for p in (repo / folder).rglob("*.py")]
+    assert scripts
+    for path in scripts:
+        compile(path.read_text(), str(path), "exec")  # raises SyntaxError naming the file and line

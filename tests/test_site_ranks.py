@@ -78,12 +78,13 @@ def _rank_main(rank: int, world: int, port: int, datalist: str, cfg: dict, out: 
     torch.set_num_threads(1)
     from fedseg.bundle import build_network
     from fedseg.engine.distributed import STOP, RankGroup, follow
+    from fedseg.engine.factory import build_engine
     from fedseg.fl.client import SiteRunner, parse_args
 
     ranks = RankGroup.from_env()
     try:
         if rank:
-            follow(ranks)
+            follow(ranks, build_engine)
             return
         runner = SiteRunner("site-a", parse_args(["--datalist", datalist]), workspace=str(Path(out) / "ws"), ranks=ranks)
         initial = build_network(cfg).state_dict()

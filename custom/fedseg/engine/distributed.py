@@ -213,10 +213,10 @@ def without_hooks(model: nn.Module) -> Iterator[None]:
             setattr(module, name, value)
 
 
-def follow(ranks: RankGroup, build_engine=None) -> None:
-    """Ranks 1..N-1: build an engine when rank 0 builds one, join every ``run_epochs``, return on ``STOP``."""
-    if build_engine is None:
-        from fedseg.engine.factory import build_engine
+def follow(ranks: RankGroup, build_engine) -> None:
+    """Ranks 1..N-1: build an engine when rank 0 builds one (``build_engine``: ``fedseg.engine.factory.build_engine``,
+    passed in: the factory imports the engines, which import this module), join every ``run_epochs``, return on
+    ``STOP``."""
     engine = None
     while True:
         kind, payload = ranks.receive()

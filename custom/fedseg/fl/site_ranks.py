@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from fedseg.engine.distributed import STOP, RankGroup, RanksOutOfStep, follow
+from fedseg.engine.factory import build_engine
 from fedseg.fl.client import parse_args, serve_client_api, set_site_threads
 
 
@@ -24,7 +25,7 @@ def main(argv=None) -> None:
     ranks = RankGroup.from_env()
     try:
         if not ranks.is_main:
-            follow(ranks)
+            follow(ranks, build_engine)
             return
         stop = ranks.world_size > 1
         try:
