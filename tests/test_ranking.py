@@ -38,7 +38,7 @@ def test_verdict_numbers_are_numpy_and_scipy_on_the_same_values():
     assert verdict["beats"] and verdict["per_seed"]["ahead"] == 3
 
 
-def test_a_clear_lead_is_used_and_a_tie_goes_to_the_cheaper():
+def test_the_leader_is_used_and_a_tie_is_named_beside_it():
     b = _base()
     rng = np.random.default_rng(2)
     approaches = {
@@ -50,13 +50,14 @@ def test_a_clear_lead_is_used_and_a_tie_goes_to_the_cheaper():
     got = rank(approaches, timing, SITES)
     assert got["use"] == "strong" and got["level"] == [] and got["leader"] == "strong"
     assert [n for n, _ in got["order"]] == ["strong", "fedavg"]
-    # a rival within the noise: not separable, so the cheaper round is recommended even though it scores lower
+    # a rival within the noise: not separable, so named beside the leader (with its round) — the leader stays the one
     approaches["rival"] = _approach(b + 0.05 + rng.normal(0, 0.03, size=b.shape) - 0.004, "rival")
     timing["rival"] = {"median_round_wall": 4.0}
     got = rank(approaches, timing, SITES)
-    assert got["leader"] == "strong" and got["level"] == ["rival"] and got["use"] == "rival"
+    assert got["leader"] == "strong" and got["level"] == ["rival"] and got["use"] == "strong"
+    assert "does not separate it from rival (0.44x its round)" in got["why"]
     lines = recommendation_lines(got, "retina", "20 rounds")
-    assert lines[0].startswith("On retina, at 20 rounds: use rival") and "strong vs rival" in lines[1]
+    assert lines[0].startswith("On retina, at 20 rounds: use strong") and "strong vs rival" in lines[1]
 
 
 def test_fewer_than_three_seeds_decide_nothing():

@@ -5,9 +5,11 @@ for classification), A is ahead of B in every seed (each seed's unweighted mean 
 differences is beyond their standard deviation, and the paired per-image test (two-sided Wilcoxon signed-rank,
 pooled over seeds and sites) gives p < 0.05 — with at least three seeds.
 
-The recommendation: the approach with the highest seed-mean score leads; every approach it does not beat by the rule
-is level with it. With no level approach the leader is the one to use; otherwise the cheapest of the level group
-(median round wall in this bench) is, since the rule cannot tell them apart. Only federated approaches (methods'
+The recommendation: the approach with the highest seed-mean score leads, and it is the one to use; every approach it
+does not beat by the rule is level with it and named beside it with its round time, so a user can trade a difference
+the rule cannot confirm for a cheaper round. (Picking the cheapest of the level group instead would let a noisy
+approach — level only because its seeds spread widely — win over steadier ones the leader does beat.)
+Only federated approaches (methods'
 global and personalised models) are ranked: the local / pooled references are not an option for a federation.
 Segmentation benches only: a classification bench's per-image test is McNemar's on correctness, not this rule's.
 """
@@ -89,20 +91,22 @@ def rank(approaches: Mapping[str, Mapping[str, Any]], timing: Mapping[str, Mappi
     seeds = min(v["per_seed"]["n"] for v in verdicts.values())
     runner_up = scored[1][0]
     lines = [evidence(leader, name, verdicts[name], metric) for name, _ in scored[1:]]
+    use = leader
+
+    def round_wall(name: str) -> Optional[float]:
+        return (timing.get(approaches[name]["label"]) or {}).get("median_round_wall")
+
     if seeds < MIN_SEEDS:
-        use, why = leader, f"highest mean {metric}; fewer than {MIN_SEEDS} seeds, so the rule decides nothing"
+        why = f"highest mean {metric}; fewer than {MIN_SEEDS} seeds, so the rule decides nothing"
     elif not level:
-        use, why = leader, f"beats every other approach by the rule (closest: {runner_up})"
+        why = f"beats every other approach by the rule (closest: {runner_up})"
     else:
-        group = [leader] + level
-
-        def round_wall(name: str) -> float:
-            wall = (timing.get(approaches[name]["label"]) or {}).get("median_round_wall")
-            return float("inf") if wall is None else float(wall)
-
-        use = min(group, key=lambda n: (round_wall(n), group.index(n)))
-        why = (f"level by the rule with the highest-scoring {leader}" if use != leader else "highest mean " + metric)
-        why += f"; the rule does not separate {', '.join(group)}: the cheapest round of them"
+        lead_wall = round_wall(leader)
+        parts = []
+        for name in level:
+            wall = round_wall(name)
+            parts.append(name if wall is None or not lead_wall else f"{name} ({wall / lead_wall:.2f}x its round)")
+        why = f"highest mean {metric}; the rule does not separate it from " + ", ".join(parts)
     return {"metric": metric, "order": [[n, s] for n, s in scored], "leader": leader, "level": level, "use": use,
             "why": why, "evidence": lines, "seeds": seeds,
             "verdicts": {n: {"per_seed": v["per_seed"], "paired": {k: v["paired"].get(k) for k in ("n", "mean_diff", "wilcoxon_p")},

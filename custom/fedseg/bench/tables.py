@@ -467,7 +467,8 @@ def recommendation_text(results: Mapping[str, Any], data: str) -> str:
     if not ranking:
         return f"{data}: no ranking (fewer than two federated approaches)"
     use, leader, level = ranking["use"], ranking["leader"], ranking["level"]
-    runner_up = ranking["order"][1][0]
+    # the evidence against the closest approach the rule cannot separate from the leader, else the runner-up
+    runner_up = level[0] if level else ranking["order"][1][0]
     v = ranking["verdicts"][runner_up]
     ps, pt = v["per_seed"], v["paired"]
     p = "-" if pt.get("wilcoxon_p") is None else format_p(pt["wilcoxon_p"])
@@ -478,9 +479,7 @@ def recommendation_text(results: Mapping[str, Any], data: str) -> str:
     elif not level:
         how = "beats every other approach by the rule"
     else:
-        group = [leader] + level
-        how = ("level by the rule with " + ", ".join(_entry_title(results, n) for n in group if n != use)
-               + (", the cheapest round of them" if use != leader else ", the highest mean and the cheapest round"))
+        how = "the highest mean; the rule does not separate it from " + ", ".join(_entry_title(results, n) for n in level)
     return f"{data}: **use {_entry_title(results, use)}** — {how} ({evidence})"
 
 
