@@ -109,7 +109,7 @@ REAL_DATA = {
 #: a bench of every method with and without the server step: the baselines, then each method plain and stepped
 SERVER_STEP_METHODS = " ".join(
     ["fedavg", "fedevi", "fedavgm", "feddyn"]
-    + [f"{m}+m={m}:server_optimizer=sgd-momentum" for m in ("fedevi", "graphfedseg", "fvac", "pathfl")] + ["fvac"])
+    + [f"{m}+m={m}:server_optimizer=sgd-momentum" for m in ("fedevi", "graphfedseg", "fvac", "pathfl")] + ["fvac", "graphfedseg", "pathfl"])
 
 
 def real_bench(federation: str, out: str, options: str) -> Dict[str, Any]:
