@@ -39,12 +39,6 @@ class FedOptStrategy(ServerStrategy):
         super().__init__()
         if server_optimizer not in SERVER_OPTIMIZERS:
             raise ValueError(f"server_optimizer must be one of {SERVER_OPTIMIZERS}, got {server_optimizer!r}")
-        if not server_lr > 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr}")
-        if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
-            raise ValueError(f"beta1 and beta2 must lie in [0, 1), got {beta1}, {beta2}")
-        if not tau > 0:
-            raise ValueError(f"tau must be > 0, got {tau}")
         if weighting not in ("samples", "uniform"):
             raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
         self.server_optimizer = server_optimizer
@@ -54,6 +48,7 @@ class FedOptStrategy(ServerStrategy):
         self.tau = float(tau)
         self.momentum = float(momentum)
         self.weighting = weighting
+        self.step_config()  # the server step checks lr, betas, eps and momentum (one set of checks for every method)
         self.step: ServerStep = None
         self.generator = None  # the step's NVFlare generator, after start
 
