@@ -360,6 +360,26 @@ def to_markdown(result: Dict[str, Any]) -> str:
         lines += ["", "(round 0 includes each site's set-up: engine, data cache, CUDA context)"]
     else:
         lines += [f"**failed**: {sim.get('error')}"]
+    ranks = steps.get("site_ranks", {})
+    lines += ["", "## One site as N ranks (DDP under torchrun, one FedAvg round)", ""]
+    if ranks.get("ok"):
+        lines += ["| ranks | backend | job (s) | round wall (s) | site compute (s) | train loss | steps | test Dice |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['ranks']} | {r['backend']} | {r['job_total_s']} | {r['per_round'][0]['wall']:.2f} | "
+                  f"{r['site_compute_s'] or 0:.2f} | {r['train_loss'] or 0:.4f} | {r['steps']} | {r['test_dice']:.3f} |"
+                  for r in ranks["result"]["runs"]]
+    else:
+        lines += [f"**failed**: {ranks.get('error')}"]
+    vol96 = steps.get("volume_networks_96", {})
+    lines += ["", "## 3-D networks of the `paper` profile (random in-memory patches, training steps)", ""]
+    if vol96.get("ok"):
+        lines += ["| network | patch | batch | precision | device | parameters (M) | step (s) | Mvoxel/s | peak GPU memory (MiB) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['network']} | {'x'.join(map(str, r['patch']))} | {r['batch']} | {r['precision']} | {r['device']} | "
+                  f"{r['parameters_m']} | {r['step_s']} | {r['mvoxels_per_s']} | {r['peak_gpu_memory_mib'] or '—'} |"
+                  for r in vol96["result"]["rows"]]
+    else:
+        lines += [f"**failed**: {vol96.get('error')}"]
     return "\n".join(lines) + "\n"
 
 
@@ -369,6 +389,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a dry run of the script (CPU is fine)")
     parser.add_argument("--skip-tests", action="store_true", help="measure only (the tests already ran)")
     args = parser.parse_args(argv)
+    from fedseg.bench.bench import code_version
+
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
@@ -379,25 +401,34 @@ def main(argv: Optional[List[str]] = None) -> int:
     result: Dict[str, Any] = {
         "benchmark": "gpu_check", "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": "python " + " ".join([os.path.relpath(__file__, REPO)] + (argv if argv is not None else sys.argv[1:])),
-        "device": device_info(), "quick": args.quick, "steps": {},
+        "device": device_info(), "quick": args.quick, "code_version": code_version(), "steps": {},
     }
     steps = result["steps"]
+
+    def save() -> None:
+        """Write what is measured so far: a check cut off by its caller's time limit keeps its finished steps."""
+        result["ok"] = all(s["ok"] for s in steps.values())
+        (out / "gpu_check.json").write_text(json.dumps(result, indent=1))
+        (out / "gpu_check.md").write_text(to_markdown(result))
+
+    def step(name: str, fn: Callable[[], Any]) -> None:
+        _step(steps, name, fn)
+        save()
+
     if not args.skip_tests:
-        _step(steps, "cuda_tests", lambda: run_cuda_tests(out, TEST_TIMEOUT_S))
+        step("cuda_tests", lambda: run_cuda_tests(out, TEST_TIMEOUT_S))
     amp = "float16" if cuda else "bfloat16"
     if args.quick:
-        _step(steps, "engine_throughput", lambda: measure_engine([32], amp, "tiny", repeats=1, epochs=1, batch_size=2))
-        _step(steps, "engine_throughput_3d", lambda: measure_engine_volumes(amp, "tiny", repeats=1, epochs=1, batch_size=2))
+        step("engine_throughput", lambda: measure_engine([32], amp, "tiny", repeats=1, epochs=1, batch_size=2))
+        step("engine_throughput_3d", lambda: measure_engine_volumes(amp, "tiny", repeats=1, epochs=1, batch_size=2))
     else:
-        _step(steps, "engine_throughput", lambda: measure_engine([256, 512], amp, "default", repeats=5, epochs=5, batch_size=8))
-        _step(steps, "engine_throughput_3d", lambda: measure_engine_volumes(amp, "default", repeats=5, epochs=3, batch_size=2))
-    _step(steps, "simulator_round", lambda: measure_simulator_round(out, args.quick, SIM_TIMEOUT_S))
-    _step(steps, "site_ranks", lambda: measure_site_ranks(out, args.quick, SIM_TIMEOUT_S))
-    _step(steps, "volume_networks_96", lambda: measure_volume_networks_96(args.quick))
+        step("engine_throughput", lambda: measure_engine([256, 512], amp, "default", repeats=5, epochs=5, batch_size=8))
+        step("engine_throughput_3d", lambda: measure_engine_volumes(amp, "default", repeats=5, epochs=3, batch_size=2))
+    step("simulator_round", lambda: measure_simulator_round(out, args.quick, SIM_TIMEOUT_S))
+    step("site_ranks", lambda: measure_site_ranks(out, args.quick, SIM_TIMEOUT_S))
+    step("volume_networks_96", lambda: measure_volume_networks_96(args.quick))
 
-    result["ok"] = all(s["ok"] for s in steps.values())
-    (out / "gpu_check.json").write_text(json.dumps(result, indent=1))
-    (out / "gpu_check.md").write_text(to_markdown(result))
+    save()
     print(f"\n{to_markdown(result)}\nwrote {out / 'gpu_check.json'} and {out / 'gpu_check.md'}", flush=True)
     return 0 if result["ok"] else 1
 

@@ -456,6 +456,26 @@ def test_code_version_is_the_commit_and_dirty_flag(tmp_path):
     assert version_label(None) == "not recorded"
 
 
+def test_code_version_of_a_copy_without_git_is_the_commit_its_copier_states(tmp_path, monkeypatch):
+    """A tree copied without .git (a GPU machine's copy): ``$FEDSEG_CODE_COMMIT`` names the commit, marked as stated;
+    a value that is not a hash is ignored, and a real checkout's own commit wins over the variable."""
+    from fedseg.bench.bench import code_version, version_label
+
+    monkeypatch.setenv("FEDSEG_CODE_COMMIT", "8c08110")
+    assert code_version(tmp_path) == {"commit": "8c08110", "dirty": False, "stated": True}
+    assert version_label(code_version(tmp_path)) == "8c08110"
+    monkeypatch.setenv("FEDSEG_CODE_COMMIT", "main; rm -rf /")
+    assert code_version(tmp_path) == {"commit": None, "dirty": None}
+    pkg = tmp_path / "repo" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("x = 1\n")
+    _git(tmp_path / "repo", "init", "-q")
+    _git(tmp_path / "repo", "add", ".")
+    _git(tmp_path / "repo", "commit", "-q", "-m", "one")
+    monkeypatch.setenv("FEDSEG_CODE_COMMIT", "0000000")
+    assert code_version(pkg) == {"commit": _git(tmp_path / "repo", "rev-parse", "--short", "HEAD"), "dirty": False}
+
+
 def test_bench_writes_the_code_version_into_results_and_runs(tmp_path, tiny_datalist, tiny_train_config, monkeypatch):
     """``fedseg bench`` (a reference run stubbed out: no training) records the commit in results.json and in each run;
     a resumed bench lists every run's own version."""
@@ -487,6 +507,51 @@ def test_bench_writes_the_code_version_into_results_and_runs(tmp_path, tiny_data
     from fedseg.bench.tables import code_text
 
     assert code_text(again) == f"code {bench.version_label(version)} (runs: 0ld0ld0 ×1)"
+
+
+def test_bench_runs_method_jobs_in_parallel_and_keeps_the_bench_order(tmp_path, tiny_datalist, tiny_train_config,
+                                                                      monkeypatch):
+    """``--parallel 3``: three method runs (stubbed: a 0.3 s sleep each, no simulator) are in flight at once, the
+    records come back in the bench's order, equal to the sequential bench's, and the header names the parallelism;
+    a resumed bench reuses every run."""
+    import threading
+    import time
+
+    import fedseg.bench.bench as bench
+
+    state = {"running": 0, "most": 0}
+    lock = threading.Lock()
+
+    def fake_method(spec, budget, mapping, root, site_map_file):
+        with lock:
+            state["running"] += 1
+            state["most"] = max(state["most"], state["running"])
+        time.sleep(0.3)
+        with lock:
+            state["running"] -= 1
+        rows = [{"id": "a.png", "dice": 0.1 * (spec.seed + 1) + (0.05 if spec.method == "fedevi" else 0.0), "hd95": 1.0,
+                 "assd": 0.5}]
+        return {"kind": "method", "label": spec.label, "method": spec.method, "seed": spec.seed, "task": "segmentation",
+                "train_config": tiny_train_config, "num_rounds": 1, "final": {"global": {"site-a": rows[0]}},
+                "per_image": {"global": {"site-a": rows}}, "wall_s": 1.0, "round_walls": [1.0, 1.0],
+                "report_path": None}
+
+    monkeypatch.setattr(bench, "run_method", fake_method)
+    mapping = tmp_path / "sites.json"
+    mapping.write_text(json.dumps({"site-a": str(tiny_datalist)}))
+    kwargs = dict(methods=("fedavg", "fedevi"), references=(), seeds=(0, 1, 2), site_datalists=str(mapping))
+    sequential = bench.run_bench(str(tmp_path / "seq"), **kwargs)
+    assert state["most"] == 1
+    parallel = bench.run_bench(str(tmp_path / "par"), parallel=3, **kwargs)
+    assert state["most"] == 3
+    assert list(parallel["runs"]) == list(sequential["runs"])  # the bench's order: methods, then seeds
+    assert parallel["approaches"] == sequential["approaches"] and parallel["comparisons"] == sequential["comparisons"]
+    assert parallel["parallel_runs"] == 3 and sequential["parallel_runs"] == 1
+    state["most"] = 0
+    again = bench.run_bench(str(tmp_path / "par"), parallel=3, **kwargs)
+    assert state["most"] == 0 and again["approaches"] == sequential["approaches"]
+    with pytest.raises(ValueError, match="parallel"):
+        bench.run_bench(str(tmp_path / "bad"), parallel=0, **kwargs)
 
 
 def test_pairs_table_compares_two_settings_of_a_method_with_scipy(reproduce, seg_records, seg_results, tmp_path):

@@ -338,7 +338,7 @@ def _cmd_bench(args: argparse.Namespace) -> None:
                   site_datalists=args.site_datalists, family=args.family, sites=args.sites,
                   data_profile=args.data_profile, data_seed=args.data_seed, budget=budget,
                   command="fedseg " + " ".join(args.argv or []), baseline=args.baseline, refresh=args.refresh,
-                  reuse=args.reuse)
+                  reuse=args.reuse, parallel=args.parallel)
     except ValueError as e:
         raise SystemExit(f"fedseg bench: {e}") from None
 
@@ -549,6 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--refresh", action="store_true",
                        help="on resume, re-read finished method runs from their workspaces with this code (e.g. a metric "
                             "added to the tables since they ran); nothing is re-trained, references are kept as stored")
+    bench.add_argument("--parallel", type=int, default=1, metavar="N",
+                       help="method runs (simulator jobs) at once, for a machine with cores and GPU memory to spare "
+                            "(default 1); their round times then include each other's load")
     bench.add_argument("--reuse", nargs="+", default=[], metavar="BENCH_OUT",
                        help="other bench outputs: a run finished there with the same run configuration (method, seed, "
                             "budget, data) is copied into --out instead of trained again")

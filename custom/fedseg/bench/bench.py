@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
+import re
 import subprocess
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -95,12 +99,17 @@ def plan(methods: Sequence[str], references: Sequence[str], seeds: Sequence[int]
     return specs
 
 
+#: where a copy of the code without git names the commit it was copied from (:func:`code_version`)
+CODE_COMMIT_ENV = "FEDSEG_CODE_COMMIT"
+
+
 def code_version(path: Optional[Path] = None) -> Dict[str, Any]:
     """The git commit of the code that runs: ``{"commit": short hash, "dirty": bool}`` of the repository whose
     tracked files hold ``path`` (default: this package). ``dirty``: tracked files differ from the commit (untracked
     files, e.g. outputs, do not count). ``{"commit": None, "dirty": None}`` where the package is not a git
     checkout (installed from a wheel, or git missing): ``git ls-files`` must list ``path``'s ``__init__.py``, so a
-    package installed inside another repository's folder is not given that repository's commit."""
+    package installed inside another repository's folder is not given that repository's commit. There, a commit
+    hash in ``$FEDSEG_CODE_COMMIT`` is taken as stated: ``{"commit": it, "dirty": False, "stated": True}``."""
     here = Path(path) if path is not None else Path(__file__).resolve().parent
 
     def git(*args: str) -> Optional[str]:
@@ -113,7 +122,11 @@ def code_version(path: Optional[Path] = None) -> Dict[str, Any]:
     commit = git("rev-parse", "--short", "HEAD") if git("ls-files", "--error-unmatch", "__init__.py") is not None else None
     status = git("status", "--porcelain", "--untracked-files=no") if commit else None
     if not commit or status is None:
-        return {"commit": None, "dirty": None}
+        # a copy of a commit without its .git folder (a container image, a tree sent to a GPU machine): the commit
+        # it was copied from, as whoever copied it states it
+        stated = os.environ.get(CODE_COMMIT_ENV, "").strip()
+        return {"commit": stated, "dirty": False, "stated": True} if re.fullmatch(r"[0-9a-f]{7,40}", stated) else \
+            {"commit": None, "dirty": None}
     return {"commit": commit.strip(), "dirty": bool(status.strip())}
 
 
@@ -180,6 +193,7 @@ def run_bench(
     baseline: Optional[str] = None,
     refresh: bool = False,
     reuse: Sequence[str] = (),
+    parallel: int = 1,
 ) -> Dict[str, Any]:
     """Run (or resume) a bench and write ``results.json``, ``results.md`` and ``plots/`` under ``out``.
 
@@ -201,6 +215,9 @@ def run_bench(
         reuse: other bench output folders; a run missing here but finished in one of them with the same
             ``run_config`` (method, options, seed, budget, data) is copied into ``out/runs`` instead of trained
             again (e.g. seed 0 of a one-seed bench inside a three-seed bench of fewer methods).
+        parallel: method runs (simulator jobs) at once, for a machine with cores and GPU memory to spare; their
+            round times then include each other's load (``parallel_runs`` in ``results.json``). References run
+            one at a time first.
 
     Returns:
         The ``results.json`` dict. Besides :func:`fedseg.bench.report.build_results`'s fields its header records
@@ -209,6 +226,8 @@ def run_bench(
         written), ``budget`` and ``spatial`` (each site's spatial mode and input size, :func:`spatial_settings`).
     """
     budget = budget or Budget()
+    if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
+        raise ValueError(f"parallel must be a positive number of runs, got {parallel!r}")
     if not site_datalists:
         budget.data_family = budget.data_family or family or "polyp"
     started = time.perf_counter()
@@ -220,8 +239,8 @@ def run_bench(
     mapping = prepare_federation(root, site_datalists, family, sites, data_profile, data_seed, budget.sets)
     site_names = list(mapping)
     site_map_file = root / "site_datalists.json"
-    records: List[Dict[str, Any]] = []
-    executed_seconds, executed = 0.0, 0
+    records: List[Optional[Dict[str, Any]]] = [None] * len(specs)
+    todo: List[int] = []
     for i, spec in enumerate(specs):
         path = root / "runs" / f"{spec.id}.json"
         config = spec.run_config(budget, mapping)
@@ -232,51 +251,72 @@ def run_bench(
                 save_run(path, record)
                 how = f"copied from {other}"
                 break
-        if record is not None:
-            refreshed = refresh and spec.kind == "method"  # references keep theirs: their models are not kept
-            if refreshed:
-                record = refresh_method(record, spec, mapping)
-                save_run(path, record)
-                how = "re-read from its workspace"
-            print(f"[{i + 1}/{len(specs)}] skipped {spec.label} seed {spec.seed}: {how} ({path})", flush=True)
-            records.append(record)
+        if record is None:
+            todo.append(i)
             continue
+        if refresh and spec.kind == "method":  # references keep theirs: their models are not kept
+            record = refresh_method(record, spec, mapping)
+            save_run(path, record)
+            how = "re-read from its workspace"
+        print(f"[{i + 1}/{len(specs)}] skipped {spec.label} seed {spec.seed}: {how} ({path})", flush=True)
+        records[i] = record
+
+    progress = {"seconds": 0.0, "executed": 0}
+    lock = threading.Lock()
+
+    def execute(i: int) -> None:
+        spec = specs[i]
         print(f"[{_dt.datetime.now():%H:%M:%S}] [{i + 1}/{len(specs)}] {spec.label} seed {spec.seed} ...", flush=True)
         run_started = time.perf_counter()
         if spec.kind == "method":
             record = run_method(spec, budget, mapping, root, site_map_file)
         else:
             record = run_reference(spec, budget, mapping, root)
-        record.update(id=spec.id, run_config=config, code_version=version)
-        save_run(path, record)
-        records.append(record)
-        executed_seconds += time.perf_counter() - run_started
-        executed += 1
-        remaining = len(specs) - i - 1
+        record.update(id=spec.id, run_config=spec.run_config(budget, mapping), code_version=version)
+        save_run(root / "runs" / f"{spec.id}.json", record)
+        records[i] = record
         metric = task_metrics(record_task(record))[0]
         final = record["final"].get("global") or record["final"].get("personalized") or {}  # FedBN/FedRep: personalised
         mean_dice = [m.get(metric) for m in final.values() if m.get(metric) is not None]
-        eta = executed_seconds / executed * remaining
+        with lock:
+            progress["seconds"] += time.perf_counter() - run_started
+            progress["executed"] += 1
+            remaining = len(todo) - progress["executed"]
+            eta = progress["seconds"] / progress["executed"] * remaining / parallel
         print(f"[{i + 1}/{len(specs)}] done {spec.label} seed {spec.seed}: mean test {'Dice' if metric == 'dice' else metric} "
               f"{(sum(mean_dice) / len(mean_dice)) if mean_dice else float('nan'):.3f} in {_fmt_s(time.perf_counter() - run_started)}; "
               f"elapsed {_fmt_s(time.perf_counter() - started)}, about {_fmt_s(eta)} remaining", flush=True)
+
+    # references train in this process (one at a time); method runs are simulator processes, `parallel` at once
+    for i in [i for i in todo if specs[i].kind != "method"]:
+        execute(i)
+    method_runs = [i for i in todo if specs[i].kind == "method"]
+    if parallel > 1 and len(method_runs) > 1:
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            for future in [pool.submit(execute, i) for i in method_runs]:
+                future.result()  # the first failure stops the bench; finished runs are saved already
+    else:
+        for i in method_runs:
+            execute(i)
+    done: List[Dict[str, Any]] = [r for r in records if r is not None]  # every run, in the bench's order
 
     header = {
         "benchmark": "fedseg bench",
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
         "command": command,
         "code_version": version,
-        "run_code_versions": run_code_versions(records),
+        "run_code_versions": run_code_versions(done),
         "machine": machine,
         "seeds": [int(s) for s in seeds],
+        "parallel_runs": parallel,
         "budget": budget.to_dict(),
-        "spatial": spatial_settings(records, mapping),
+        "spatial": spatial_settings(done, mapping),
         "site_datalists": mapping,
         "data": data_summary(mapping),
-        "runs": {r["id"]: str(root / "runs" / f"{r['id']}.json") for r in records},
+        "runs": {r["id"]: str(root / "runs" / f"{r['id']}.json") for r in done},
     }
-    results = build_results(records, site_names, header, baseline=baseline)
-    results["plots"] = [str(p) for p in plot_results(results, records, root / "plots")]
+    results = build_results(done, site_names, header, baseline=baseline)
+    results["plots"] = [str(p) for p in plot_results(results, done, root / "plots")]
     results["wall_time_s"] = time.perf_counter() - started
     (root / "results.json").write_text(json.dumps(results, indent=1))
     text = markdown(results)
