@@ -123,7 +123,8 @@ def run_cuda_tests(out: Path, timeout: int) -> Dict[str, Any]:
     if proc.returncode not in (0,) or counts["failed"] or counts["error"] or not cases:
         raise RuntimeError(f"pytest -m cuda exited {proc.returncode} ({counts}); see {out / 'cuda_tests.log'}:\n"
                            f"{(proc.stdout + proc.stderr)[-2000:]}")
-    return {"command": " ".join(cmd), "counts": counts, "cases": cases}
+    # the interpreter by name, the output folder as given: a record names no folder of the machine that ran it
+    return {"command": " ".join(["python", *cmd[1:]]), "counts": counts, "cases": cases}
 
 
 # ---------------------------------------------------------------------------------------------- 2. engine

@@ -103,6 +103,8 @@ PROTOCOL_ROWS = [
 REAL_DATA = {
     "retina": ("fedseg data retina --src {data}/retina_vessels --out {root}/cost/retina_data",
                "{root}/cost/retina_data/site_datalists.json"),
+    "nuclei": ("fedseg data nuclei --src {data}/nuclei_he --out {root}/cost/nuclei_data",
+               "{root}/cost/nuclei_data/site_datalists.json"),
 }
 
 
@@ -150,6 +152,14 @@ RUNS: Dict[str, Dict[str, Any]] = {
         f"fedseg bench --site-datalists {REAL_DATA['retina'][1]} --methods {SERVER_STEP_METHODS} --references "
         "--seeds 0 1 2 --rounds 20 --local-epochs 1 --task-request-interval 0.2 "
         "--reuse {root}/fedevi_protocol/retina_base --out {out}"]},
+    # the same on the real nuclei federation (MoNuSeg / TNBC at 40x, native resolution); every method run here.
+    # Whole-tile validation every fifth round: at every round it took three quarters of a CPU round (1000 px tiles)
+    "nuclei-server-step": {"out": "nuclei_server_step", "commands": [
+        REAL_DATA["nuclei"][0],
+        f"fedseg bench --site-datalists {REAL_DATA['nuclei'][1]} --methods {SERVER_STEP_METHODS} --references "
+        "--seeds 0 1 2 --rounds 20 --local-epochs 1 --task-request-interval 0.2 --set validate_every=5 --out {out}"]},
+    # the GPU check (benchmarks/gpu_check.py) on a CUDA machine: the CUDA tests and what one GPU does
+    "gpu-check": {"out": "gpu_check", "result": "gpu_check.json", "commands": ["python benchmarks/gpu_check.py --out {out}"]},
     # a site at full size: CT-like volumes as large as a hospital's (generated into the output root), the data path's
     # memory and time within and beyond the cache, and fedseg infer on one whole volume
     "fullsize-ct": {"out": "fullsize_ct", "result": "fullsize_ct.json", "commands": [
@@ -218,6 +228,12 @@ TABLES: Dict[str, Dict[str, Any]] = {
                                    "title": "Which approach to use on the real retina federation (20 rounds)"},
     "retina-server-step-cost": {"run": "retina-server-step", "render": "cost",
                                 "title": "Cost of the server step on the real retina federation (20 rounds)"},
+    **{f"gpu-check-{part}": {"run": "gpu-check", "render": "gpu-check", "part": part, "title": title}
+       for part, title in (("tests", "The CUDA tests on one GPU"),
+                           ("engine", "Training throughput on one GPU: the engine against a plain PyTorch loop"),
+                           ("simulator", "One FedAvg job of 4 sites sharing one GPU (NVFlare simulator, 2 rounds)"),
+                           ("site-ranks", "A site as DDP ranks under torchrun on one GPU"),
+                           ("networks-96", "The 3-D paper-profile networks at 96³ patches on one GPU"))},
     "fullsize-ct-loaders": {"run": "fullsize-ct", "render": "fullsize-ct", "part": "loaders",
                             "title": "A site at full size: training data within and beyond the memory cache"},
     "fullsize-ct-inference": {"run": "fullsize-ct", "render": "fullsize-ct", "part": "infer",
@@ -655,16 +671,21 @@ def render_ranking(table_id: str, table: Mapping[str, Any], outputs: Sequence[Di
     return [caption(results, table["title"], note), "", *ranking_table(results)]
 
 
+#: the tables a GPU check can be drawn as (``TABLES[...]["part"]``)
+GPU_CHECK_PARTS = ("tests", "engine", "simulator", "site-ranks", "networks-96")
+
+
 def render_gpu_check(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
     """``benchmarks/gpu_check.py``'s JSON, one of its parts (``table["part"]``): ``tests`` (each CUDA test and its
-    outcome), ``engine`` (engine vs plain loop, 2-D images and 3-D patches) or ``simulator`` (the FedAvg rounds)."""
+    outcome), ``engine`` (engine vs plain loop, 2-D images and 3-D patches), ``simulator`` (the FedAvg rounds),
+    ``site-ranks`` (a site as N DDP ranks) or ``networks-96`` (the 3-D paper-profile networks at 96^3)."""
     from fedseg.bench.tables import caption
 
     data = outputs[0]
     steps, device = data.get("steps") or {}, data.get("device") or {}
     part = table.get("part")
-    if part not in ("tests", "engine", "simulator"):
-        raise ReproduceError(f"table {table_id!r}: 'part' must be tests, engine or simulator, got {part!r}")
+    if part not in GPU_CHECK_PARTS:
+        raise ReproduceError(f"table {table_id!r}: 'part' must be one of {', '.join(GPU_CHECK_PARTS)}, got {part!r}")
 
     def result(step: str) -> Any:
         if step not in steps:
@@ -692,6 +713,24 @@ def render_gpu_check(table_id: str, table: Mapping[str, Any], outputs: Sequence[
                          f"{r['plain_volumes_per_s']:.1f} vol | {r['ratio_engine_to_plain']:.2f} | {r['peak_gpu_memory_mib']} |")
         note = ("Training throughput on in-memory batches, same model, loss, optimiser and batches for both loops; "
                 "float16 = autocast with a gradient scaler.")
+    elif part == "site-ranks":
+        res = result("site_ranks")
+        lines = ["| ranks | backend | whole job (s) | round wall (s) | site compute (s) | train loss | steps | test Dice |",
+                 "|---|---|---|---|---|---|---|---|"]
+        for r in res["runs"]:
+            lines.append(f"| {r['ranks']} | {r['backend']} | {r['job_total_s']:.1f} | {r['per_round'][0]['wall']:.2f} | "
+                         f"{r['site_compute_s']:.2f} | {r['train_loss']:.4f} | {r['steps']:g} | {r['test_dice']:.3f} |")
+        note = (f"One FedAvg round, one site, profile `{res['profile']}`, the site's Client API script under `torchrun` "
+                f"(`site_executor=\"client_api_torchrun\"`); {res['gpus']} GPU(s) on the machine.")
+    elif part == "networks-96":
+        res = result("volume_networks_96")
+        lines = ["| network | parameters (M) | patch × batch | precision | step (s) | Mvoxel/s | peak GPU memory (MiB) |",
+                 "|---|---|---|---|---|---|---|"]
+        for r in res["rows"]:
+            lines.append(f"| {r['network']} | {r['parameters_m']} | {'×'.join(map(str, r['patch']))} × {r['batch']} | "
+                         f"{r['precision']} | {r['step_s']:.3f} | {r['mvoxels_per_s']:.1f} | {r['peak_gpu_memory_mib']} |")
+        note = ("The volume `paper` profile's networks on random in-memory patches (no data loading): DiceCE loss, "
+                "Adam, median training step after a warm-up; float16 = autocast with a gradient scaler.")
     else:
         res = result("simulator_round")
         lines = ["| round | wall (s) | max site compute (s) | sum site compute (s) | overhead = wall - max (s) | "

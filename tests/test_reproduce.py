@@ -402,7 +402,15 @@ GPU_CHECK = {
             "per_round": [{"round": 0, "wall": 22.5463, "max_compute": 1.3389, "sum_compute": 4.8054, "overhead": 21.2074,
                            "bytes_up": 31058304.0},
                           {"round": 1, "wall": 1.31268, "max_compute": 0.22263, "sum_compute": 0.70404, "overhead": 1.09005,
-                           "bytes_up": 31058304.0}]}}},
+                           "bytes_up": 31058304.0}]}},
+        "site_ranks": {"ok": True, "result": {"profile": "default", "gpus": 1, "runs": [
+            {"ranks": 1, "backend": "nccl", "command": "nvflare simulator J -w W -t 1 -c site-1", "job_total_s": 69.0,
+             "per_round": [{"round": 0, "wall": 41.6412}], "site_compute_s": 1.3512, "train_loss": 1.30391, "steps": 6.0,
+             "test_dice": 0.68951}]}},
+        "volume_networks_96": {"ok": True, "result": {"rows": [
+            {"network": "unetr", "patch": [96, 96, 96], "batch": 2, "precision": "float16", "device": "cuda",
+             "parameters_m": 92.8, "step_s": 0.054, "mvoxels_per_s": 32.56, "loss_finite": True,
+             "peak_gpu_memory_mib": 2713}]}}},
     "ok": True,
 }
 
@@ -410,7 +418,7 @@ GPU_CHECK = {
 def test_gpu_check_tables(reproduce, tmp_path, capsys):
     runs = {"gpu": {"out": "gpu", "result": "gpu_check.json", "commands": ["python benchmarks/gpu_check.py --out {out}"]}}
     tables = {f"gpu-{part}": {"run": "gpu", "render": "gpu-check", "part": part, "title": f"GPU {part}"}
-              for part in ("tests", "engine", "simulator")}
+              for part in ("tests", "engine", "simulator", "site-ranks", "networks-96")}
     (tmp_path / "gpu").mkdir()
     (tmp_path / "gpu" / "gpu_check.json").write_text(json.dumps(GPU_CHECK))
     assert reproduce.main(["gpu-tests", "gpu-engine", "gpu-simulator", "--records", str(tmp_path)], runs, tables) == 0
@@ -421,6 +429,10 @@ def test_gpu_check_tables(reproduce, tmp_path, capsys):
     assert "| 256 px image | float32 | 586.9 img | 618.1 img | 0.95 | 795 |" in out
     assert "| 64×64×16 voxel patch | float16 | 166.4 vol (21.8 Mvoxel) | 173.4 vol | 0.96 | 189 |" in out
     assert "| 1 | 1.31 | 0.22 | 0.70 | 1.09 | 31.1 |" in out and "final mean Dice 0.745" in out
+    assert reproduce.main(["gpu-site-ranks", "gpu-networks-96", "--records", str(tmp_path)], runs, tables) == 0
+    out = capsys.readouterr().out
+    assert "| 1 | nccl | 69.0 | 41.64 | 1.35 | 1.3039 | 6 | 0.690 |" in out and "1 GPU(s) on the machine" in out
+    assert "| unetr | 92.8 | 96×96×96 × 2 | float16 | 0.054 | 32.6 | 2713 |" in out
     failed = {**GPU_CHECK, "steps": {**GPU_CHECK["steps"], "simulator_round": {"ok": False, "error": "timeout"}}}
     (tmp_path / "gpu" / "gpu_check.json").write_text(json.dumps(failed))
     assert reproduce.main(["gpu-simulator", "--records", str(tmp_path)], runs, tables) == 1
