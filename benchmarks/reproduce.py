@@ -170,6 +170,23 @@ RUNS: Dict[str, Dict[str, Any]] = {
         "--profile paper --rounds 30 --local-epochs 1 --set image_size=64 --out {out}"]},
 }
 
+def server_step_tables(federation: str, data: str, metrics: List[str]) -> Dict[str, Dict[str, Any]]:
+    """The four tables of a server-step bench on a real federation: accuracy against FedAvg (``data``: its glance
+    label; ``metrics``: extra accuracy columns), the same runs against FedAvgM, the ranking, and the cost."""
+    run, where = f"{federation}-server-step", f"real {federation} federation"
+    tables = {
+        run: {"title": f"Each method with the server step, against FedAvg, FedAvgM and FedDyn, {where} at native "
+                       "resolution (20 rounds)", "render": "accuracy", "data": data,
+              **({"metrics": metrics} if metrics else {})},
+        f"{run}-vs-fedavgm": {"render": "accuracy", "baseline": "fedavgm",
+                              "title": f"The same runs against FedAvgM, {where} (20 rounds)"},
+        f"{run}-ranking": {"render": "ranking", "baseline": "fedavg",
+                           "title": f"Which approach to use on the {where} (20 rounds)"},
+        f"{run}-cost": {"render": "cost", "title": f"Cost of the server step on the {where} (20 rounds)"},
+    }
+    return {table: {"run": run, **entry} for table, entry in tables.items()}
+
+
 #: table id -> run(s), renderer, title (and renderer options)
 TABLES: Dict[str, Dict[str, Any]] = {
     "fundus-accuracy": {"run": "fundus", "render": "accuracy", "data": "built-in fundus (rim, cup), 3 sites",
@@ -218,16 +235,10 @@ TABLES: Dict[str, Dict[str, Any]] = {
     "fedevi-paper-polyp-30-accuracy": {"run": "fedevi-protocol-authors-30", "render": "accuracy", "metrics": ["dice_lcc"],
                                        "title": "The same at 30 rounds: FedEvi against FedAvg with the authors' local "
                                                 "protocol, built-in polyp"},
-    "retina-server-step": {"run": "retina-server-step", "render": "accuracy", "metrics": ["dice_fov@DRIVE"],
-                           "data": "real retina (DRIVE / STARE / CHASE_DB1), native resolution",
-                           "title": "Each method with the server step, against FedAvg, FedAvgM and FedDyn, real retina "
-                                    "federation at native resolution (20 rounds)"},
-    "retina-server-step-vs-fedavgm": {"run": "retina-server-step", "render": "accuracy", "baseline": "fedavgm",
-                                      "title": "The same runs against FedAvgM, real retina federation (20 rounds)"},
-    "retina-server-step-ranking": {"run": "retina-server-step", "render": "ranking", "baseline": "fedavg",
-                                   "title": "Which approach to use on the real retina federation (20 rounds)"},
-    "retina-server-step-cost": {"run": "retina-server-step", "render": "cost",
-                                "title": "Cost of the server step on the real retina federation (20 rounds)"},
+    # each method with and without the server step against the strongest baselines, one bench per real federation
+    **{table: entry for fed, data, metrics in (
+        ("retina", "real retina (DRIVE / STARE / CHASE_DB1), native resolution", ["dice_fov@DRIVE"]),)
+       for table, entry in server_step_tables(fed, data, metrics).items()},
     **{f"gpu-check-{part}": {"run": "gpu-check", "render": "gpu-check", "part": part, "title": title}
        for part, title in (("tests", "The CUDA tests on one GPU"),
                            ("engine", "Training throughput on one GPU: the engine against a plain PyTorch loop"),
