@@ -237,7 +237,8 @@ TABLES: Dict[str, Dict[str, Any]] = {
                                                 "protocol, built-in polyp"},
     # each method with and without the server step against the strongest baselines, one bench per real federation
     **{table: entry for fed, data, metrics in (
-        ("retina", "real retina (DRIVE / STARE / CHASE_DB1), native resolution", ["dice_fov@DRIVE"]),)
+        ("retina", "real retina (DRIVE / STARE / CHASE_DB1), native resolution", ["dice_fov@DRIVE"]),
+        ("nuclei", "real nuclei (MoNuSeg / TNBC), native resolution", []))
        for table, entry in server_step_tables(fed, data, metrics).items()},
     **{f"gpu-check-{part}": {"run": "gpu-check", "render": "gpu-check", "part": part, "title": title}
        for part, title in (("tests", "The CUDA tests on one GPU"),
