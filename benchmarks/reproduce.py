@@ -63,6 +63,8 @@ OUT_ROOT = Path(os.environ.get("FEDSEG_BENCH_OUT") or REPO / "bench_out")
 DATA_ROOT = os.environ.get("FEDSEG_DATASETS") or ""
 
 # ------------------------------------------------------------------------------------------ registry
+#: rounds of each real federation's server-step bench (its command and its tables' titles)
+SERVER_STEP_ROUNDS = {"retina": 20, "nuclei": 10}
 #: FedEvi's protocol ablation: one bench per local-protocol setting (name, methods, train_config sets)
 PROTOCOL_BENCHES = (
     ("base", "fedavg fedevi fedevi_ref_surrogate=fedevi:uncertainty_grid=network,clamp_epistemic=false "
@@ -150,7 +152,7 @@ RUNS: Dict[str, Dict[str, Any]] = {
     "retina-server-step": {"out": "retina_server_step", "commands": [
         REAL_DATA["retina"][0],
         f"fedseg bench --site-datalists {REAL_DATA['retina'][1]} --methods {SERVER_STEP_METHODS} --references "
-        "--seeds 0 1 2 --rounds 20 --local-epochs 1 --task-request-interval 0.2 "
+        f"--seeds 0 1 2 --rounds {SERVER_STEP_ROUNDS['retina']} --local-epochs 1 --task-request-interval 0.2 "
         "--reuse {root}/fedevi_protocol/retina_base --out {out}"]},
     # the same on the real nuclei federation (MoNuSeg / TNBC at 40x, native resolution); every method run here.
     # 10 rounds, whole-tile validation only in the last: on 2 CPUs a run of 20 rounds took 6 min (33 runs: 3.3 h), a
@@ -158,7 +160,8 @@ RUNS: Dict[str, Dict[str, Any]] = {
     "nuclei-server-step": {"out": "nuclei_server_step", "commands": [
         REAL_DATA["nuclei"][0],
         f"fedseg bench --site-datalists {REAL_DATA['nuclei'][1]} --methods {SERVER_STEP_METHODS} --references "
-        "--seeds 0 1 2 --rounds 10 --local-epochs 1 --task-request-interval 0.2 --set validate_every=10 --out {out}"]},
+        f"--seeds 0 1 2 --rounds {SERVER_STEP_ROUNDS['nuclei']} --local-epochs 1 --task-request-interval 0.2 "
+        f"--set validate_every={SERVER_STEP_ROUNDS['nuclei']} --out {{out}}"]},
     # the GPU check (benchmarks/gpu_check.py) on a CUDA machine: the CUDA tests and what one GPU does
     "gpu-check": {"out": "gpu_check", "result": "gpu_check.json", "commands": ["python benchmarks/gpu_check.py --out {out}"]},
     # a site at full size: CT-like volumes as large as a hospital's (generated into the output root), the data path's
@@ -171,11 +174,10 @@ RUNS: Dict[str, Dict[str, Any]] = {
         "--profile paper --rounds 30 --local-epochs 1 --set image_size=64 --out {out}"]},
 }
 
-def server_step_tables(federation: str, data: str, metrics: List[str], rounds: int) -> Dict[str, Dict[str, Any]]:
+def server_step_tables(federation: str, data: str, metrics: List[str]) -> Dict[str, Dict[str, Any]]:
     """The four tables of a server-step bench on a real federation: accuracy against FedAvg (``data``: its glance
-    label; ``metrics``: extra accuracy columns; ``rounds``: the bench's budget, for the titles), the same runs against
-    FedAvgM, the ranking, and the cost."""
-    run, where, budget = f"{federation}-server-step", f"real {federation} federation", f"({rounds} rounds)"
+    label; ``metrics``: extra accuracy columns), the same runs against FedAvgM, the ranking, and the cost."""
+    run, where, budget = f"{federation}-server-step", f"real {federation} federation", f"({SERVER_STEP_ROUNDS[federation]} rounds)"
     tables = {
         run: {"title": f"Each method with the server step, against FedAvg, FedAvgM and FedDyn, {where} at native "
                        "resolution " + budget, "render": "accuracy", "data": data,
@@ -238,10 +240,10 @@ TABLES: Dict[str, Dict[str, Any]] = {
                                        "title": "The same at 30 rounds: FedEvi against FedAvg with the authors' local "
                                                 "protocol, built-in polyp"},
     # each method with and without the server step against the strongest baselines, one bench per real federation
-    **{table: entry for fed, data, metrics, rounds in (
-        ("retina", "real retina (DRIVE / STARE / CHASE_DB1), native resolution", ["dice_fov@DRIVE"], 20),
-        ("nuclei", "real nuclei (MoNuSeg / TNBC), native resolution", [], 10))
-       for table, entry in server_step_tables(fed, data, metrics, rounds).items()},
+    **{table: entry for fed, data, metrics in (
+        ("retina", "real retina (DRIVE / STARE / CHASE_DB1), native resolution", ["dice_fov@DRIVE"]),
+        ("nuclei", "real nuclei (MoNuSeg / TNBC), native resolution", []))
+       for table, entry in server_step_tables(fed, data, metrics).items()},
     **{f"gpu-check-{part}": {"run": "gpu-check", "render": "gpu-check", "part": part, "title": title}
        for part, title in (("tests", "The CUDA tests on one GPU"),
                            ("engine", "Training throughput on one GPU: the engine against a plain PyTorch loop"),
