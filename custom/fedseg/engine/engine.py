@@ -13,7 +13,7 @@ Local training becomes Opacus DP-SGD, for every method alike (glue in ``privacy.
   ``loss``). Batches are Poisson-sampled (rate ``1 / ceil(N / batch_size)``); each sample's gradient of
   the data term is clipped to ``dp_max_grad_norm``; Gaussian noise of std ``noise_multiplier *
   dp_max_grad_norm`` is added to the sum. The noise multiplier is calibrated once per job
-  (``make_private_with_epsilon``) so that ``total_rounds * local_epochs`` local epochs spend exactly the
+  (``privacy.calibrated_noise_multiplier``, Opacus' search) so that ``total_rounds * local_epochs`` local epochs spend exactly the
   budget ``(dp_target_epsilon, dp_delta)`` (PRV accountant); the accountant spans all rounds (and
   survives a site restart through ``ctx.state_dir``).
 * **Not privatised, and why**: ``objective.parameter_loss(model)``, a term that depends only on the

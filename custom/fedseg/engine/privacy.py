@@ -26,6 +26,7 @@ Design choices:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -36,6 +37,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 from monai.data import DataLoader
 from opacus import PrivacyEngine
+from opacus.accountants.utils import get_noise_multiplier
 from opacus.grad_sample.utils import prepare_module
 from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
@@ -66,6 +68,17 @@ class ImageLabelDataset(Dataset):
         if isinstance(item, list):  # patch mode: one patch per image under DP (SegEngine forces patch_samples=1)
             (item,) = item
         return item["image"], item["label"]
+
+
+@functools.lru_cache(maxsize=64)
+def calibrated_noise_multiplier(target_epsilon: float, delta: float, sample_rate: float, epochs: int, accountant: str
+                                ) -> float:
+    """The smallest noise multiplier with which ``epochs`` epochs at ``sample_rate`` spend at most ``target_epsilon``
+    at ``delta`` (Opacus' ``get_noise_multiplier``). A pure function of its arguments, memoised: its search evaluates
+    the accountant some fifteen times (seconds), and each model a process makes private with the same plan (a site
+    restarted in the same process, a method's second model, a test) needs the same number."""
+    return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta, sample_rate=sample_rate,
+                                      epochs=epochs, accountant=accountant))
 
 
 def _generator(seed: Optional[int], device: torch.device) -> torch.Generator:
@@ -130,13 +143,14 @@ class PrivateTraining:
             generator=_generator(sampling_seed, torch.device("cpu")),
         )
         self.privacy_engine = PrivacyEngine(accountant=accountant, secure_mode=False)
-        hooks, dp_optimizer, dp_loader = self.privacy_engine.make_private_with_epsilon(
+        # what make_private_with_epsilon does, with the calibration memoised
+        noise_multiplier = calibrated_noise_multiplier(
+            self.target_epsilon, self.delta, 1.0 / len(loader), self.epochs, self.privacy_engine.accountant.mechanism())
+        hooks, dp_optimizer, dp_loader = self.privacy_engine.make_private(
             module=model,
             optimizer=optimizer,
             data_loader=loader,
-            target_epsilon=self.target_epsilon,
-            target_delta=self.delta,
-            epochs=self.epochs,
+            noise_multiplier=noise_multiplier,
             max_grad_norm=self.max_grad_norm,
             poisson_sampling=True,
             noise_generator=_generator(noise_seed, device),
