@@ -642,6 +642,35 @@ def test_a_table_of_one_seed_re_aggregates_the_bench_and_accepts_other_seeds_onl
     assert not reproduce.same_but_seeds("fedseg bench --seeds 0 --rounds 10", "fedseg bench --seeds 0 1 2 --rounds 20")
 
 
+def test_a_re_render_after_a_record_changed_shows_the_new_record(reproduce, seg_records, tmp_path):
+    """A bench's aggregation is computed once per process for the same records: a run record changed on disk (same
+    path, other numbers) is aggregated afresh, and the table shows scipy's Wilcoxon of the new per-image values."""
+    runs = {"toy": {"out": "toy", "commands": ["fedseg bench --family fundus --seeds 0 1 2 --out {out}"]}}
+    tables = {"one": {"run": "toy", "render": "accuracy", "seeds": [0], "title": "Seed 0"}}
+    seed0 = [json.loads(json.dumps(r)) for r in seg_records if r["seed"] == 0]
+
+    def delta_cell():
+        lines = [line for line in reproduce.render("one", tmp_path, runs=runs, tables=tables).splitlines()
+                 if line.startswith("|")]
+        return _row(lines, "FedEvi")[next(i for i, h in enumerate(_header(lines)) if h.startswith("Δ Dice"))]
+
+    def expected(records):
+        fedevi, fedavg = (next(r for r in records if r["label"] == label)["per_image"]["global"] for label in ("fedevi", "fedavg"))
+        x, y = (np.array(v) for v in zip(*[(a["dice"], b["dice"]) for s in SITES for a, b in zip(fedevi[s], fedavg[s])]))
+        return f"{np.mean(x - y):+.3f} ({_fmt_p(sps.wilcoxon(x, y).pvalue)})"
+
+    _store_bench(tmp_path, "toy", seed0, "fedseg bench --family fundus --seeds 0 --out elsewhere")
+    before = delta_cell()
+    assert before == expected(seed0) and delta_cell() == before
+    fedevi = next(r for r in seed0 if r["label"] == "fedevi")
+    for rows in fedevi["per_image"]["global"].values():
+        for row in rows:
+            row["dice"] = min(1.0, row["dice"] + 0.2)
+    (tmp_path / "toy" / "runs" / f"{fedevi['id']}.json").write_text(json.dumps(fedevi))
+    after = delta_cell()
+    assert after == expected(seed0) and after != before
+
+
 def test_a_table_with_another_baseline_re_aggregates_every_seed_against_it(reproduce, seg_records, tmp_path):
     """``"baseline": "fedevi"``: each Δ is against FedEvi of the same seed (scipy's Wilcoxon over the pooled image
     pairs, and the per-seed site means from the records); FedAvg becomes a compared row; an unknown label is refused."""
