@@ -395,6 +395,11 @@ def same_but_seeds(stored: Optional[str], expected: str) -> bool:
 HEADER_FIELDS = ("benchmark", "date", "command", "code_version", "machine", "budget", "spatial", "site_datalists", "data")
 
 
+#: :func:`select_seeds`' aggregations by the digest of everything they are computed from (run records, sites, header,
+#: baseline): a page check renders one bench in several tables, each of its paired tests is computed once per process
+_REBUILT: Dict[str, Dict[str, Any]] = {}
+
+
 def select_seeds(results: Dict[str, Any], seeds: Sequence[int], baseline: Optional[str] = None) -> Dict[str, Any]:
     """``results`` rebuilt from the bench's stored run records of ``seeds`` only (``runs/<id>.json`` in its output
     folder): the same aggregation (:func:`fedseg.bench.report.build_results`) over fewer seeds, and with ``baseline``
@@ -425,18 +430,14 @@ def select_seeds(results: Dict[str, Any], seeds: Sequence[int], baseline: Option
     header = {k: results[k] for k in HEADER_FIELDS if k in results}
     header.update(seeds=sorted(int(s) for s in seeds), run_code_versions=run_code_versions(records),
                   runs={r["id"]: str(folder / f"{r['id']}.json") for r in records})
-    baseline = baseline or results.get("baseline")
-    key = hashlib.sha256(json.dumps([texts, list(results["sites"]), header, baseline], sort_keys=True).encode()).hexdigest()
+    sites, baseline = list(results["sites"]), baseline or results.get("baseline")
+    key = hashlib.sha256(json.dumps([texts, sites, header, baseline], sort_keys=True).encode()).hexdigest()
     if key not in _REBUILT:
-        _REBUILT[key] = build_results(records, list(results["sites"]), header, baseline=baseline)
+        _REBUILT[key] = build_results(records, sites, header, baseline=baseline)
     rebuilt = copy.deepcopy(_REBUILT[key])
     rebuilt.update({k: v for k, v in results.items() if k.startswith("_")}, _seeds_of=ran)
     return rebuilt
 
-
-#: :func:`select_seeds`' aggregations by the digest of everything they are computed from (run records, sites, header,
-#: baseline): a page check renders one bench in several tables, each of its paired tests is computed once per process
-_REBUILT: Dict[str, Dict[str, Any]] = {}
 
 
 # ------------------------------------------------------------------------------------------ loading

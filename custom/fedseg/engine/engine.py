@@ -13,9 +13,9 @@ Local training becomes Opacus DP-SGD, for every method alike (glue in ``privacy.
   ``loss``). Batches are Poisson-sampled (rate ``1 / ceil(N / batch_size)``); each sample's gradient of
   the data term is clipped to ``dp_max_grad_norm``; Gaussian noise of std ``noise_multiplier *
   dp_max_grad_norm`` is added to the sum. The noise multiplier is calibrated once per job
-  (``privacy.calibrated_noise_multiplier``, Opacus' search) so that ``total_rounds * local_epochs`` local epochs spend exactly the
-  budget ``(dp_target_epsilon, dp_delta)`` (PRV accountant); the accountant spans all rounds (and
-  survives a site restart through ``ctx.state_dir``).
+  (``privacy.calibrated_noise_multiplier``, Opacus' search) so that ``total_rounds * local_epochs``
+  local epochs spend exactly the budget ``(dp_target_epsilon, dp_delta)`` (PRV accountant); the
+  accountant spans all rounds (and survives a site restart through ``ctx.state_dir``).
 * **Not privatised, and why**: ``objective.parameter_loss(model)``, a term that depends only on the
   current weights and on information the server sent (GraphFedSeg's similarity regulariser). It reads
   no training record, so its exact gradient is added *after* clipping and noise — post-processing, no
