@@ -7,10 +7,12 @@ Two CPU ranks (gloo, spawned here as torchrun would start them) against one rank
   float64. Not because the two paths do different maths: with two ranks a gradient is the gloo all-reduce of two
   one-image gradients, with one rank the batched backward sums the same terms in another order. In float32 the
   rounding of that order (~1e-5 in the activations after a few instance norms) decides, now and then, on which side
-  of a ReLU's kink a pre-activation close to zero falls (measured: 9e-7 in a deep decoder unit at the 4th step), and
-  one such flip moved the round's parameters by 1 % of its update. Whether a run meets a flip depends on the CPU's
-  kernels, so no float32 tolerance both holds everywhere and still sees a lost share of the regulariser (3 % of the
-  update). In float64 the rounding is ~1e-14, a flip is out of reach and the two paths agree to ~1e-16.
+  of a ReLU's kink a pre-activation close to zero falls. Seen once on a 2-core AMD EPYC, by re-computing the 1-rank
+  run's 4th step in float64 (a diagnosis, not a check of this suite): a deep decoder unit at 9e-7 flipped, the
+  step's gradient was 1.7 % off, and the round's parameters ended 1.1e-4 apart (1 % of its update). Whether a run
+  meets a flip depends on the CPU's kernels, so no float32 tolerance both holds everywhere and still sees a lost
+  share of the regulariser (~3 % of the update). In float64 the rounding is ~1e-14, a flip is out of reach and the
+  two paths agree to ~1e-16.
   The round uses SGD (lr 0.01, 2 epochs, 8 steps): Adam divides by the gradient's running magnitude, so on
   parameters whose gradient is zero up to rounding (conv biases ahead of instance norm, which removes any
   per-channel constant) it turns rounding noise into steps of +-lr that differ with the summation order. The tiny
