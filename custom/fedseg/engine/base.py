@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 from monai.data import DataLoader
@@ -173,11 +173,24 @@ class LocalEngine(ABC):
         workers = int(self.train_config.get("num_workers") or 0) if train else 0
         if workers < 0:
             raise ValueError(f"train_config['num_workers'] must be >= 0, got {workers}")
-        return DataLoader(
+        # MONAI's DataLoader (num_workers 0) seeds the dataset's random transforms from the generator, then resets the
+        # generator to its initial seed: every round would replay the first round's orders. Keep its seed draw, undo
+        # the reset, so each round continues the one stream
+        state = self._shuffle_generator.get_state()
+        loader = DataLoader(
             dataset, batch_size=batch_size, shuffle=shuffle and sampler is None, sampler=sampler, num_workers=workers,
             generator=self._shuffle_generator,
             pin_memory=self.device.type == "cuda", persistent_workers=workers > 0, drop_last=train and self.drop_last,
         )
+        if workers == 0:
+            self._shuffle_generator.set_state(state)
+            torch.empty((), dtype=torch.int64).random_(generator=self._shuffle_generator)
+        return loader
+
+    def training_batches(self):
+        """What one epoch of local training iterates: the training loader (shuffled); an engine may hand batches
+        held on the device instead (``SegEngine``: ``fedseg.engine.resident``)."""
+        return self.loader("training", shuffle=True, train=True)
 
     def autocast_dtype(self) -> Optional[torch.dtype]:
         """The mixed-precision dtype of training (``train_config["amp"]``: None, "bfloat16" or "float16").
@@ -251,7 +264,7 @@ class LocalEngine(ABC):
         trains on its share of every global batch in ``DistributedDataParallel`` (``fedseg.engine.distributed``);
         ``train_loss`` is then the mean over the ranks."""
         if self.ranks is None:
-            return self._epochs(model, objective, ctx, optimizer, epochs, self.loader("training", shuffle=True, train=True))
+            return self._epochs(model, objective, ctx, optimizer, epochs, self.training_batches())
         return self._lead_rank_epochs(model, objective, ctx, optimizer, epochs)
 
     def _lead_rank_epochs(
@@ -313,16 +326,31 @@ class LocalEngine(ABC):
         (a DDP wrapper of ``model``), else :meth:`forward`."""
         from monai.engines import SupervisedTrainer
 
-        losses = []
+        losses: List[torch.Tensor] = []
         amp = self.autocast_dtype()
         # float16 gradients underflow without loss scaling; bfloat16 has float32's range and needs none
         scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
+        layout = self.memory_format()
+        # the loss is read back once per epoch, not per step: a per-step read makes the host wait for the device
+        # every step, and a device that finishes one step before the host has queued the next idles
+        checked = [0]
+
+        def check_losses() -> None:
+            if len(losses) > checked[0]:
+                recent = torch.stack(losses[checked[0]:])
+                checked[0] = len(losses)
+                if not bool(torch.isfinite(recent).all()):
+                    bad = float(recent[~torch.isfinite(recent)][0])
+                    raise FloatingPointError(f"{self.site}: non-finite training loss {bad} at round {ctx.round}")
 
         def iteration(engine: SupervisedTrainer, batch: Dict[str, torch.Tensor]) -> Dict[str, Any]:
             labels = self.batch_labels(batch)
             # patch mode: each patch carries its whole image's channel statistics (ChannelStatisticsd)
-            source = (batch["image_mean"], batch["image_std"]) if "image_mean" in batch else None
-            inputs = objective.prepare_inputs(batch["image"].to(self.device, non_blocking=True), labels, source)
+            source = (batch["image_mean"].to(self.device), batch["image_std"].to(self.device)) if "image_mean" in batch else None
+            images = batch["image"].to(self.device, non_blocking=True)
+            if layout is not None:
+                images = images.contiguous(memory_format=layout)
+            inputs = objective.prepare_inputs(images, labels, source)
             model.train()
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast(device_type=self.device.type, dtype=amp or torch.float32, enabled=amp is not None):
@@ -331,7 +359,7 @@ class LocalEngine(ABC):
                 else:
                     logits, features = network(inputs, objective.needs_features)
                 loss = objective.loss(BatchOutput(inputs, labels, logits, features, epoch=engine.state.epoch - 1))
-            if not torch.isfinite(loss):
+            if self.device.type == "cpu" and not torch.isfinite(loss):  # on the CPU reading it costs nothing
                 raise FloatingPointError(f"{self.site}: non-finite training loss {loss.item()} at round {ctx.round}")
             if scaler is not None:
                 scaler.scale(loss).backward()
@@ -341,7 +369,7 @@ class LocalEngine(ABC):
                 loss.backward()
                 optimizer.step()
             objective.after_step(model, optimizer)  # e.g. SCAFFOLD's control-variate correction
-            losses.append(float(loss.detach()))
+            losses.append(loss.detach())
             return {"loss": losses[-1]}
 
         trainer = SupervisedTrainer(
@@ -354,5 +382,21 @@ class LocalEngine(ABC):
             iteration_update=iteration,
             amp=False,
         )
-        trainer.run()
-        return {"train_loss": float(sum(losses) / max(len(losses), 1)), "steps": float(len(losses))}
+        from ignite.engine import Events
+
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda _: check_losses())
+        if layout is not None:
+            model.to(memory_format=layout)
+        try:
+            trainer.run()
+        finally:
+            if layout is not None:
+                model.to(memory_format=torch.contiguous_format)
+        check_losses()
+        mean = float(torch.stack(losses).float().mean()) if losses else 0.0
+        return {"train_loss": mean, "steps": float(len(losses))}
+
+    def memory_format(self) -> Optional[torch.memory_format]:
+        """``torch.channels_last`` with ``train_config["channels_last"]`` (2-D networks; the network is converted for
+        the epochs only, so weights leave the site and meet other code contiguous), else None."""
+        return torch.channels_last if self.train_config.get("channels_last") else None

@@ -147,6 +147,10 @@ class SegEngine(LocalEngine):
         self._datasets: Dict[Tuple[str, bool], CacheDataset] = {}
         self._grid_shapes: Dict[str, List[Tuple[int, ...]]] = {}
         self._private: Dict[int, "PrivateTraining"] = {}
+        #: the training split held on the device (fedseg.engine.resident); None = not decided yet, False = the loader
+        self._resident: Any = None
+        #: evaluation splits held on the device for batched validation (``batched_dice``); None: not wholly cached
+        self._resident_eval: Dict[str, Any] = {}
 
     def _prepare_volumes(self, site: str) -> None:
         """Volume jobs: every entry's image and label share one geometry and the declared channels (headers only), the
@@ -215,6 +219,27 @@ class SegEngine(LocalEngine):
         decoded with (``label_values``, which ``load_datalist`` puts in every entry of a datalist that declares
         them; absent for class-index and binary masks)."""
         return [{k: e[k] for k in tuple(keys) + (("label_values",) if "label_values" in e else ())} for e in entries]
+
+    def training_batches(self):
+        """One epoch's training batches: held on the device and augmented there (``fedseg.engine.resident``) where
+        the site's training split is wholly cached and its random transforms have a batch form, else the per-sample
+        loader. Decided once per engine; ``train_config["resident_data"] = False`` keeps the loader."""
+        if self._resident is False:
+            return super().training_batches()
+        if self._resident is None:
+            from fedseg.engine.resident import resident_training_data
+
+            dataset = self._dataset("training", True)
+            if self.drop_last and len(dataset) < int(self.train_config.get("batch_size", 4)):
+                return super().training_batches()  # the loader's own check names the problem
+            self._resident = resident_training_data(dataset, self.device, self.train_config, self.num_classes) or False
+            if self._resident is False:
+                return super().training_batches()
+            logger.info("%s: %d training images held on %s (%.0f MB%s), batches augmented there", self.site, self._resident.n,
+                        self._resident.store_device, self._resident.nbytes / 2**20, ", pinned" if self._resident.pinned else "")
+        from fedseg.engine.resident import ResidentLoader
+
+        return ResidentLoader(self._resident, self.shuffle_generator)
 
     def loader(self, split: str, shuffle: bool = False, train: bool = False, batch_size: Optional[int] = None):
         """``train=True``: the training pipeline (random patches in patch mode, augmentation when
@@ -513,8 +538,57 @@ class SegEngine(LocalEngine):
         return (means, rows) if per_image else means
 
     def validation_metrics(self, model: nn.Module) -> Dict[str, float]:
-        """``{"val_dice": mean Dice on the validation split}`` (sent with the trained weights)."""
-        return {"val_dice": self.evaluate(model, "validation", metrics=("dice",), largest_component=False)["dice"]}
+        """``{"val_dice": mean Dice on the validation split}`` (sent with the trained weights): what
+        ``evaluate(model, "validation", ("dice",))`` gives, computed in batches on the device where the split allows it
+        (:meth:`batched_dice`)."""
+        dice = self.batched_dice(model, "validation")
+        if dice is None:
+            dice = self.evaluate(model, "validation", metrics=("dice",), largest_component=False)["dice"]
+        return {"val_dice": dice}
+
+    @torch.no_grad()
+    def batched_dice(self, model: nn.Module, split: str) -> Optional[float]:
+        """Mean foreground Dice of ``model`` over ``split``, as :meth:`evaluate` scores it (scores resized back to each
+        image's own size before the argmax, empty-mask policy of ``fedseg.metrics``), with the images held on the
+        device and predicted ``eval_batch_size`` at a time (default 16). Resize mode, 2-D, a wholly cached split and
+        ``resident_data`` on; else None (the caller evaluates image by image)."""
+        if self.volumes or self.spatial_mode != "resize" or not self.train_config.get("resident_data", True):
+            return None
+        if split not in self._resident_eval:
+            self._resident_eval[split] = self._hold_split(split)
+        held = self._resident_eval[split]
+        if held is None:
+            return None
+        images, labels = held
+        step = max(int(self.train_config.get("eval_batch_size") or 16), 1)
+        meter = SegmentationMetrics(self.num_classes, ("dice",), label_space=self.label_space)
+        was_training = model.training
+        model.eval()
+        try:
+            scores = torch.cat([self.predict(model, images[i:i + step]) for i in range(0, len(images), step)])
+        finally:
+            model.train(was_training)
+        # images whose masks share a size are scored together; the mean over images does not depend on the order
+        for size, (index, truth) in labels.items():
+            pred = resize_scores(scores.index_select(0, index), size).argmax(dim=1, keepdim=True)
+            meter.update(pred, truth)
+        return meter.aggregate()["dice"]
+
+    def _hold_split(self, split: str) -> Optional[Tuple[torch.Tensor, Dict[Tuple[int, ...], Tuple[torch.Tensor, torch.Tensor]]]]:
+        """A wholly cached evaluation split on the device: images ``(N, C, h, w)`` on the network's grid, and its masks
+        grouped by size ``{(H, W): (image indices, masks (n, 1, H, W))}``; None when it is not wholly cached."""
+        dataset = self._dataset(split, False)
+        if len(dataset) == 0 or dataset.cache_num < len(dataset.data):
+            return None
+        items = [dataset[i] for i in range(len(dataset))]
+        images = torch.stack([plain(it["image"]).float() for it in items]).to(self.device)
+        groups: Dict[Tuple[int, ...], List[int]] = {}
+        for i, it in enumerate(items):
+            groups.setdefault(tuple(int(x) for x in it["label"].shape[1:]), []).append(i)
+        labels = {size: (torch.tensor(index, device=self.device),
+                         torch.stack([plain(items[i]["label"]).float() for i in index]).to(self.device))
+                  for size, index in groups.items()}
+        return images, labels
 
     def save_evaluation_figures(self, model: nn.Module, output_dir: os.PathLike, model_name: str) -> None:
         """Overlay strip (image / truth / prediction) of the test split, for the global model only."""
