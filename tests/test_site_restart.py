@@ -127,7 +127,8 @@ def test_without_the_saved_state_the_restarted_site_would_differ(tmp_path, tiny_
     first = _runner(tmp_path, tiny_datalist)
     for r in range(2):
         _train(first, site_config, r, global_params)
-    (tmp_path / "fedseg_state" / "site-a" / STATE_FILE).unlink()
+    for f in (tmp_path / "fedseg_state" / "site-a").glob(STATE_FILE.format(round="*")):
+        f.unlink()
     out = _train(_runner(tmp_path, tiny_datalist), site_config, 2, global_params)
     assert "state_restored_from_round" not in out["metrics"]
     assert not _same_params(out["params"], reference[2]["params"])
@@ -161,7 +162,7 @@ def test_site_state_is_not_used_by_round_zero_or_another_job(tmp_path):
     assert torch.equal(gen.get_state(), generator.get_state())
     assert state.restore(6, opt, gen) is None  # once per process
     # a damaged file: a warning and a fresh optimiser, not a dead site
-    (tmp_path / STATE_FILE).write_bytes(b"garbage")
+    (tmp_path / STATE_FILE.format(round=4)).write_bytes(b"garbage")
     assert SiteState(tmp_path, job_key("fedavg", {}, {"seed": 0})).restore(5, *fresh()) is None
 
 
@@ -170,11 +171,11 @@ def test_site_state_keeps_the_last_two_rounds(tmp_path):
     state = SiteState(tmp_path, "k")
     for r in (0, 1, 2, 3):
         state.save(r, optimizer, torch.Generator())
-    records = torch.load(tmp_path / STATE_FILE, weights_only=True)["records"]
-    assert sorted(records) == [2, 3]
+    assert state.rounds() == [2, 3]
+    assert [torch.load(state.path(r), weights_only=True)["round"] for r in (2, 3)] == [2, 3]
     # a re-run of round 2 drops the after-state of round 3 (it is about to be redone)
     state.save(2, optimizer, torch.Generator())
-    assert sorted(torch.load(tmp_path / STATE_FILE, weights_only=True)["records"]) == [2]
+    assert state.rounds() == [2]
 
 
 # ------------------------------------------------------------------------- poc_workspace/fault_poc.py

@@ -3,14 +3,14 @@
 What a site keeps between rounds besides the weights the server sends: the optimiser's state (Adam's
 moments and step counts, which the engine keeps per model across rounds) and the generator that
 shuffles its training data. ``SiteState`` writes both into ``<site workspace>/fedseg_state/<site>/``
-(``RoundContext.state_dir``) after every train task, before the result is sent, and a fresh process
-loads them before its first training. Two other pieces of site state already live in the same folder
+(``RoundContext.state_dir``, one file per round) after every train task, before the result is sent, and a fresh
+process loads them before its first training. Two other pieces of site state already live in the same folder
 and are restored by their owners: the DP accountant (``fedseg.engine.privacy``, ``dp_accountant.json``)
 and FedEvi's local model (``fedseg.objectives.fedevi``, ``fedevi_local_model.pt``). The baselines'
 per-site state (SCAFFOLD's control, MOON's and FedCE's previous local model, FedDyn's linear term, Ditto's
 personal model, FedBN's / FedRep's local layers) is kept by :class:`RoundRecords`, with the same rules.
 
-Nothing counted twice. The file holds the state *after* each of the last :data:`KEEP` train tasks,
+Nothing counted twice. The folder holds the state *after* each of the last :data:`KEEP` train tasks,
 keyed by round. A task of round ``r`` restores the newest record of a round ``< r``: when the server
 re-sends a round the site had already trained before a crash (a resumed server redoes the round in
 progress), the site starts from the state before that round, not after it, so that round's Adam steps
@@ -25,16 +25,18 @@ import hashlib
 import logging
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "site_state.pt"
+#: the state after one train task: ``site_state_<round>.pt`` (one file per round, so that a save writes only the
+#: newest state and never reads the others back)
+STATE_FILE = "site_state_{round}.pt"
 #: train tasks whose after-state is kept (the newest and the one before it)
 KEEP = 2
-FORMAT = 1
+FORMAT = 2
 
 
 def job_key(*parts: Any) -> str:
@@ -51,38 +53,54 @@ class SiteState:
     """
 
     def __init__(self, state_dir: os.PathLike, key: str):
-        self.path = Path(state_dir) / STATE_FILE
+        self.folder = Path(state_dir)
         self.key = key
         #: the round whose after-state this process restored (None: fresh start or nothing restored)
         self.restored_round: Optional[int] = None
         self._checked = False
 
-    def _read(self) -> Dict[str, Any]:
-        if not self.path.is_file():
-            return {}
+    def path(self, round_: int) -> Path:
+        """The file of the state after ``round_``'s train task."""
+        return self.folder / STATE_FILE.format(round=int(round_))
+
+    def rounds(self) -> List[int]:
+        """The rounds whose after-state is on disk, oldest first."""
+        found = []
+        for p in self.folder.glob(STATE_FILE.format(round="*")):
+            stem = p.name[len(STATE_FILE.split("{")[0]):-len(".pt")]
+            if stem.isdigit():
+                found.append(int(stem))
+        return sorted(found)
+
+    def _read(self, round_: int) -> Dict[str, Any]:
+        path = self.path(round_)
         try:
-            state = torch.load(self.path, map_location="cpu", weights_only=True)
+            state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # a damaged file must not stop the site: it trains from a fresh optimiser
-            logger.warning("site state %s unreadable (%s): starting from a fresh optimiser", self.path, e)
+            logger.warning("site state %s unreadable (%s): starting from a fresh optimiser", path, e)
             return {}
         if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("key") != self.key:
-            logger.info("site state %s belongs to another job configuration: not used", self.path)
+            logger.info("site state %s belongs to another job configuration: not used", path)
             return {}
         return state
 
     def save(self, round_: int, optimizer: torch.optim.Optimizer, generator: torch.Generator) -> Path:
-        """Record the state after the train task of ``round_`` (atomic replace; keeps the last KEEP rounds)."""
-        records = {int(r): v for r, v in self._read().get("records", {}).items() if int(r) < round_}
-        records[int(round_)] = {"optimizer": optimizer.state_dict(), "generator": generator.get_state()}
-        records = {r: records[r] for r in sorted(records)[-KEEP:]}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
+        """Record the state after the train task of ``round_`` (atomic replace); a re-run of a round drops the states
+        of that round and later ones (about to be redone); the last KEEP rounds are kept."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.path(round_)
+        tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT, "key": self.key, "records": records}, f)
+            torch.save({"format": FORMAT, "key": self.key, "round": int(round_), "optimizer": optimizer.state_dict(),
+                        "generator": generator.get_state()}, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        return self.path
+        os.replace(tmp, path)
+        kept = [r for r in self.rounds() if r < round_][-(KEEP - 1):] + [int(round_)] if KEEP > 1 else [int(round_)]
+        for r in self.rounds():
+            if r not in kept:
+                self.path(r).unlink(missing_ok=True)
+        return path
 
     def restore(self, round_: int, optimizer: torch.optim.Optimizer, generator: torch.Generator) -> Optional[int]:
         """Before the first training of this process: load the newest after-state of a round < ``round_``.
@@ -95,14 +113,17 @@ class SiteState:
         self._checked = True
         if round_ <= 0 or optimizer.state:
             return None
-        earlier = {int(r): v for r, v in self._read().get("records", {}).items() if int(r) < round_}
+        earlier = [r for r in self.rounds() if r < round_]
         if not earlier:
             return None
-        last = max(earlier)
-        optimizer.load_state_dict(earlier[last]["optimizer"])
-        generator.set_state(earlier[last]["generator"])
+        last = earlier[-1]
+        state = self._read(last)
+        if not state:
+            return None
+        optimizer.load_state_dict(state["optimizer"])
+        generator.set_state(state["generator"])
         self.restored_round = last
-        logger.info("site state restored from %s: optimiser and data order after round %d", self.path, last)
+        logger.info("site state restored from %s: optimiser and data order after round %d", self.path(last), last)
         return last
 
 
