@@ -142,6 +142,19 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     "amp": None,
     # DataLoader worker processes feeding training (0 = in the training process); pinned memory on CUDA
     "num_workers": 0,
+    # hold a wholly cached training split where the network runs and augment whole batches there
+    # (fedseg.engine.resident; same per-sample augmentation distributions as the bundle's MONAI transforms), and
+    # validate resize-mode images in batches; False = the per-sample DataLoader path
+    "resident_data": True,
+    # device memory the held training split of one site process may take on a GPU (MiB); beyond it, pinned host memory
+    "device_cache_mb": 4096,
+    # images per forward pass of the batched validation (resident_data)
+    "eval_batch_size": 16,
+    # train 2-D networks in channels-last memory layout (a GPU speed option; same arithmetic, other kernels)
+    "channels_last": False,
+    # how each round's global model is validated for best-round selection (eval_best_val_round): "train_task" = with the
+    # task the sites receive next (one task per round), "task" = an evaluate task of its own after every round
+    "round_validation": "train_task",
     # differential privacy in local training (Opacus DP-SGD); None = off
     "dp_target_epsilon": None,
     "dp_delta": 1e-5,

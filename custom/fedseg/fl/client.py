@@ -39,8 +39,8 @@ from fedseg.engine.site_state import SiteState, job_key
 from fedseg.fl.faults import FAULT_ENV, apply_faults, faults_for
 from fedseg.fl.model_selection import SPLIT_META_KEY, VALIDATION_SPLIT
 from fedseg.fl.payload import from_wire, payload_dtype, to_wire
-from fedseg.fl.protocol import (BASE_STATISTICS, EVALUATE_TASK, META_KEY, SPATIAL_KEY, SPATIAL_MODE_CODES, TRAIN_TASK,
-                                pack_models, unpack_models)
+from fedseg.fl.protocol import (BASE_STATISTICS, EVALUATE_TASK, META_KEY, RECEIVED_PREFIX, SPATIAL_KEY, SPATIAL_MODE_CODES,
+                                TRAIN_TASK, VALIDATE_RECEIVED_KEY, pack_models, unpack_models)
 from fedseg.fl.site_data import resolve_site_datalist
 from fedseg.fl.task_clock import TASK_CLOCK_KEY
 from fedseg.objectives.base import RoundContext, UnknownTaskError
@@ -140,12 +140,23 @@ class SiteRunner:
             models={name: {k: torch.as_tensor(v) for k, v in state.items()} for name, state in extra.items()},
             job_key=self.site_state.key,
         )
+        # the received model's validation score, asked for with the task (one task per round: best-round selection)
+        validation_started = time.perf_counter()
+        received = self._received_validation() if meta.get(VALIDATE_RECEIVED_KEY) else {}
+        validation_seconds = time.perf_counter() - validation_started
         if task == TRAIN_TASK:
-            return self._train(ctx)
-        if task == EVALUATE_TASK:
+            out = self._train(ctx)
+        elif task == EVALUATE_TASK:
             if meta.get(SPLIT_META_KEY) == VALIDATION_SPLIT:  # model selection: the validation metric only
                 return {"params": {}, "metrics": self.engine.validation_metrics(self.model), "meta": {}}
-            return self._evaluate(meta.get("model_name", "global"), ctx.round)
+            out = self._evaluate(meta.get("model_name", "global"), ctx.round)
+        else:
+            out = None
+        if out is not None:
+            out["metrics"].update(received)
+            if received and "compute_time" in out["metrics"]:
+                out["metrics"]["compute_time"] += validation_seconds  # the site's work in this task, validation included
+            return out
         if task in self.objective.weight_tasks:
             weights, models, statistics = self.objective.handle_weight_task(task, ctx, self.model, self.engine)
             params = pack_models(
@@ -156,6 +167,10 @@ class SiteRunner:
             return {"params": params, "metrics": {}, "meta": meta}
         statistics = self.objective.handle_task(task, ctx, self.model, self.engine)  # a statistic task
         return {"params": {}, "metrics": {}, "meta": self._declared(statistics)}
+
+    def _received_validation(self) -> Dict[str, float]:
+        """The engine's validation metrics of the model as received, under ``received_<name>``."""
+        return {RECEIVED_PREFIX + k: float(v) for k, v in self.engine.validation_metrics(self.model).items()}
 
     def _train(self, ctx: RoundContext) -> Dict[str, Any]:
         started = time.perf_counter()

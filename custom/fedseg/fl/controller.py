@@ -24,8 +24,8 @@ from fedseg.fl.checkpoint import load_checkpoint, save_checkpoint
 from fedseg.fl.model_selection import (BEST_VAL_CHECKPOINT, BEST_VAL_MODEL, SPLIT_META_KEY, VALIDATION_SPLIT,
                                        BestValidationRound)
 from fedseg.fl.payload import payload_dtype, to_wire
-from fedseg.fl.protocol import (BASE_STATISTICS, EVALUATE_TASK, META_KEY, SPATIAL_KEY, SPATIAL_MODE_CODES,
-                                SUBMIT_MODEL_TASK, TRAIN_TASK, unpack_models)
+from fedseg.fl.protocol import (BASE_STATISTICS, EVALUATE_TASK, META_KEY, RECEIVED_PREFIX, SPATIAL_KEY, SPATIAL_MODE_CODES,
+                                SUBMIT_MODEL_TASK, TRAIN_TASK, VALIDATE_RECEIVED_KEY, unpack_models)
 from fedseg.fl.report import RunReport
 from fedseg.fl.task_clock import TaskClock
 from fedseg.fl.screening import (
@@ -51,6 +51,11 @@ from fedseg.strategies.base import ClientUpdate, SitePayload
 from fedseg.strategies.registry import build_strategy
 from fedseg.strategies.server_step import ServerStep, server_step_config
 
+
+#: how each round's global model is validated for best-round selection (train_config ``round_validation``): with the
+#: task the sites receive next (the next round's train task; the final evaluation after the last round), or by an
+#: evaluate task of its own after every round
+ROUND_VALIDATION = ("train_task", "task")
 
 #: keys NVFlare's ModelController writes into a result's meta on the server (base_model_controller: the task's
 #: meta as "props", and "client_name"); they are not part of what the site sent
@@ -196,13 +201,25 @@ class FedSegController(ModelController):
             self._clock = TaskClock()
             self._geometry = {}
             payloads = {site: self._strategy.payload(site, round_) for site in clients}
+            # best-round selection: the previous round's global model, which the sites receive now, is validated
+            # with this train task (one task per round) where every site receives exactly that model
+            validates_previous = round_ > 0 and self._awaits_validation(report, round_ - 1)
+            if validates_previous and not self._validates_with_train(payloads):  # a personalised payload: its own task
+                self._offer_round(report, round_ - 1, self._validate_global(clients, round_ - 1), self._strategy.global_params())
+                validates_previous = False
+            if validates_previous:
+                sent_global = self._strategy.global_params()
+                payloads = {s: SitePayload(params=p.params, meta={**p.meta, VALIDATE_RECEIVED_KEY: True}) for s, p in payloads.items()}
             updates = self._exchange(TRAIN_TASK, payloads, round_, reference=self._train_reference)
+            if validates_previous:
+                self._offer_round(report, round_ - 1, received_scores(updates), sent_global)
             self._attach_train_config()  # now with the spatial settings the sites reported
             fields = self._strategy.aggregate_round(
                 round_, updates, lambda task, p, r=round_: self._exchange(task, p, r, require_params=task in self._weight_tasks)
             )
-            if self._selects_best_round():
+            if self._selects_best_round() and not self._validates_later():
                 fields["global_val"] = self._validate_global(clients, round_)
+                self._selection.offer(round_, fields["global_val"], self._strategy.global_params())
             report.add_round(
                 round_,
                 metrics={s: u.metrics for s, u in updates.items()},
@@ -231,6 +248,9 @@ class FedSegController(ModelController):
             self._checkpoint(report, round_)
             self.info(f"round {round_ + 1}/{self.num_rounds} done: {report.round_summary(round_)}")
 
+        last = self.num_rounds - 1
+        if self._awaits_validation(report, last) and not (self.final_evaluation and self._strategy.evaluates_global):
+            self._offer_round(report, last, self._validate_global(clients, last), self._strategy.global_params())
         finished = self._strategy.finish()
         if finished:
             report.final.update(finished)
@@ -247,22 +267,60 @@ class FedSegController(ModelController):
         """Best-validation-round selection is on and applies: the method has a complete global model."""
         return self._selection is not None and self._strategy.has_global_model and self._strategy.evaluates_global
 
+    def _validates_with_train(self, payloads: Dict[str, SitePayload]) -> bool:
+        """Whether this round's train task validates the previous round's global model: selection is on, the job
+        validates with the train task (``train_config["round_validation"]``), and every site receives the global
+        model itself (not a personalised one) as its main weights."""
+        params = self._strategy.global_params()
+        for payload in payloads.values():
+            main, _ = unpack_models(payload.params)
+            if set(main) != set(params) or any(main[k] is not params[k] for k in params):
+                return False
+        return True
+
+    def _validates_later(self) -> bool:
+        """Whether each round's global model is validated by the next task the sites receive (the next round's train
+        task, or the final evaluation after the last round) rather than by an evaluate task of its own
+        (``train_config["round_validation"]``: ``"train_task"``, the default, or ``"task"``)."""
+        mode = self.train_config.get("round_validation", "train_task")
+        if mode not in ROUND_VALIDATION:
+            raise ValueError(f"train_config['round_validation'] must be one of {ROUND_VALIDATION}, got {mode!r}")
+        return mode == "train_task"
+
+    def _awaits_validation(self, report: RunReport, round_: int) -> bool:
+        """Round ``round_``'s global model is still to be validated for the best-round selection."""
+        if not (self._selects_best_round() and self._validates_later()):
+            return False
+        return not any(r["round"] == round_ and "global_val" in r for r in report.rounds)
+
+    def _offer_round(self, report: RunReport, round_: int, scores: Dict[str, float], params) -> None:
+        """Record round ``round_``'s validation scores of its global model (``rounds[].global_val``) and offer the
+        model to the best-round selection."""
+        for entry in report.rounds:
+            if entry["round"] == round_:
+                entry["global_val"] = dict(scores)
+        self._selection.offer(round_, scores, params)
+
     def _validate_global(self, clients: List[str], round_: int) -> Dict[str, float]:
-        """Every site's validation metric of this round's global model (``fedseg.fl.model_selection``); the round
-        is offered to the selection. A site that does not answer is left out of the mean; training goes on."""
+        """Every site's validation metric of the current global model by an evaluate task of its own
+        (``fedseg.fl.model_selection``). A site that does not answer is left out of the mean; training goes on."""
         params = self._strategy.global_params()
         payloads = {s: SitePayload(params=params, meta={"model_name": "global", SPLIT_META_KEY: VALIDATION_SPLIT}) for s in clients}
         results = self._exchange(EVALUATE_TASK, payloads, round_, require_params=False, min_results=0)
-        scores = {s: float(next(iter(u.metrics.values()))) for s, u in sorted(results.items()) if u.metrics}
-        self._selection.offer(round_, scores, params)
-        return scores
+        return {s: float(next(iter(u.metrics.values()))) for s, u in sorted(results.items()) if u.metrics}
 
     def _final_evaluation(self, report: RunReport, clients: List[str]) -> None:
         """``final.global`` (unless the strategy has no complete global model), ``final.global_best_val`` (the best
         validation round's global model, with ``eval_best_val_round``), ``final.personalized`` (models held by
         the strategy, or collected from the sites with ``submit_model``) and ``final.cross_site``."""
         if self._strategy.evaluates_global:
-            report.final["global"] = self._evaluate({s: self._strategy.global_params() for s in clients}, "global")
+            last = self.num_rounds - 1
+            validate = self._awaits_validation(report, last)
+            params = self._strategy.global_params()
+            report.final["global"] = self._evaluate({s: params for s in clients}, "global", validate=validate)
+            if validate:  # the last round's global model: validated with its test evaluation
+                scores = {s: m.pop(k) for s, m in report.final["global"].items() for k in list(m) if k.startswith(RECEIVED_PREFIX)}
+                self._offer_round(report, last, scores, params)
         if self._selects_best_round() and self._selection.params is not None:
             report.final["best_val_round"] = self._selection.best_round
             report.final["best_val_score"] = self._selection.best_score
@@ -420,8 +478,10 @@ class FedSegController(ModelController):
             paths[site] = str(path.relative_to(self.get_run_dir()))
         return paths
 
-    def _evaluate(self, models: Dict[str, Dict[str, torch.Tensor]], model_name: str) -> Dict[str, Dict[str, float]]:
-        payloads = {s: SitePayload(params=p, meta={"model_name": model_name}) for s, p in models.items()}
+    def _evaluate(self, models: Dict[str, Dict[str, torch.Tensor]], model_name: str,
+                  validate: bool = False) -> Dict[str, Dict[str, float]]:
+        meta = {"model_name": model_name, **({VALIDATE_RECEIVED_KEY: True} if validate else {})}
+        payloads = {s: SitePayload(params=p, meta=meta) for s, p in models.items()}
         # personalised models may exist for fewer sites than min_clients (a site that missed the submission)
         minimum = None if model_name in ("global", BEST_VAL_MODEL) else min(self.min_clients, len(models))
         results = self._exchange(EVALUATE_TASK, payloads, self.num_rounds, require_params=False, min_results=minimum)
@@ -489,10 +549,13 @@ class FedSegController(ModelController):
                 self._bytes["sent"] += len(targets) * (payload_bytes(data.params) + payload_bytes(data.meta))
                 sent_at.update(dict.fromkeys(targets, time.time()))  # before the task is serialised and queued
                 self.send_model(task_name, data, targets=targets, timeout=self.task_timeout, callback=on_result)
-        while self.get_num_standing_tasks() > 0:
+        # done when every site has answered: NVFlare retires a finished task only at its next task check
+        # (task_check_period), which would otherwise add up to that period to every task of every round
+        expected = set(payloads)
+        while self.get_num_standing_tasks() > 0 and not expected <= set(answered):
             if self.abort_signal.triggered:
                 raise RuntimeError("job aborted")
-            time.sleep(min(0.05, self.task_check_period))
+            time.sleep(0.005)
         self._clock.add_total(task_name, time.perf_counter() - started)
         # two answers under one name: neither can be trusted to be the site's own
         for site, count in duplicated_sites(answered).items():
@@ -559,6 +622,11 @@ class FedSegController(ModelController):
         if require_params and isinstance(spatial, (list, tuple)) and len(spatial) == 2:
             self._site_spatial[site] = [float(x) for x in spatial]
         return ClientUpdate(site=site, params=params, n_samples=n_samples, metrics=metrics, meta=statistics, models=models)
+
+
+def received_scores(updates: Dict[str, ClientUpdate]) -> Dict[str, float]:
+    """``{site: validation score of the model it received}`` from results that carry one (``received_*``)."""
+    return {s: float(v) for s, u in sorted(updates.items()) for k, v in u.metrics.items() if k.startswith(RECEIVED_PREFIX)}
 
 
 def payload_bytes(value: Any) -> int:

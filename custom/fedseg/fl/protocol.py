@@ -19,6 +19,13 @@ SPATIAL_MODE_CODES = {"resize": 0.0, "patch": 1.0, "slices": 2.0}
 #: :data:`SPATIAL_KEY`
 BASE_STATISTICS = ("n_samples", "round", SPATIAL_KEY)
 
+#: task meta key asking a site to score the model it receives on its validation split before it trains (train task)
+#: or tests it (evaluate task): the round's global model is then validated with the next round's train task instead
+#: of by a task of its own (``fedseg.fl.model_selection``)
+VALIDATE_RECEIVED_KEY = "validate_received"
+#: prefix of that score in the result's metrics: ``received_val_dice`` (or ``received_val_accuracy``)
+RECEIVED_PREFIX = "received_"
+
 #: key prefix of the extra models a task carries besides the main weights (FedEFM's overseas experts
 #: and neighbours): ``"__model__/<name>/<parameter>"``
 EXTRA_MODEL_PREFIX = "__model__/"

@@ -59,8 +59,9 @@ class SiteScript:
         return {}
 
 
-#: seconds a site waits before asking the server for its next task
-TASK_REQUEST_INTERVAL = 0.2
+#: seconds a site waits before asking the server for its next task: a task waits at the server for half of it on
+#: average before a site picks it up (a few small messages a second per idle site; NVFlare's own default is 2 s)
+TASK_REQUEST_INTERVAL = 0.05
 
 #: recipe options that configure the job rather than training (everything else is a train_config override)
 JOB_OPTIONS = (
@@ -107,8 +108,8 @@ class FedSegRecipe(Recipe):
         checkpoint_dir: absolute folder for the server's ``round_checkpoint.pt`` (None: the run directory);
             a job re-submitted with the same folder resumes after the last completed round.
         task_request_interval: seconds an idle site waits before asking the server for a task again (NVFlare's
-            server setting, default here 0.2; 0.05 trims ~0.05 s off every task at 4x the idle polling,
-            benchmarks/framework_overhead.py).
+            server setting, default here 0.05: a task waits half of it on average before a site picks it up; a
+            production deployment with many sites may raise it, benchmarks/framework_overhead.py).
         server_optimizer: a server step on the global model the method's aggregation produces
             (``fedseg.strategies.server_step``): "none" (default: the method as published), "sgd-momentum"
             (FedAvgM's heavy ball) or "adam" (FedAdam's); with ``server_lr`` (1.0), ``server_momentum`` (0.6),
