@@ -17,7 +17,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from benchmarks.core.records import RECORDS_ROOT, REPO, ROOT_TOKEN, record_output, sanitise
 from benchmarks.core.registry import MissingOutput, ReproduceError, commands, output_path, result_path
@@ -124,6 +124,47 @@ HEADER_FIELDS = ("benchmark", "date", "command", "code_version", "machine", "bud
 _REBUILT: Dict[str, Dict[str, Any]] = {}
 
 
+def run_records(results: Mapping[str, Any]) -> List[Tuple[str, Dict[str, Any]]]:
+    """``(text, record)`` of every stored run record of a bench (``runs/<id>.json`` in its output folder).
+
+    Raises:
+        ReproduceError: a run record the bench lists is missing.
+    """
+    folder = Path(results["_output_dir"]) / "runs"
+    ids = list(results["runs"]) if results.get("runs") else sorted(p.stem for p in folder.glob("*.json"))
+    out = []
+    for run_id in ids:
+        path = folder / f"{run_id}.json"
+        if not path.is_file():
+            raise ReproduceError(f"the bench's run record {path} is missing")
+        text = path.read_text()
+        out.append((text, json.loads(text)))
+    return out
+
+
+def _rebuild(results: Mapping[str, Any], texts: List[str], records: List[Dict[str, Any]], seeds: Sequence[int],
+             baseline: Optional[str], folders: Sequence[Path]) -> Dict[str, Any]:
+    """``results`` aggregated again (:func:`fedseg.bench.report.build_results`) from ``records``, with its header."""
+    from fedseg.bench.bench import run_code_versions
+    from fedseg.bench.report import build_results
+
+    header = {k: results[k] for k in HEADER_FIELDS if k in results}
+    where: Dict[str, str] = {}  # each run's record: in the first folder that holds it
+    for folder in folders:
+        for r in records:
+            if r["id"] not in where and (Path(folder) / "runs" / f"{r['id']}.json").is_file():
+                where[r["id"]] = str(Path(folder) / "runs" / f"{r['id']}.json")
+    header.update(seeds=sorted(int(s) for s in seeds), run_code_versions=run_code_versions(records),
+                  runs={r["id"]: where.get(r["id"], r["id"]) for r in records})
+    sites, baseline = list(results["sites"]), baseline or results.get("baseline")
+    key = hashlib.sha256(json.dumps([texts, sites, header, baseline], sort_keys=True).encode()).hexdigest()
+    if key not in _REBUILT:
+        _REBUILT[key] = build_results(records, sites, header, baseline=baseline)
+    rebuilt = copy.deepcopy(_REBUILT[key])
+    rebuilt.update({k: v for k, v in results.items() if k.startswith("_")}, _seeds_of=[int(s) for s in results.get("seeds") or []])
+    return rebuilt
+
+
 def select_seeds(results: Dict[str, Any], seeds: Sequence[int], baseline: Optional[str] = None) -> Dict[str, Any]:
     """``results`` rebuilt from the bench's stored run records of ``seeds`` only (``runs/<id>.json`` in its output
     folder): the same aggregation (:func:`fedseg.bench.report.build_results`) over fewer seeds, and with ``baseline``
@@ -133,34 +174,46 @@ def select_seeds(results: Dict[str, Any], seeds: Sequence[int], baseline: Option
     Raises:
         ReproduceError: a seed the bench did not run, or a run record missing.
     """
-    from fedseg.bench.bench import run_code_versions
-    from fedseg.bench.report import build_results
-
     ran = [int(s) for s in results.get("seeds") or []]
     missing = [s for s in seeds if int(s) not in ran]
     if missing:
         raise ReproduceError(f"seed(s) {missing} not in the bench's seeds {ran}")
-    folder = Path(results["_output_dir"]) / "runs"
-    ids = list(results["runs"]) if results.get("runs") else sorted(p.stem for p in folder.glob("*.json"))
-    records, texts = [], []
-    for run_id in ids:
-        path = folder / f"{run_id}.json"
-        if not path.is_file():
-            raise ReproduceError(f"the bench's run record {path} is missing")
-        texts.append(path.read_text())
-        record = json.loads(texts[-1])
-        if int(record["seed"]) in {int(s) for s in seeds}:
-            records.append(record)
-    header = {k: results[k] for k in HEADER_FIELDS if k in results}
-    header.update(seeds=sorted(int(s) for s in seeds), run_code_versions=run_code_versions(records),
-                  runs={r["id"]: str(folder / f"{r['id']}.json") for r in records})
-    sites, baseline = list(results["sites"]), baseline or results.get("baseline")
-    key = hashlib.sha256(json.dumps([texts, sites, header, baseline], sort_keys=True).encode()).hexdigest()
-    if key not in _REBUILT:
-        _REBUILT[key] = build_results(records, sites, header, baseline=baseline)
-    rebuilt = copy.deepcopy(_REBUILT[key])
-    rebuilt.update({k: v for k, v in results.items() if k.startswith("_")}, _seeds_of=ran)
-    return rebuilt
+    stored = run_records(results)
+    chosen = [r for _, r in stored if int(r["seed"]) in {int(s) for s in seeds}]
+    return _rebuild(results, [t for t, _ in stored], chosen, seeds, baseline, [Path(results["_output_dir"])])
+
+
+def merge_benches(results: Dict[str, Any], others: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """One bench of ``results``' runs and every approach of ``others`` it lacks, aggregated together against its
+    baseline (paired tests, ranking, timings): benches that reused its baseline runs (``fedseg bench --reuse``), so
+    that an approach of another bench is compared on the same images with the same FedAvg runs.
+
+    Raises:
+        ReproduceError: another bench without the baseline, or whose run of some approach and seed differs from this
+            bench's (not the same runs), or a run record missing.
+    """
+    base = results.get("baseline")
+    stored = run_records(results)
+    records = [r for _, r in stored]
+    texts = [t for t, _ in stored]
+    held = {(r["label"], int(r["seed"])): r for r in records}
+    for other in others:
+        theirs = run_records(other)
+        if not any(r["label"] == base for _, r in theirs):
+            raise ReproduceError(f"{other['_output_dir']} has no {base!r} runs to pair with")
+        for text, r in theirs:
+            key = (r["label"], int(r["seed"]))
+            if key in held:
+                if held[key].get("final") != r.get("final") or held[key].get("per_image") != r.get("per_image"):
+                    raise ReproduceError(f"{other['_output_dir']}: its {r['label']!r} run of seed {r['seed']} is not "
+                                         f"the one of {results['_output_dir']} (benches merged must share their runs: --reuse)")
+                continue
+            if int(r["seed"]) in {int(s) for s in results.get("seeds") or []}:
+                held[key] = r
+                records.append(r)
+                texts.append(text)
+    folders = [Path(results["_output_dir"])] + [Path(o["_output_dir"]) for o in others]
+    return _rebuild(results, texts, records, results.get("seeds") or [], base, folders)
 
 
 def load_output(run_id: str, root: Path, runs: Mapping[str, Mapping[str, Any]], ignore_command: bool = False,

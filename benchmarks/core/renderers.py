@@ -21,7 +21,7 @@ import posixpath
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from benchmarks.core.outputs import load_output
+from benchmarks.core.outputs import load_output, merge_benches
 from benchmarks.core.registry import MissingOutput, ReproduceError, run_ids
 from benchmarks.core.runs import load_runs, median_round_wall, per_image
 
@@ -124,38 +124,14 @@ def page_link(table: Mapping[str, Any], source: Mapping[str, Any], link: Optiona
     return posixpath.relpath(source["page"], posixpath.dirname(table["page"]) or ".")
 
 
-def _same_baseline(results: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
-    """Both benches' baselines are the same runs: the same label and the same final scores in every seed."""
-    base = results.get("baseline")
-    return (base == other.get("baseline") and base in other.get("approaches", {})
-            and results["approaches"][base]["final_by_seed"] == other["approaches"][base]["final_by_seed"])
-
-
-def _with_baselines_of(results: Dict[str, Any], others: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
-    """``results`` with every other bench's approaches it lacks (their entries, paired tests and timings: each against
-    the same baseline runs), for the glance's "best baseline" row."""
-    merged = dict(results)
-    for key in ("approaches", "comparisons", "timing"):
-        merged[key] = dict(results.get(key) or {})
-    for other in others:
-        for name, entry in other["approaches"].items():
-            if name in merged["approaches"]:
-                continue
-            merged["approaches"][name] = entry
-            if name in (other.get("comparisons") or {}):
-                merged["comparisons"][name] = other["comparisons"][name]
-            if entry.get("label") in (other.get("timing") or {}):
-                merged["timing"][entry["label"]] = other["timing"][entry["label"]]
-    return merged
-
-
 def _glance_sources(table_id: str, table: Mapping[str, Any], root: Path, tables: Mapping[str, Mapping[str, Any]],
                     runs: Mapping[str, Mapping[str, Any]], ignore_command: bool):
-    """Per source table of ``table["from"]`` whose output exists: ``(source id, its entry, its results with the
-    baselines of its ``baselines_from`` benches, its ranking or None)``; and the sources with no output yet.
+    """Per source table of ``table["from"]`` whose output exists: ``(source id, its entry, its results, its ranking
+    or None)``, the results and ranking over the source's bench and its ``baselines_from`` benches together
+    (:func:`benchmarks.core.outputs.merge_benches`); and the tables with no output yet.
 
     Raises:
-        ReproduceError: a ``baselines_from`` bench whose baseline runs are not the source's.
+        ReproduceError: a ``baselines_from`` bench that does not share the source's baseline runs.
     """
     found, missing = [], []
     for source in table["from"]:
@@ -172,15 +148,16 @@ def _glance_sources(table_id: str, table: Mapping[str, Any], root: Path, tables:
         others = []
         for extra in src.get("baselines_from", []):
             try:
-                other = load_output(run_ids(tables[extra])[0], root, runs, ignore_command)
+                others.append(load_output(run_ids(tables[extra])[0], root, runs, ignore_command))
             except MissingOutput:
                 missing.append(extra)
-                continue
-            if not _same_baseline(results, other):
-                raise ReproduceError(f"table {table_id!r}: {extra!r} is not paired with {source!r}: its baseline runs "
-                                     f"differ (a bench of more baselines reuses the source's FedAvg runs: --reuse)")
-            others.append(other)
-        found.append((source, src, _with_baselines_of(results, others) if others else results, ranked))
+        if others:  # one bench of the source's runs and the others' approaches, ranked together
+            try:
+                results = ranked = merge_benches(results, others)
+            except ReproduceError as e:
+                raise ReproduceError(f"table {table_id!r}: {', '.join(src['baselines_from'])} cannot be paired with "
+                                     f"{source!r}: {e}") from None
+        found.append((source, src, results, ranked))
     if not found:
         raise MissingOutput(f"table {table_id!r}: none of its source tables has an output yet: {', '.join(table['from'])}")
     return found, missing
