@@ -196,3 +196,59 @@ def test_volume_engine_trains_and_evaluates_on_cuda(tmp_path):
         cpu_metrics = cpu_engine.evaluate(cpu_model, "test")
         assert "hd95_mm" in gpu_metrics and math.isfinite(gpu_metrics["dice"]), (mode, gpu_metrics)
         assert gpu_metrics["dice"] == pytest.approx(cpu_metrics["dice"], abs=0.02), mode
+
+
+def test_resident_batches_are_built_and_augmented_on_the_gpu(tiny_datalist, tiny_train_config):
+    """The training split held on the GPU: batches come out there, each sample a flip / turn of its source (the
+    augmentation's draws on a CUDA generator), and a round trains on them."""
+    import itertools
+
+    from fedseg.engine.resident import ResidentLoader
+
+    engine = _engine(tiny_datalist, {**tiny_train_config, "augment": True, "augment_level": "basic"}, CUDA)
+    batches = engine.training_batches()
+    assert isinstance(batches, ResidentLoader) and batches.data.store_device.type == "cuda"
+    sources = [torch.as_tensor(it["image"]).float().to(CUDA) for it in engine._dataset("training", True)._cache]
+    for batch in batches:
+        assert batch["image"].device.type == "cuda" and batch["label"].device.type == "cuda"
+        for image in batch["image"]:
+            found = False
+            for src, (f0, f1, k) in itertools.product(sources, itertools.product((0, 1), (0, 1), range(4))):
+                y = src.flip(1) if f0 else src
+                y = torch.rot90(y.flip(2) if f1 else y, k, (1, 2))
+                found = found or torch.equal(y, image)
+            assert found
+    metrics = engine.train(engine.build_network(), ClientObjective(), RoundContext("site-a", 0, 1))
+    assert math.isfinite(metrics["train_loss"]) and metrics["steps"] > 0
+
+
+def test_resident_patches_and_pinned_host_store_on_the_gpu(tiny_datalist, tiny_train_config):
+    """Patch mode on the GPU, and a split over device_cache_mb kept in pinned host memory: batches still arrive on
+    the GPU and train."""
+    for overrides in ({"spatial_mode": "patch"}, {"device_cache_mb": 0}):
+        engine = _engine(tiny_datalist, {**tiny_train_config, **overrides}, CUDA)
+        data = engine.training_batches().data
+        assert data.pinned == ("device_cache_mb" in overrides)
+        batch = next(iter(engine.training_batches()))
+        assert all(v.device.type == "cuda" for v in batch.values())
+        metrics = engine.train(engine.build_network(), ClientObjective(), RoundContext("site-a", 0, 1))
+        assert math.isfinite(metrics["train_loss"]), overrides
+
+
+def test_batched_validation_on_the_gpu_equals_image_by_image(tiny_datalist, tiny_train_config):
+    engine = _engine(tiny_datalist, tiny_train_config, CUDA)
+    model = engine.build_network()
+    engine.train(model, ClientObjective(), RoundContext("site-a", 0, 1))
+    batched = engine.validation_metrics(model)["val_dice"]
+    one_by_one = engine.evaluate(model, "validation", metrics=("dice",), largest_component=False)["dice"]
+    assert abs(batched - one_by_one) < 1e-3  # batch size changes cuDNN's algorithms: rounding, rarely an argmax
+
+
+def test_bfloat16_channels_last_round_on_the_gpu(tiny_datalist, tiny_train_config):
+    """The speed options together: bfloat16 autocast and channels-last layout train, and the weights leave the round
+    contiguous and float32."""
+    engine = _engine(tiny_datalist, {**tiny_train_config, "amp": "bfloat16", "channels_last": True}, CUDA)
+    model = engine.build_network()
+    metrics = engine.train(model, ClientObjective(), RoundContext("site-a", 0, 1))
+    assert math.isfinite(metrics["train_loss"])
+    assert all(v.is_contiguous() and v.dtype == torch.float32 for v in model.state_dict().values() if v.is_floating_point())

@@ -7,21 +7,26 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from benchmarks.cost.render import render_multiclass_cost
+from benchmarks.cost.render import render_multiclass_cost, render_round_limit
 from benchmarks.server_step.registry import SERVER_STEP_ROUNDS
 
 PAGE = "docs/results/cost.md"
 
-RUNS: Dict[str, Dict[str, Any]] = {}
+RUNS: Dict[str, Dict[str, Any]] = {
+    "round-limit-cpu": {"out": "round_limit_cpu", "result": "round_limit.json",
+                        "commands": ["python benchmarks/cost/round_limit.py --out {out} --methods fedavg fedevi --rounds 10"]},
+}
 
 TABLES: Dict[str, Dict[str, Any]] = {
     "fundus-cost": {"run": "fundus", "render": "cost", "title": "Cost on the built-in fundus family, 3 sites"},
     "polyp-cost": {"run": "polyp", "render": "cost", "title": "Cost on the built-in polyp family, 3 sites"},
     "retina-cost": {"run": "fedevi-protocol-retina-base", "render": "cost",
                     "title": "Cost on the real retina federation at native resolution (20 rounds)"},
+    "round-limit-cpu": {"run": "round-limit-cpu", "render": "round-limit",
+                        "title": "A round against the device's pace on this 2-core CPU: built-in polyp, 3 sites, default profile"},
     **{f"{fed}-server-step-cost": {"run": f"{fed}-server-step", "render": "cost",
                                    "title": f"Cost of the server step on the real {fed} federation ({rounds} rounds)"}
        for fed, rounds in SERVER_STEP_ROUNDS.items()},
 }
 
-RENDERERS = {"multiclass-cost": render_multiclass_cost}
+RENDERERS = {"multiclass-cost": render_multiclass_cost, "round-limit": render_round_limit}

@@ -31,3 +31,42 @@ def render_multiclass_cost(table_id: str, table: Mapping[str, Any], outputs: Seq
             f"{engine.get('repeats', '?')} interleaved repeats on site {engine.get('site', '?')}, "
             f"{engine.get('threads', '?')} torch thread. {remake(table_id)}{stale(data)}")
     return [caption(data, table["title"], note), "", *lines]
+
+
+def round_limit_rows(record: Mapping[str, Any]) -> List[str]:
+    """``benchmarks/cost/round_limit.py``'s record as table rows (header included)."""
+    lines = ["| method | tasks per round | round 0 (s) | median round (s) | slowest site's compute in the round (s) | limit (s) "
+             "| round / limit | shared limit (s) | round / shared limit | round vs FedAvg |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, row in record["methods"].items():
+        lim = row["limit"]
+        shared = lim.get("shared_limit_s")
+        compute = row.get("slowest_site_compute_s")
+        lines.append(
+            f"| {label} | {row['tasks_per_round']:g} | {row['round0_s']:.1f} | {row['median_round_s']:.2f} | "
+            f"{'-' if compute is None else f'{compute:.2f}'} | {lim['limit_s']:.2f} | {row['ratio_to_limit']:.2f}x | "
+            f"{'-' if shared is None else f'{shared:.2f}'} | "
+            f"{'-' if shared is None else f'{row['ratio_to_shared_limit']:.2f}x'} | {row.get('round_ratio_to_fedavg', 1.0):.2f}x |")
+    return lines
+
+
+#: what a round-limit table's columns mean
+ROUND_LIMIT_NOTE = (
+    "Median round = over rounds 1.. of one `fedseg bench` run per method (NVFlare's simulator, one process per site); "
+    "round 0 holds the sites' start-up (each site process imports torch and MONAI). Limit = the slowest site alone: its "
+    "round's training steps in a plain PyTorch loop over the same batches already resident on the device, plus its "
+    "validation forward pass. Shared limit = every site's plain loop at once, one process per site as the simulator "
+    "runs them: the floor of a round whose sites share the machine.")
+
+
+def render_round_limit(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
+    """``benchmarks/cost/round_limit.py``'s JSON: per method its round against the device's limit."""
+    from fedseg.bench.tables import caption
+
+    data = outputs[0]
+    split = "; ".join(
+        f"{label}: " + ", ".join(f"{task} {t['deliver']:.2f} / {t['site']:.2f} / {t['return']:.2f}"
+                                 for task, t in row["task_breakdown"].items())
+        for label, row in data["methods"].items())
+    note = (f"`{data['command']}`, {len(data['sites'])} sites. {ROUND_LIMIT_NOTE} Each task's median deliver / site / "
+            f"return (s): {split}. {remake(table_id)}{stale(data)}")
+    return [caption(data, table["title"], note), "", *round_limit_rows(data)]

@@ -16,6 +16,15 @@ Steps (each bounded in time; a failing step is recorded and the next one still r
 4. A site training as N ranks: one FedAvg round at one site under ``torchrun`` (DDP, ``site_executor=
    "client_api_torchrun"``) with 1 rank, and with N where the machine has N > 1 GPUs; gloo with 2 ranks on CPU.
 
+6. A round against the device's pace: ``benchmarks/cost/round_limit.py`` — FedAvg and FedEvi rounds (FedEvi's ``paper``
+   protocol, 4 built-in polyp sites at 384 px) against the plain-loop limit of the same batches resident on the GPU.
+7. The paper budget: FedEvi and GraphFedSeg, each against FedAvg under its own ``paper`` protocol, 4 built-in polyp
+   sites at 384 px (``--data-profile gpu``), 200 rounds, the two benches at once (:func:`paper_budget_commands`);
+   the wall of the whole, within 8 minutes on an H100 / H200 class GPU.
+
+``--steps`` runs some steps only (a short lease: the tests and the limit in one call, the paper budget in the next);
+the steps a file ``OUT/gpu_check.json`` already holds are kept.
+
 Writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` (device named, date, command, every number) and
 ``OUT/cuda_tests.xml`` (pytest's JUnit report). Exit status: 0 when every step ran and no test failed, else 1.
 ``--quick`` shrinks every step (32 px, one repeat, tiny profile, one round) so that the script itself can be
@@ -50,6 +59,11 @@ if __name__ == "__main__":  # run as a script: the repository root on the path, 
 #: seconds each step may take before it is abandoned (the whole check must fit in 8 minutes on one GPU)
 TEST_TIMEOUT_S = 300
 SIM_TIMEOUT_S = 240
+#: the paper budget's own limit (it must finish within 8 minutes on an H100 / H200 class GPU)
+PAPER_BUDGET_TIMEOUT_S = 480
+#: the steps, in the order they run
+STEPS = ("cuda_tests", "round_limit", "engine_throughput", "engine_throughput_3d", "simulator_round", "site_ranks",
+         "volume_networks_96", "paper_budget")
 
 
 def device_info() -> Dict[str, Any]:
@@ -312,7 +326,87 @@ def measure_volume_networks_96(quick: bool) -> Dict[str, Any]:
     return {"rows": rows}
 
 
+# ---------------------------------------------------------------------------------------------- 6. round limit
+def measure_round_limit(out: Path, quick: bool) -> Dict[str, Any]:
+    """``benchmarks/cost/round_limit.py``: FedAvg and FedEvi rounds against the plain-loop limit on this device —
+    built-in polyp, 4 sites, FedEvi's ``paper`` protocol at 384 px (``--data-profile gpu``), 5 rounds; ``quick``: the
+    tiny profile, 3 sites, 2 rounds."""
+    from benchmarks.cost.round_limit import main as round_limit
+
+    if quick:
+        argv = ["--out", str(out / "round_limit"), "--methods", "fedavg", "fedevi", "--profile", "tiny", "--rounds", "2",
+                "--repeats", "2"]
+    else:
+        argv = ["--out", str(out / "round_limit"), "--methods", "fedavg", "fedevi", "--sites", *PAPER_BUDGET_SITES,
+                "--profile", "paper", "--protocol", "fedevi", "--data-profile", "gpu", "--rounds", "5", "--repeats", "5"]
+    record = round_limit(argv)
+    record["command"] = "python benchmarks/cost/round_limit.py " + " ".join(a if a != str(out / "round_limit") else "OUT/round_limit" for a in argv)
+    return record
+
+
+# ---------------------------------------------------------------------------------------------- 7. paper budget
+#: the paper budget on one GPU: FedEvi's and GraphFedSeg's papers train 4 polyp sites at 384 px for 200 rounds, two
+#: local epochs; each method against FedAvg under the method's own ``paper`` protocol, the two benches at once
+PAPER_BUDGET_SITES = ["site-1", "site-2", "site-3", "site-4"]
+PAPER_BUDGET_ROUNDS = 200
+#: the budget's precision: bfloat16 autocast (weights, optimiser and evaluation stay float32), a speed option the
+#: papers did not use; the results page says so beside the numbers
+PAPER_BUDGET_SETS = ["amp=bfloat16"]
+
+
+def paper_budget_commands(out: Path, quick: bool) -> Dict[str, List[str]]:
+    """The two ``fedseg bench`` commands of the paper budget, one per method and its own protocol."""
+    commands = {}
+    for method in ("fedevi", "graphfedseg"):
+        cmd = ["fedseg", "bench", "--family", "polyp", "--sites", *PAPER_BUDGET_SITES, "--methods", "fedavg", method,
+               "--seeds", "0", "--references", "--parallel", "2", "--out", str(out / f"paper_{method}")]
+        if quick:
+            cmd += ["--profile", "tiny", "--rounds", "2"]
+        else:
+            cmd += ["--data-profile", "gpu", "--profile", "paper", "--protocol", method,
+                    "--rounds", str(PAPER_BUDGET_ROUNDS), "--set", *PAPER_BUDGET_SETS]
+        commands[method] = cmd
+    return commands
+
+
+def run_paper_budget(out: Path, quick: bool, timeout: int) -> Dict[str, Any]:
+    """The paper budget (``paper_budget_commands``), both benches at once on this device: the wall of the whole and
+    each bench's per-method median round, final mean test Dice and paired comparison against FedAvg."""
+    commands = paper_budget_commands(out, quick)
+    started = time.perf_counter()
+    procs = {m: subprocess.Popen(cmd, cwd=REPO, stdout=open(out / f"paper_{m}.log", "w"), stderr=subprocess.STDOUT,
+                                 start_new_session=True) for m, cmd in commands.items()}
+    deadline = started + timeout
+    for m, proc in procs.items():
+        try:
+            proc.wait(timeout=max(deadline - time.perf_counter(), 1))
+        except subprocess.TimeoutExpired:
+            for other in procs.values():
+                if other.poll() is None:
+                    os.killpg(other.pid, signal.SIGKILL)
+            raise RuntimeError(f"the paper budget did not finish within {timeout} s")
+    wall = time.perf_counter() - started
+    failed = {m: p.returncode for m, p in procs.items() if p.returncode}
+    if failed:
+        raise RuntimeError(f"fedseg bench failed: {failed}; see {[str(out / f'paper_{m}.log') for m in failed]}")
+    benches = {}
+    for m in commands:
+        res = json.loads((out / f"paper_{m}" / "results.json").read_text())
+        benches[m] = {"timing": {k: {f: v.get(f) for f in ("median_round_wall", "wall_s_total", "round_wall_ratio_to_fedavg")}
+                                 for k, v in res["timing"].items()},
+                      "comparisons": res.get("comparisons")}
+    shown = {m: " ".join(["fedseg", *[a if not a.startswith(str(out)) else "OUT" + a[len(str(out)):] for a in cmd[1:]]])
+             for m, cmd in commands.items()}
+    return {"commands": shown, "wall_s": round(wall, 1), "benches": benches,
+            "rounds": 2 if quick else PAPER_BUDGET_ROUNDS, "sets": [] if quick else PAPER_BUDGET_SETS}
+
+
 # ---------------------------------------------------------------------------------------------- report
+def _not_ok(step: Dict[str, Any]) -> str:
+    """What a step that has no table shows: its error, or that this check did not run it (``--steps``)."""
+    return f"**failed**: {step['error']}" if step else "not run in this check"
+
+
 def to_markdown(result: Dict[str, Any]) -> str:
     info, steps = result["device"], result["steps"]
     lines = [f"# GPU check — {info['device']}", "",
@@ -327,7 +421,7 @@ def to_markdown(result: Dict[str, Any]) -> str:
                   f"({tests['seconds']} s).", "", "| test | outcome | s | detail |", "|---|---|---|---|"]
         lines += [f"| `{t['test']}` | {t['outcome']} | {t['seconds']:.1f} | {t['detail']} |" for t in tests["result"]["cases"]]
     else:
-        lines += [f"**failed**: {tests.get('error')}"]
+        lines += [_not_ok(tests)]
     eng = steps.get("engine_throughput", {})
     lines += ["", "## Engine vs plain PyTorch loop (training images/s, in-memory batches)", ""]
     if eng.get("ok"):
@@ -337,7 +431,7 @@ def to_markdown(result: Dict[str, Any]) -> str:
                   f"{r['plain_images_per_s']:.1f} | {r['ratio_engine_to_plain']:.2f} | {r['peak_gpu_memory_mib'] or '—'} |"
                   for r in eng["result"]]
     else:
-        lines += [f"**failed**: {eng.get('error')}"]
+        lines += [_not_ok(eng)]
     vol = steps.get("engine_throughput_3d", {})
     lines += ["", "## Engine vs plain PyTorch loop on 3-D patches (built-in prostate MR volumes)", ""]
     if vol.get("ok"):
@@ -347,7 +441,7 @@ def to_markdown(result: Dict[str, Any]) -> str:
                   f"{r['engine_mvoxels_per_s']:.1f} | {r['plain_volumes_per_s']:.1f} | {r['ratio_engine_to_plain']:.2f} | "
                   f"{r['peak_gpu_memory_mib'] or '—'} |" for r in vol["result"]]
     else:
-        lines += [f"**failed**: {vol.get('error')}"]
+        lines += [_not_ok(vol)]
     sim = steps.get("simulator_round", {})
     lines += ["", "## One FedAvg round, 4 sites on one device (NVFlare simulator)", ""]
     if sim.get("ok"):
@@ -361,7 +455,7 @@ def to_markdown(result: Dict[str, Any]) -> str:
                   for i, r in enumerate(s["per_round"])]
         lines += ["", "(round 0 includes each site's set-up: engine, data cache, CUDA context)"]
     else:
-        lines += [f"**failed**: {sim.get('error')}"]
+        lines += [_not_ok(sim)]
     ranks = steps.get("site_ranks", {})
     lines += ["", "## One site as N ranks (DDP under torchrun, one FedAvg round)", ""]
     if ranks.get("ok"):
@@ -371,7 +465,29 @@ def to_markdown(result: Dict[str, Any]) -> str:
                   f"{r['site_compute_s'] or 0:.2f} | {r['train_loss'] or 0:.4f} | {r['steps']} | {r['test_dice']:.3f} |"
                   for r in ranks["result"]["runs"]]
     else:
-        lines += [f"**failed**: {ranks.get('error')}"]
+        lines += [_not_ok(ranks)]
+    limit = steps.get("round_limit", {})
+    lines += ["", "## A round against the device's pace (`benchmarks/cost/round_limit.py`)", ""]
+    if limit.get("ok"):
+        from benchmarks.cost.round_limit import render as render_limit
+
+        lines += [f"`{limit['result']['command']}`", "", render_limit(limit["result"])]
+    else:
+        lines += [_not_ok(limit)]
+    budget = steps.get("paper_budget", {})
+    lines += ["", "## The paper budget on one GPU", ""]
+    if budget.get("ok"):
+        b = budget["result"]
+        lines += [f"{b['rounds']} rounds, both benches at once: **{b['wall_s']} s** "
+                  f"(settings: {', '.join(b['sets']) or 'none'}).", ""]
+        lines += [f"- `{cmd}`" for cmd in b["commands"].values()]
+        lines += ["", "| bench | approach | median round (s) | vs FedAvg |", "|---|---|---|---|"]
+        for m, bench in b["benches"].items():
+            for label, t in bench["timing"].items():
+                ratio = t.get("round_wall_ratio_to_fedavg")
+                lines.append(f"| {m} | {label} | {t.get('median_round_wall') or 0:.2f} | {'-' if ratio is None else f'{ratio:.2f}x'} |")
+    else:
+        lines += [_not_ok(budget)]
     vol96 = steps.get("volume_networks_96", {})
     lines += ["", "## 3-D networks of the `paper` profile (random in-memory patches, training steps)", ""]
     if vol96.get("ok"):
@@ -381,7 +497,7 @@ def to_markdown(result: Dict[str, Any]) -> str:
                   f"{r['parameters_m']} | {r['step_s']} | {r['mvoxels_per_s']} | {r['peak_gpu_memory_mib'] or '—'} |"
                   for r in vol96["result"]["rows"]]
     else:
-        lines += [f"**failed**: {vol96.get('error')}"]
+        lines += [_not_ok(vol96)]
     return "\n".join(lines) + "\n"
 
 
@@ -390,6 +506,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out", required=True, help="folder for gpu_check.json / gpu_check.md (created)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a dry run of the script (CPU is fine)")
     parser.add_argument("--skip-tests", action="store_true", help="measure only (the tests already ran)")
+    parser.add_argument("--steps", nargs="+", default=None, choices=STEPS,
+                        help="run only these steps (default: all); steps already in OUT/gpu_check.json are kept")
     args = parser.parse_args(argv)
     from fedseg.bench.bench import code_version
 
@@ -405,7 +523,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         "command": "python " + " ".join([os.path.relpath(__file__, REPO)] + (argv if argv is not None else sys.argv[1:])),
         "device": device_info(), "quick": args.quick, "code_version": code_version(), "steps": {},
     }
+    previous = out / "gpu_check.json"
+    if args.steps and previous.is_file():  # a check run in parts (short leases): the earlier parts' steps stay
+        result["steps"].update({k: v for k, v in json.loads(previous.read_text()).get("steps", {}).items()
+                                if k not in args.steps})
     steps = result["steps"]
+    wanted = set(args.steps or STEPS) - ({"cuda_tests"} if args.skip_tests else set())
 
     def save() -> None:
         """Write what is measured so far: a check cut off by its caller's time limit keeps its finished steps."""
@@ -414,11 +537,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         (out / "gpu_check.md").write_text(to_markdown(result))
 
     def step(name: str, fn: Callable[[], Any]) -> None:
+        if name not in wanted:
+            return
         _step(steps, name, fn)
         save()
 
-    if not args.skip_tests:
-        step("cuda_tests", lambda: run_cuda_tests(out, TEST_TIMEOUT_S))
+    step("cuda_tests", lambda: run_cuda_tests(out, TEST_TIMEOUT_S))
+    step("round_limit", lambda: measure_round_limit(out, args.quick))
     amp = "float16" if cuda else "bfloat16"
     if args.quick:
         step("engine_throughput", lambda: measure_engine([32], amp, "tiny", repeats=1, epochs=1, batch_size=2))
@@ -429,6 +554,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     step("simulator_round", lambda: measure_simulator_round(out, args.quick, SIM_TIMEOUT_S))
     step("site_ranks", lambda: measure_site_ranks(out, args.quick, SIM_TIMEOUT_S))
     step("volume_networks_96", lambda: measure_volume_networks_96(args.quick))
+    step("paper_budget", lambda: run_paper_budget(out, args.quick, PAPER_BUDGET_TIMEOUT_S))
 
     save()
     print(f"\n{to_markdown(result)}\nwrote {out / 'gpu_check.json'} and {out / 'gpu_check.md'}", flush=True)

@@ -20,6 +20,8 @@ TABLES: Dict[str, Dict[str, Any]] = {
                         ("engine", "Training throughput on one GPU: the engine against a plain PyTorch loop"),
                         ("simulator", "One FedAvg job of 4 sites sharing one GPU (NVFlare simulator, 2 rounds)"),
                         ("site-ranks", "A site as DDP ranks under torchrun on one GPU"),
-                        ("networks-96", "The 3-D paper-profile networks at 96³ patches on one GPU"))}
+                        ("networks-96", "The 3-D paper-profile networks at 96³ patches on one GPU"),
+                        ("round-limit", "A round against the GPU's pace: FedAvg and FedEvi, 4 built-in polyp sites at 384 px"),
+                        ("paper-budget", "The paper budget on one GPU: 200 rounds, 4 built-in polyp sites at 384 px"))}
 
 RENDERERS = {"gpu-check": render_gpu_check, "engine-throughput": render_engine_throughput}

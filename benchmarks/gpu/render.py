@@ -34,7 +34,7 @@ def render_engine_throughput(table_id: str, table: Mapping[str, Any], outputs: S
 
 
 #: the tables a GPU check can be drawn as (``TABLES[...]["part"]``)
-GPU_CHECK_PARTS = ("tests", "engine", "simulator", "site-ranks", "networks-96")
+GPU_CHECK_PARTS = ("tests", "engine", "simulator", "site-ranks", "networks-96", "round-limit", "paper-budget")
 
 
 def render_gpu_check(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
@@ -93,6 +93,23 @@ def render_gpu_check(table_id: str, table: Mapping[str, Any], outputs: Sequence[
                          f"{r['precision']} | {r['step_s']:.3f} | {r['mvoxels_per_s']:.1f} | {r['peak_gpu_memory_mib']} |")
         note = ("The volume `paper` profile's networks on random in-memory patches (no data loading): DiceCE loss, "
                 "Adam, median training step after a warm-up; float16 = autocast with a gradient scaler.")
+    elif part == "round-limit":
+        from benchmarks.cost.render import ROUND_LIMIT_NOTE, round_limit_rows
+
+        res = result("round_limit")
+        lines = round_limit_rows(res)
+        note = f"`{res['command']}`, {len(res['sites'])} sites. {ROUND_LIMIT_NOTE}"
+    elif part == "paper-budget":
+        res = result("paper_budget")
+        lines = ["| bench | approach | median round (s) | round vs FedAvg | whole run (s) |", "|---|---|---|---|---|"]
+        for bench, b in res["benches"].items():
+            for label, t in b["timing"].items():
+                ratio = t.get("round_wall_ratio_to_fedavg")
+                lines.append(f"| {bench} | {label} | {t['median_round_wall']:.2f} | "
+                             f"{'-' if ratio is None else f'{ratio:.2f}x'} | {t.get('wall_s_total') or 0:.0f} |")
+        note = (f"{res['rounds']} rounds, both benches at once on the one GPU: {res['wall_s']:.0f} s in all; settings "
+                f"{', '.join(res['sets']) or 'none'} (bfloat16 autocast is a speed option the papers did not use). "
+                + " ".join(f"`{c}`" for c in res["commands"].values()))
     else:
         res = result("simulator_round")
         lines = ["| round | wall (s) | max site compute (s) | sum site compute (s) | overhead = wall - max (s) | "

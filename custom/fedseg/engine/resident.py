@@ -200,14 +200,19 @@ class ResidentTrainingData:
         return self.n // self.batch_size if self.drop_last else math.ceil(self.n / self.batch_size)
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor to the device without making the host wait: copies from pageable memory would wait for the
+        work already queued on the device, so they go through pinned memory."""
         if t.device == self.device:
             return t
-        return (t.pin_memory() if self.pinned and not t.is_pinned() else t).to(self.device, non_blocking=True)
+        if self.device.type == "cuda" and not t.is_pinned():
+            t = t.pin_memory()
+        return t.to(self.device, non_blocking=True)
 
-    def _gather(self, idx: torch.Tensor, host_generator: torch.Generator) -> Batch:
-        """The batch of images ``idx`` (host int64): whole images, or ``num_samples`` patches of each."""
+    def _gather(self, idx: torch.Tensor, host_generator: torch.Generator, idx_stored: Optional[torch.Tensor] = None) -> Batch:
+        """The batch of images ``idx`` (host int64; ``idx_stored``: the same indices where the stacked tensors are):
+        whole images, or ``num_samples`` patches of each."""
         if self.sampler is None:
-            where = idx.to(self.store_device, non_blocking=True) if self.store_device.type == "cuda" else idx
+            where = idx if idx_stored is None else idx_stored
             return {k: self._to_device(v.index_select(0, where)) for k, v in self.stacked.items()}
         centres = self.sampler.centres(idx, host_generator)
         starts = self.sampler.starts(centres)
@@ -219,8 +224,14 @@ class ResidentTrainingData:
             batch[key] = self._to_device(torch.stack(patches))
         per_t = torch.tensor(per)
         for key, v in self.stacked.items():
-            batch[key] = self._to_device(v.index_select(0, per_t.to(v.device)))
+            batch[key] = self._to_device(v.index_select(0, self._to_store(per_t)))
         return batch
+
+    def _to_store(self, idx: torch.Tensor) -> torch.Tensor:
+        """Host indices where the stacked tensors are (on the GPU: through pinned memory, without waiting)."""
+        if self.store_device.type != "cuda":
+            return idx
+        return idx.pin_memory().to(self.store_device, non_blocking=True)
 
     def epoch(self, order: torch.Tensor, seed: int) -> Iterator[Batch]:
         """The batches of one epoch over ``order`` (host int64 permutation), augmented with generators seeded by
@@ -228,9 +239,11 @@ class ResidentTrainingData:
         device (k patches per image in patch mode, else 1)."""
         device_generator = torch.Generator(device=self.device).manual_seed(int(seed))
         host_generator = torch.Generator().manual_seed(int(seed) + 1)
+        stored = self._to_store(order) if self.sampler is None else None  # one transfer per epoch
         for b in range(len(self)):
-            idx = order[b * self.batch_size: (b + 1) * self.batch_size]
-            yield apply_pipeline(self.ops, self._gather(idx, host_generator), device_generator)
+            part = slice(b * self.batch_size, (b + 1) * self.batch_size)
+            batch = self._gather(order[part], host_generator, None if stored is None else stored[part])
+            yield apply_pipeline(self.ops, batch, device_generator)
 
 
 class ResidentLoader:

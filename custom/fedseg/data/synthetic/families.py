@@ -79,6 +79,9 @@ PROFILES: Dict[str, Dict[str, Any]] = {
     "tiny": {"image_size": 32, "num_images": (8, 14)},
     "default": {"image_size": 96, "num_images": (24, 48)},
     "paper": {"image_size": 384, "num_images": (150, 400)},
+    # the papers' resolution with the default image counts: a paper-budget run (200 rounds at 384 px) that fits the
+    # minutes a GPU check has (benchmarks/gpu/gpu_check.py)
+    "gpu": {"image_size": 384, "num_images": (24, 48)},
 }
 
 #: the generated vessel fraction (of the FOV) and lesion fraction (of the image) stay in these bands
