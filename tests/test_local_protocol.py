@@ -216,9 +216,37 @@ def test_best_validation_round_is_the_round_with_the_highest_mean_validation_dic
         assert (tmp / "sites" / site / "fedseg_outputs" / site / "per_image_global_best_val.json").is_file()
     stored = torch.load(tmp / "server" / report["final"]["best_val_checkpoint"], weights_only=True)
     assert all(torch.equal(stored["model"][k], best[k]) for k in best) and stored["train_config"]["eval_best_val_round"]
-    # validation answers carry only the validation metric
+    # one task per round: each round's global model was validated with the next train task (the last one with the
+    # final evaluation), and no evaluate task was sent during training
+    assert not [r for r in controller.sent if r["task"] == "evaluate" and r["meta"]["fedseg"]["round"] < 3]
+    assert all(r["meta"].get("validate_received") for r in controller.sent if r["task"] == "train" and r["meta"]["fedseg"]["round"] > 0)
+
+
+@pytest.fixture(scope="module")
+def protocol_run_two_tasks(tmp_path_factory):
+    """The same run as ``protocol_run`` with an evaluate task of its own after every round."""
+    tmp = tmp_path_factory.mktemp("protocol_run_two_tasks")
+    sites = builtin_sites("polyp", ["site-1", "site-2"], tmp / "data")
+    report = run_in_process("fedavg", sites, tmp, num_rounds=3, local_epochs=1, eval_largest_component=True,
+                            eval_best_val_round=True, round_validation="task")
+    return report, sites, tmp
+
+
+def test_one_task_rounds_validate_as_two_task_rounds(protocol_run, protocol_run_two_tasks):
+    """Same seed, same global models: each round's validation scores, the selected round and its test scores are the
+    same whether the validation rides on the next task or has a task of its own."""
+    one, sites, _ = protocol_run
+    two, _, _ = protocol_run_two_tasks
+    for a, b in zip(one["rounds"], two["rounds"]):
+        assert a["global_val"] == pytest.approx(b["global_val"], abs=1e-9), a["round"]
+    assert one["final"]["best_val_round"] == two["final"]["best_val_round"]
+    for site in sites:
+        assert one["final"]["global_best_val"][site]["dice"] == pytest.approx(two["final"]["global_best_val"][site]["dice"])
+        assert one["final"]["global"][site] == pytest.approx(two["final"]["global"][site])
+    # the two-task run's validation answers carry only the validation metric
+    controller = two["_controller"]
     validation = [r for r in controller.received if r["task"] == "evaluate" and r["round"] < 3]
-    assert validation and all(r["params"] == [] for r in validation)
+    assert len(validation) == 3 * len(sites) and all(r["params"] == [] for r in validation)
 
 
 def test_summarise_shows_the_best_round_and_the_largest_component_scores(protocol_run, capsys):

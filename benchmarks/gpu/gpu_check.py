@@ -369,13 +369,20 @@ def paper_budget_commands(out: Path, quick: bool) -> Dict[str, List[str]]:
     return commands
 
 
-def run_paper_budget(out: Path, quick: bool, timeout: int) -> Dict[str, Any]:
-    """The paper budget (``paper_budget_commands``), both benches at once on this device: the wall of the whole and
-    each bench's per-method median round, final mean test Dice and paired comparison against FedAvg."""
+def start_paper_budget(out: Path, quick: bool) -> Dict[str, Any]:
+    """Start the paper budget's benches (``paper_budget_commands``), both at once; :func:`run_paper_budget` waits."""
     commands = paper_budget_commands(out, quick)
-    started = time.perf_counter()
     procs = {m: subprocess.Popen(cmd, cwd=REPO, stdout=open(out / f"paper_{m}.log", "w"), stderr=subprocess.STDOUT,
                                  start_new_session=True) for m, cmd in commands.items()}
+    return {"commands": commands, "procs": procs, "started": time.perf_counter()}
+
+
+def run_paper_budget(out: Path, quick: bool, timeout: int, started: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The paper budget (``paper_budget_commands``), both benches at once on this device (``started``: already started
+    by :func:`start_paper_budget`): the wall of the whole and each bench's per-method median round and the ratio to
+    FedAvg's, with the paired comparisons of the bench."""
+    running = started or start_paper_budget(out, quick)
+    commands, procs, started = running["commands"], running["procs"], running["started"]
     deadline = started + timeout
     for m, proc in procs.items():
         try:
@@ -508,6 +515,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--skip-tests", action="store_true", help="measure only (the tests already ran)")
     parser.add_argument("--steps", nargs="+", default=None, choices=STEPS,
                         help="run only these steps (default: all); steps already in OUT/gpu_check.json are kept")
+    parser.add_argument("--overlap-tests", action="store_true",
+                        help="run the CUDA tests while the paper budget runs (a short lease: the tests time nothing; "
+                             "the budget's wall then includes their load)")
     args = parser.parse_args(argv)
     from fedseg.bench.bench import code_version
 
@@ -542,8 +552,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         _step(steps, name, fn)
         save()
 
-    step("cuda_tests", lambda: run_cuda_tests(out, TEST_TIMEOUT_S))
+    overlap = args.overlap_tests and {"cuda_tests", "paper_budget"} <= wanted
+    if not overlap:
+        step("cuda_tests", lambda: run_cuda_tests(out, TEST_TIMEOUT_S))
     step("round_limit", lambda: measure_round_limit(out, args.quick))
+    budget = start_paper_budget(out, args.quick) if overlap else None
+    if overlap:
+        step("cuda_tests", lambda: run_cuda_tests(out, TEST_TIMEOUT_S))
     amp = "float16" if cuda else "bfloat16"
     if args.quick:
         step("engine_throughput", lambda: measure_engine([32], amp, "tiny", repeats=1, epochs=1, batch_size=2))
@@ -554,7 +569,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     step("simulator_round", lambda: measure_simulator_round(out, args.quick, SIM_TIMEOUT_S))
     step("site_ranks", lambda: measure_site_ranks(out, args.quick, SIM_TIMEOUT_S))
     step("volume_networks_96", lambda: measure_volume_networks_96(args.quick))
-    step("paper_budget", lambda: run_paper_budget(out, args.quick, PAPER_BUDGET_TIMEOUT_S))
+    step("paper_budget", lambda: run_paper_budget(out, args.quick, PAPER_BUDGET_TIMEOUT_S, budget))
 
     save()
     print(f"\n{to_markdown(result)}\nwrote {out / 'gpu_check.json'} and {out / 'gpu_check.md'}", flush=True)

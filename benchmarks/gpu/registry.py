@@ -12,10 +12,17 @@ PAGE = "docs/results/gpu.md"
 
 RUNS: Dict[str, Dict[str, Any]] = {
     "gpu-check": {"out": "gpu_check", "result": "gpu_check.json", "commands": ["python benchmarks/gpu/gpu_check.py --out {out}"]},
+    # a lease's check: the tests (while the paper budget runs), the round against the GPU's pace, the paper budget
+    "gpu-check-pace": {"out": "gpu_check_pace", "result": "gpu_check.json", "commands": [
+        "python benchmarks/gpu/gpu_check.py --out {out} --steps cuda_tests round_limit paper_budget --overlap-tests"]},
 }
 
+#: the parts drawn from the lease's check (the rest from the whole check)
+PACE_PARTS = ("round-limit", "paper-budget")
+
 TABLES: Dict[str, Dict[str, Any]] = {
-    f"gpu-check-{part}": {"run": "gpu-check", "render": "gpu-check", "part": part, "title": title}
+    f"gpu-check-{part}": {"run": "gpu-check-pace" if part in PACE_PARTS else "gpu-check", "render": "gpu-check",
+                          "part": part, "title": title}
     for part, title in (("tests", "The CUDA tests on one GPU"),
                         ("engine", "Training throughput on one GPU: the engine against a plain PyTorch loop"),
                         ("simulator", "One FedAvg job of 4 sites sharing one GPU (NVFlare simulator, 2 rounds)"),

@@ -1,8 +1,11 @@
 """Best-validation-round model selection (``train_config["eval_best_val_round"]``).
 
-With the option on, after every round the server sends the aggregated global model to every site with an
-``evaluate`` task on the site's *validation* split (task meta ``split: "validation"``); each site answers
-with its validation metric only (``val_dice``, or ``val_accuracy`` for classification). The round's score is
+With the option on, every round's aggregated global model is scored on each site's *validation* split: by default
+with the next task the sites receive (``train_config["round_validation"] = "train_task"``): a site scores the global
+model it receives before it trains and returns ``received_val_dice`` (or ``received_val_accuracy``) with its update,
+and the last round's model with the final evaluation, one task per round; with ``"task"`` (and for strategies whose
+sites receive a personalised model) the server sends an ``evaluate`` task on the validation split after every round
+(task meta ``split: "validation"``), answered with the validation metric only. The round's score is
 the plain mean over the sites that answered (every site counts once, as in the per-site mean Dice the reports
 quote). :class:`BestValidationRound` keeps the global model of the best round so far (a strictly higher score
 replaces it: of equal rounds the earlier is kept); after the last round the controller evaluates that model on
