@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -14,7 +13,7 @@ from scipy.special import digamma as sp_digamma
 from fedseg.networks.unet import FeatureUNet
 from fedseg.objectives.base import BatchOutput, RoundContext
 from fedseg.objectives.evidential_losses import kl_annealing_weight
-from fedseg.objectives.fedevi import LOCAL_STATE_FILE, FedEviObjective
+from fedseg.objectives.fedevi import FedEviObjective
 from fedseg.strategies.base import ClientUpdate, SitePayload
 from fedseg.strategies.fedevi import FedEviStrategy
 
@@ -264,57 +263,56 @@ def _train_one_step(objective: FedEviObjective, ctx: RoundContext, model, engine
     opt.step()
 
 
-def test_surrogate_task_statistics(tmp_path):
+def test_site_statistics_split_between_the_two_tasks(tmp_path):
+    """A and R_paper of the freshly trained local model leave with the weights (end_round); G of the received
+    surrogate with the surrogate task; each against a numpy/scipy re-computation."""
     engine = StandInEngine()
     ctx = RoundContext(site="a", round=3, total_rounds=10, state_dir=str(tmp_path))
     objective = FedEviObjective()
     local = _net(0)
     _train_one_step(objective, ctx, local, engine)
-    assert objective.end_round(ctx, local, engine) == {}
-    assert os.path.exists(tmp_path / LOCAL_STATE_FILE)
+    local_before = {k: v.clone() for k, v in local.state_dict().items()}
+    with_update = objective.end_round(ctx, local, engine)
+    assert set(with_update) == {"A", "R_paper"}
+    _, ale_loc = _per_image_uncertainties(local, engine)
+    assert with_update["A"] == pytest.approx(ale_loc.mean(), rel=1e-4)
+    assert with_update["R_paper"] == pytest.approx((1.0 / ale_loc).mean(), rel=1e-4)
+    assert all(torch.equal(v, local_before[k]) for k, v in local.state_dict().items())
+    assert not list(tmp_path.iterdir())  # nothing is kept for the second task
 
     surrogate = _net(1)  # the engine loads the received surrogate weights into its model
     surrogate_before = {k: v.clone() for k, v in surrogate.state_dict().items()}
     ctx2 = RoundContext(site="a", round=3, total_rounds=10, state_dir=str(tmp_path),
                         server_meta={"fedevi": {"round": 3}})
     out = objective.handle_task("evaluate_surrogate", ctx2, surrogate, engine)
-
-    # privacy: exactly three finite, non-negative Python floats
-    assert set(out) == {"G", "A", "R_paper"}
-    assert all(type(v) is float and math.isfinite(v) and v >= 0 for v in out.values())
+    # privacy: exactly one finite, non-negative Python float
+    assert set(out) == {"G"} and type(out["G"]) is float and math.isfinite(out["G"]) and out["G"] >= 0
     assert set(engine.splits) == {"validation"}
-    # G from the surrogate, A and R_paper from the kept local model (numpy/scipy re-computation)
     epi_sur, _ = _per_image_uncertainties(surrogate, engine)
-    _, ale_loc = _per_image_uncertainties(local, engine)
     assert out["G"] == pytest.approx(epi_sur.mean(), rel=1e-4)
-    assert out["A"] == pytest.approx(ale_loc.mean(), rel=1e-4)
-    assert out["R_paper"] == pytest.approx((1.0 / ale_loc).mean(), rel=1e-4)
-    # the received model is left as it was
-    for k, v in surrogate.state_dict().items():
+    for k, v in surrogate.state_dict().items():  # the received model is left as it was
         assert torch.equal(v, surrogate_before[k])
-
-    # a restarted client process: a fresh objective reloads the local weights from state_dir
-    fresh = FedEviObjective()
-    kept = fresh.local_state(ctx2)["state_dict"]
-    for k, v in local.state_dict().items():
-        assert torch.equal(kept[k], v)
-    assert fresh.handle_task("evaluate_surrogate", ctx2, surrogate, engine) == pytest.approx(out)
-
-
-def test_surrogate_task_refuses_stale_or_missing_local_model(tmp_path):
-    engine = StandInEngine()
-    objective = FedEviObjective()
-    with pytest.raises(RuntimeError):
-        objective.handle_task("evaluate_surrogate", RoundContext("a", 0, 5, state_dir=str(tmp_path)), _net(0), engine)
-    ctx = RoundContext(site="a", round=2, total_rounds=5, state_dir=str(tmp_path))
-    objective.end_round(ctx, _net(0), engine)
-    stale = RoundContext(
-        site="a", round=3, total_rounds=5, state_dir=str(tmp_path), server_meta={"fedevi": {"round": 3}}
-    )
-    with pytest.raises(RuntimeError):
-        FedEviObjective().handle_task("evaluate_surrogate", stale, _net(1), engine)
+    # the three together equal the surrogate and local model scored side by side (surrogate_statistics)
+    together = objective.surrogate_statistics(engine, surrogate, local, 3)
+    assert together == pytest.approx({**with_update, **out})
+    # a restarted site process answers the surrogate task: it needs nothing from the train task
+    assert FedEviObjective().handle_task("evaluate_surrogate", ctx2, surrogate, engine) == pytest.approx(out)
     with pytest.raises(ValueError):
         objective.handle_task("some_other_task", ctx, _net(1), engine)
+
+
+def test_strategy_reads_a_and_r_from_the_updates_and_g_from_the_replies():
+    """The sites' split: A and R_paper with the train update, G with the surrogate reply; the same weights as
+    replies carrying all three."""
+    updates = _updates()
+    for s in SITES:
+        updates[s].meta = {"A": STATS[s]["A"], "R_paper": STATS[s]["R_paper"]}
+    split = _started().aggregate(0, updates, FakeExchange({s: {"G": STATS[s]["G"]} for s in SITES}))
+    together = _started().aggregate(0, _updates(), FakeExchange(STATS))
+    assert split["beta"] == pytest.approx(together["beta"]) and split["A"] == pytest.approx(together["A"])
+    # a reply without G leaves the site out, whatever its update carried
+    dropped = _started().aggregate(0, updates, FakeExchange({s: ({} if s == "b" else {"G": 0.1}) for s in SITES}))
+    assert dropped["dropped"] == ["b"]
 
 
 def test_objective_loss_uses_round_plus_one():

@@ -199,8 +199,8 @@ def _uncertainty(engine, model, windows, round_=0) -> float:
 def _surrogate(engine, local, surrogate, windows, round_=2) -> dict:
     objective = FedEviObjective(surrogate_windows=windows)
     ctx = RoundContext("site-a", round_, 5, server_meta={"fedevi": {"round": round_}}, train_config=engine.train_config)
-    objective.end_round(ctx, local, engine)
-    return objective.handle_task("evaluate_surrogate", ctx, surrogate, engine)
+    with_update = objective.end_round(ctx, local, engine)  # A and R_paper of the local model
+    return {**with_update, **objective.handle_task("evaluate_surrogate", ctx, surrogate, engine)}  # + G
 
 
 def _unet(engine, seed):

@@ -4,9 +4,8 @@ What a site keeps between rounds besides the weights the server sends: the optim
 moments and step counts, which the engine keeps per model across rounds) and the generator that
 shuffles its training data. ``SiteState`` writes both into ``<site workspace>/fedseg_state/<site>/``
 (``RoundContext.state_dir``, one file per round) after every train task, before the result is sent, and a fresh
-process loads them before its first training. Two other pieces of site state already live in the same folder
-and are restored by their owners: the DP accountant (``fedseg.engine.privacy``, ``dp_accountant.json``)
-and FedEvi's local model (``fedseg.objectives.fedevi``, ``fedevi_local_model.pt``). The baselines'
+process loads them before its first training. The DP accountant (``fedseg.engine.privacy``, ``dp_accountant.json``)
+lives in the same folder and is restored by its owner. The baselines'
 per-site state (SCAFFOLD's control, MOON's and FedCE's previous local model, FedDyn's linear term, Ditto's
 personal model, FedBN's / FedRep's local layers) is kept by :class:`RoundRecords`, with the same rules.
 

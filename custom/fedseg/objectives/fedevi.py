@@ -1,16 +1,17 @@
 """FedEvi client: evidential training and the surrogate-evaluation task.
 
 Train task: the loss is evidential Dice + annealed KL (``EvidentialSegLoss``); it replaces the bundle's
-segmentation loss. ``end_round`` keeps the trained local weights, in memory and in
-``ctx.state_dir/fedevi_local_model.pt``, because the server's second task ("evaluate_surrogate")
-arrives separately and the simulator may restart the client process in between.
+segmentation loss. ``end_round`` then scores the freshly trained local model theta_k^r on the validation split:
+A = mean over images of the pixel-mean aleatoric uncertainty and R_paper = mean over images of 1 / (pixel-mean
+aleatoric uncertainty), sent with the weights. This is the model and the moment the authors' code uses (their site
+scores its own model before it receives anything), so nothing needs keeping for a second task.
 
-Surrogate task: with the received surrogate weights, G = mean over validation images of the pixel-mean
-epistemic uncertainty; with the kept local weights, A = mean over images of the pixel-mean aleatoric
-uncertainty and R_paper = mean over images of 1 / (pixel-mean aleatoric uncertainty). Only these three
-scalars leave the site. "Image-level" here follows the paper's Eqs. 6-7 (a sum over images of an
-uncertainty per image) and the reference code (pixel mean per image); a pixel-wise 1/U_ale would be
-dominated by confident pixels, whose aleatoric uncertainty is ~1e-30.
+Surrogate task (the round's second task): with the received surrogate weights, G = mean over validation images of
+the pixel-mean epistemic uncertainty. It cannot ride on the next round's train task: the surrogate is
+sum_k beta_k^{r-1} theta_k^r over *this* round's local models, and this round's global model needs every site's G
+of it (beta^r), so it exists only between the two tasks. Only these three scalars leave the site. "Image-level" here
+follows the paper's Eqs. 6-7 (a sum over images of an uncertainty per image) and the reference code (pixel mean per
+image); a pixel-wise 1/U_ale would be dominated by confident pixels, whose aleatoric uncertainty is ~1e-30.
 
 At native resolution (patch mode) two sliding windows over every whole validation image cost about as
 much as the local training. ``surrogate_windows`` = M (default ``DEFAULT_SURROGATE_WINDOWS``) computes
@@ -28,11 +29,9 @@ epistemic part is clamped at 0 against rounding unless ``clamp_epistemic=False``
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
-import os
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -48,7 +47,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from fedseg.engine.engine import SegEngine
 
 SURROGATE_TASK = "evaluate_surrogate"
-LOCAL_STATE_FILE = "fedevi_local_model.pt"
 #: floor on an image's mean aleatoric uncertainty before taking 1/U (keeps R_paper finite)
 MIN_ALEATORIC = 1e-12
 #: validation windows per site and round in patch mode (chosen by measurement: docs/methods.md, FedEvi)
@@ -110,7 +108,6 @@ class FedEviObjective(ClientObjective):
             dice_form=dice_form, kl_weight=kl_weight, anneal_rounds=anneal_rounds, eps=eps
         )
         self._ctx: Optional[RoundContext] = None
-        self._local: Optional[Dict[str, Any]] = None  # {"round", "site", "state_dict"}
 
     # --- train task -----------------------------------------------------------------------------
 
@@ -124,63 +121,36 @@ class FedEviObjective(ClientObjective):
         return self.evidential_loss(out.logits, out.labels, self._ctx.round + 1)
 
     def end_round(self, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:
-        """Keep the trained local weights for the surrogate task; no statistics go with the weights."""
-        self._local = {
-            "round": int(ctx.round),
-            "site": ctx.site,
-            "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
-        }
-        if ctx.state_dir:
-            os.makedirs(ctx.state_dir, exist_ok=True)
-            path = os.path.join(ctx.state_dir, LOCAL_STATE_FILE)
-            tmp = path + ".tmp"
-            torch.save(self._local, tmp)
-            os.replace(tmp, path)  # a restart mid-write must not leave a truncated file behind
-        return {}
-
-    def local_state(self, ctx: RoundContext) -> Dict[str, Any]:
-        """The kept local weights record, from memory or (after a restart) from ``ctx.state_dir``."""
-        if self._local is None and ctx.state_dir:
-            path = os.path.join(ctx.state_dir, LOCAL_STATE_FILE)
-            if os.path.exists(path):
-                self._local = torch.load(path, map_location="cpu", weights_only=True)
-        if self._local is None:
-            raise RuntimeError(
-                f"site {ctx.site}: no local model kept from the train task (state_dir={ctx.state_dir!r})"
-            )
-        return self._local
+        """``{"A", "R_paper"}`` of the model as it left this round's training (sent with the weights)."""
+        sample, grid = self._where(engine, ctx.round)
+        aleatoric = _per_image(engine, model, aleatoric_uncertainty, sample, grid)
+        return local_statistics(aleatoric)
 
     # --- surrogate task -------------------------------------------------------------------------
 
     def handle_task(self, task_name: str, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:
-        """``"evaluate_surrogate"``: ``model`` holds the surrogate; returns ``{"G", "A", "R_paper"}`` floats.
-
-        Raises RuntimeError when no local model of this round was kept; the server's FedEviStrategy
-        leaves a site that does not answer out of that round's average.
-        """
+        """``"evaluate_surrogate"``: ``model`` holds the surrogate; returns ``{"G"}`` (a float)."""
         if task_name != SURROGATE_TASK:
             return super().handle_task(task_name, ctx, model, engine)
-        local = self.local_state(ctx)
-        # A from a model of another round would silently distort the weights
-        expected_round = (ctx.server_meta or {}).get("fedevi", {}).get("round", ctx.round)
-        if int(local["round"]) != int(expected_round):
-            raise RuntimeError(
-                f"site {ctx.site}: kept local model is from round {local['round']}, "
-                f"surrogate is for round {expected_round}"
-            )
-        local_model = copy.deepcopy(model)
-        local_model.load_state_dict(local["state_dict"])
-        return self.surrogate_statistics(engine, model, local_model, int(expected_round))
+        round_ = int((ctx.server_meta or {}).get("fedevi", {}).get("round", ctx.round))
+        sample, grid = self._where(engine, round_)
+        epistemic = functools.partial(epistemic_uncertainty, clamp=self.clamp_epistemic)
+        return {"G": float(_per_image(engine, model, epistemic, sample, grid).mean())}
+
+    def _where(self, engine: "SegEngine", round_: int) -> Tuple[Optional[List], bool]:
+        """Where the round's uncertainties are measured: this round's window sample (patch mode with
+        ``surrogate_windows``; the same cells for G and A), and whether on the network's grid."""
+        sample = None  # whole images, or this round's windows for both models
+        if self.surrogate_windows is not None and engine.window_sample_available:
+            sample = engine.window_sample("validation", self.surrogate_windows, int(round_), SAMPLE_PURPOSE)
+        return sample, self.uncertainty_grid == "network" and not getattr(engine, "volumes", False)
 
     def surrogate_statistics(self, engine: "SegEngine", surrogate: nn.Module, local_model: nn.Module,
                              round_: int) -> Dict[str, float]:
         """``{"G", "A", "R_paper"}`` of round ``round_`` with this objective's options (grid, clamp, window
         sample): :func:`surrogate_statistics`. Independent of which task runs it: the surrogate task, or any placement
         that holds the surrogate and this round's local model."""
-        sample = None  # whole images, or this round's windows for both models
-        if self.surrogate_windows is not None and engine.window_sample_available:
-            sample = engine.window_sample("validation", self.surrogate_windows, int(round_), SAMPLE_PURPOSE)
-        grid = self.uncertainty_grid == "network" and not getattr(engine, "volumes", False)
+        sample, grid = self._where(engine, round_)
         return surrogate_statistics(engine, surrogate, local_model, sample=sample, network_grid=grid,
                                     clamp_epistemic=self.clamp_epistemic)
 
@@ -202,11 +172,12 @@ def surrogate_statistics(engine: "SegEngine", surrogate: nn.Module, local_model:
     epistemic = functools.partial(epistemic_uncertainty, clamp=clamp_epistemic)
     gap = float(_per_image(engine, surrogate, epistemic, sample, network_grid).mean())
     aleatoric = _per_image(engine, local_model, aleatoric_uncertainty, sample, network_grid)
-    return {
-        "G": gap,
-        "A": float(aleatoric.mean()),
-        "R_paper": float((1.0 / aleatoric.clamp_min(MIN_ALEATORIC)).mean()),
-    }
+    return {"G": gap, **local_statistics(aleatoric)}
+
+
+def local_statistics(aleatoric: torch.Tensor) -> Dict[str, float]:
+    """``{"A", "R_paper"}`` from the per-image pixel-mean aleatoric uncertainties ``(N_val,)`` of a local model."""
+    return {"A": float(aleatoric.mean()), "R_paper": float((1.0 / aleatoric.clamp_min(MIN_ALEATORIC)).mean())}
 
 
 def _per_image(engine: "SegEngine", model: nn.Module, uncertainty, sample: Optional[List] = None,

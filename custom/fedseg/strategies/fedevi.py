@@ -1,10 +1,10 @@
 """FedEvi (Chen et al., MICCAI 2024): evidential weight aggregation.
 
-Round r, after the train task returns the local models theta_k^r:
+Round r, the train task returns the local models theta_k^r with A (aleatoric uncertainty of the site's own theta_k^r on
+its validation split) and R_paper (mean over images of 1 / aleatoric uncertainty of theta_k^r):
     1. surrogate  theta_hat = sum_k beta_k^{r-1} theta_k^r
-    2. task "evaluate_surrogate": every site returns three scalars computed on its validation split,
-       G (epistemic uncertainty of theta_hat), A (aleatoric uncertainty of its own theta_k^r) and
-       R_paper (mean over images of 1 / aleatoric uncertainty of theta_k^r)
+    2. task "evaluate_surrogate": every site returns G, the epistemic uncertainty of theta_hat on its validation
+       split (the one statistic that needs every site's model of the round, hence a second task)
     3. beta^r = update_beta(beta^{r-1}, G, R)   (see ``evidential_weights``)
     4. theta^r = sum_k beta_k^r theta_k^r
 beta^0 = n_k / sum(n) ("samples", paper default) or 1/K ("uniform", the paper's ablation).
@@ -120,9 +120,11 @@ class FedEviStrategy(ServerStrategy):
         total = sum(self.beta[s] for s in sites)
         return {s: self.beta[s] / total for s in sites}
 
-    def _read_statistics(self, update: ClientUpdate) -> Dict[str, float]:
-        """G, A (and R_paper when present or needed) from a surrogate-task reply; ValueError if unusable."""
-        meta = update.meta or {}
+    def _read_statistics(self, update: ClientUpdate, reply: ClientUpdate) -> Dict[str, float]:
+        """G, A (and R_paper when present or needed) of a site: A and R_paper describe its local model and come with
+        its train update, G with its surrogate-task reply (a reply that also carries A / R_paper is read first);
+        ValueError if unusable."""
+        meta = {**{k: v for k, v in (update.meta or {}).items() if k in ("A", "R_paper")}, **(reply.meta or {})}
         needed = ("G", "A", "R_paper") if self.weight_form == "paper" else ("G", "A")
         missing = [k for k in needed if k not in meta]
         if missing:
@@ -135,7 +137,7 @@ class FedEviStrategy(ServerStrategy):
         return stats
 
     def _collect(
-        self, sites: List[str], replies: Dict[str, ClientUpdate]
+        self, sites: List[str], updates: Dict[str, ClientUpdate], replies: Dict[str, ClientUpdate]
     ) -> Tuple[Dict[str, Dict[str, float]], Dict[str, str]]:
         stats: Dict[str, Dict[str, float]] = {}
         dropped: Dict[str, str] = {}
@@ -144,7 +146,7 @@ class FedEviStrategy(ServerStrategy):
                 dropped[s] = "no reply to the surrogate task"
                 continue
             try:
-                stats[s] = self._read_statistics(replies[s])
+                stats[s] = self._read_statistics(updates[s], replies[s])
             except ValueError as err:
                 dropped[s] = f"unusable statistics: {err}"
         for s, why in dropped.items():
@@ -158,7 +160,7 @@ class FedEviStrategy(ServerStrategy):
 
         # the second task carries only the surrogate weights and the round index
         payloads = {s: SitePayload(params=surrogate, meta={"fedevi": {"round": int(round_)}}) for s in sites}
-        stats, dropped = self._collect(sites, exchange(SURROGATE_TASK, payloads))
+        stats, dropped = self._collect(sites, updates, exchange(SURROGATE_TASK, payloads))
         answered = [s for s in sites if s in stats]
         if not answered:
             self._global = surrogate
