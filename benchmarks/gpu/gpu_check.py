@@ -327,10 +327,10 @@ def measure_volume_networks_96(quick: bool) -> Dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- 6. round limit
-def measure_round_limit(out: Path, quick: bool) -> Dict[str, Any]:
+def measure_round_limit(out: Path, quick: bool, rounds: int = 5) -> Dict[str, Any]:
     """``benchmarks/cost/round_limit.py``: FedAvg and FedEvi rounds against the plain-loop limit on this device —
-    built-in polyp, 4 sites, FedEvi's ``paper`` protocol at 384 px (``--data-profile gpu``), 5 rounds; ``quick``: the
-    tiny profile, 3 sites, 2 rounds."""
+    built-in polyp, 4 sites, FedEvi's ``paper`` protocol at 384 px (``--data-profile gpu``), ``rounds`` rounds;
+    ``quick``: the tiny profile, 3 sites, 2 rounds."""
     from benchmarks.cost.round_limit import main as round_limit
 
     if quick:
@@ -338,7 +338,7 @@ def measure_round_limit(out: Path, quick: bool) -> Dict[str, Any]:
                 "--repeats", "2"]
     else:
         argv = ["--out", str(out / "round_limit"), "--methods", "fedavg", "fedevi", "--sites", *PAPER_BUDGET_SITES,
-                "--profile", "paper", "--protocol", "fedevi", "--data-profile", "gpu", "--rounds", "5", "--repeats", "5"]
+                "--profile", "paper", "--protocol", "fedevi", "--data-profile", "gpu", "--rounds", str(rounds), "--repeats", "3"]
     record = round_limit(argv)
     record["command"] = "python benchmarks/cost/round_limit.py " + " ".join(a if a != str(out / "round_limit") else "OUT/round_limit" for a in argv)
     return record
@@ -377,6 +377,17 @@ def start_paper_budget(out: Path, quick: bool) -> Dict[str, Any]:
     return {"commands": commands, "procs": procs, "started": time.perf_counter()}
 
 
+def _rounds_done(out: Path) -> Dict[str, int]:
+    """Rounds each of the paper budget's simulator jobs has finished (from their servers' report.json)."""
+    done = {}
+    for report in sorted(out.glob("paper_*/workspaces/*/server/simulate_job/report.json")):
+        try:
+            done[report.parts[-5]] = len(json.loads(report.read_text()).get("rounds", []))
+        except (OSError, json.JSONDecodeError):
+            done[report.parts[-5]] = -1
+    return done
+
+
 def run_paper_budget(out: Path, quick: bool, timeout: int, started: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The paper budget (``paper_budget_commands``), both benches at once on this device (``started``: already started
     by :func:`start_paper_budget`): the wall of the whole and each bench's per-method median round and the ratio to
@@ -391,7 +402,7 @@ def run_paper_budget(out: Path, quick: bool, timeout: int, started: Optional[Dic
             for other in procs.values():
                 if other.poll() is None:
                     os.killpg(other.pid, signal.SIGKILL)
-            raise RuntimeError(f"the paper budget did not finish within {timeout} s")
+            raise RuntimeError(f"the paper budget did not finish within {timeout} s; rounds done by then: {_rounds_done(out)}")
     wall = time.perf_counter() - started
     failed = {m: p.returncode for m, p in procs.items() if p.returncode}
     if failed:
@@ -515,12 +526,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--skip-tests", action="store_true", help="measure only (the tests already ran)")
     parser.add_argument("--steps", nargs="+", default=None, choices=STEPS,
                         help="run only these steps (default: all); steps already in OUT/gpu_check.json are kept")
+    parser.add_argument("--deadline-s", type=float, default=None,
+                        help="seconds from the start within which the check must end (a lease's limit): the paper "
+                             "budget gets what is left, at most its own limit")
+    parser.add_argument("--round-limit-rounds", type=int, default=5, help="rounds of the round-limit step's runs")
     parser.add_argument("--overlap-tests", action="store_true",
                         help="run the CUDA tests while the paper budget runs (a short lease: the tests time nothing; "
                              "the budget's wall then includes their load)")
     args = parser.parse_args(argv)
     from fedseg.bench.bench import code_version
 
+    check_started = time.perf_counter()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
@@ -555,7 +571,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     overlap = args.overlap_tests and {"cuda_tests", "paper_budget"} <= wanted
     if not overlap:
         step("cuda_tests", lambda: run_cuda_tests(out, TEST_TIMEOUT_S))
-    step("round_limit", lambda: measure_round_limit(out, args.quick))
+    step("round_limit", lambda: measure_round_limit(out, args.quick, args.round_limit_rounds))
     budget = start_paper_budget(out, args.quick) if overlap else None
     if overlap:
         step("cuda_tests", lambda: run_cuda_tests(out, TEST_TIMEOUT_S))
@@ -569,7 +585,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     step("simulator_round", lambda: measure_simulator_round(out, args.quick, SIM_TIMEOUT_S))
     step("site_ranks", lambda: measure_site_ranks(out, args.quick, SIM_TIMEOUT_S))
     step("volume_networks_96", lambda: measure_volume_networks_96(args.quick))
-    step("paper_budget", lambda: run_paper_budget(out, args.quick, PAPER_BUDGET_TIMEOUT_S, budget))
+    left = None if args.deadline_s is None else args.deadline_s - (time.perf_counter() - check_started) - 15
+    budget_timeout = int(max(60, min(PAPER_BUDGET_TIMEOUT_S, left if left is not None else PAPER_BUDGET_TIMEOUT_S)))
+    step("paper_budget", lambda: run_paper_budget(out, args.quick, budget_timeout, budget))
 
     save()
     print(f"\n{to_markdown(result)}\nwrote {out / 'gpu_check.json'} and {out / 'gpu_check.md'}", flush=True)

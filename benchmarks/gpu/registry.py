@@ -14,7 +14,8 @@ RUNS: Dict[str, Dict[str, Any]] = {
     "gpu-check": {"out": "gpu_check", "result": "gpu_check.json", "commands": ["python benchmarks/gpu/gpu_check.py --out {out}"]},
     # a lease's check: the tests (while the paper budget runs), the round against the GPU's pace, the paper budget
     "gpu-check-pace": {"out": "gpu_check_pace", "result": "gpu_check.json", "commands": [
-        "python benchmarks/gpu/gpu_check.py --out {out} --steps cuda_tests round_limit paper_budget --overlap-tests"]},
+        "python benchmarks/gpu/gpu_check.py --out {out} --steps cuda_tests round_limit paper_budget --overlap-tests "
+        "--round-limit-rounds 3 --deadline-s 560"]},
 }
 
 #: the parts drawn from the lease's check (the rest from the whole check)

@@ -16,6 +16,7 @@ import math
 import os
 import re
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -286,6 +287,9 @@ def _site_summary(rows: List[Dict[str, Any]], metrics: Sequence[str] = METRICS) 
 
 
 # ------------------------------------------------------------------------------------ method runs
+_EXPORT_LOCK = threading.Lock()
+
+
 def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: Path,
                site_map_file: Path) -> Dict[str, Any]:
     """Export ``spec.method`` with the budget and ``spec.seed``, run it in the simulator (threads == sites,
@@ -293,11 +297,14 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
     from fedseg.recipes.export import export_job
 
     sites = list(mapping)
-    job = export_job(
-        spec.method, out / "jobs" / spec.id, budget.profile, num_rounds=budget.num_rounds(),
-        script_args=f"--site_datalists {Path(site_map_file).resolve()}", min_clients=len(sites),
-        task_check_period=budget.task_check_period, **{**budget.overrides(spec.seed), **spec.variant_args},
-    )
+    # one export at a time (``fedseg bench --parallel`` runs this in threads): MONAI's bundle parser scans sys.modules
+    # while it instantiates, and a module another thread imports meanwhile breaks that scan
+    with _EXPORT_LOCK:
+        job = export_job(
+            spec.method, out / "jobs" / spec.id, budget.profile, num_rounds=budget.num_rounds(),
+            script_args=f"--site_datalists {Path(site_map_file).resolve()}", min_clients=len(sites),
+            task_check_period=budget.task_check_period, **{**budget.overrides(spec.seed), **spec.variant_args},
+        )
     patch_job(job, budget.task_request_interval)
     workspace = out / "workspaces" / spec.id
     res = run_simulator(job, workspace, sites, threads=len(sites), omp_threads=budget.omp_threads,
