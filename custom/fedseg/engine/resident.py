@@ -202,8 +202,8 @@ class ResidentTrainingData:
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor to the device without making the host wait: copies from pageable memory would wait for the
         work already queued on the device, so they go through pinned memory."""
-        if t.device == self.device:
-            return t
+        if t.device.type != "cpu":  # already on a GPU ("cuda:0" is not equal to "cuda", so no device comparison)
+            return t.to(self.device, non_blocking=True)
         if self.device.type == "cuda" and not t.is_pinned():
             t = t.pin_memory()
         return t.to(self.device, non_blocking=True)
