@@ -469,8 +469,9 @@ def test_code_version_is_the_commit_and_dirty_flag(tmp_path):
 
 
 def test_code_version_of_a_copy_without_git_is_the_commit_its_copier_states(tmp_path, monkeypatch):
-    """A tree copied without .git (a GPU machine's copy): ``$FEDSEG_CODE_COMMIT`` names the commit, marked as stated;
-    a value that is not a hash is ignored, and a real checkout's own commit wins over the variable."""
+    """A tree copied to another machine: ``$FEDSEG_CODE_COMMIT`` names the commit, marked as stated, also where a git
+    folder travelled with the copy (it can be an older commit than the tree: seen on a GPU lease); a value that is not
+    a hash is ignored, and without the variable a real checkout's own commit is read."""
     from fedseg.bench.bench import code_version, version_label
 
     monkeypatch.setenv("FEDSEG_CODE_COMMIT", "8c08110")
@@ -485,6 +486,8 @@ def test_code_version_of_a_copy_without_git_is_the_commit_its_copier_states(tmp_
     _git(tmp_path / "repo", "add", ".")
     _git(tmp_path / "repo", "commit", "-q", "-m", "one")
     monkeypatch.setenv("FEDSEG_CODE_COMMIT", "0000000")
+    assert code_version(pkg) == {"commit": "0000000", "dirty": False, "stated": True}
+    monkeypatch.delenv("FEDSEG_CODE_COMMIT")
     assert code_version(pkg) == {"commit": _git(tmp_path / "repo", "rev-parse", "--short", "HEAD"), "dirty": False}
 
 

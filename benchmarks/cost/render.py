@@ -41,11 +41,12 @@ def round_limit_rows(record: Mapping[str, Any]) -> List[str]:
         lim = row["limit"]
         shared = lim.get("shared_limit_s")
         compute = row.get("slowest_site_compute_s")
+        compute_cell = "-" if compute is None else f"{compute:.2f}"
+        shared_cells = ("- | -" if shared is None else f"{shared:.2f} | {row['ratio_to_shared_limit']:.2f}x")
         lines.append(
             f"| {label} | {row['tasks_per_round']:g} | {row['round0_s']:.1f} | {row['median_round_s']:.2f} | "
-            f"{'-' if compute is None else f'{compute:.2f}'} | {lim['limit_s']:.2f} | {row['ratio_to_limit']:.2f}x | "
-            f"{'-' if shared is None else f'{shared:.2f}'} | "
-            f"{'-' if shared is None else f'{row['ratio_to_shared_limit']:.2f}x'} | {row.get('round_ratio_to_fedavg', 1.0):.2f}x |")
+            f"{compute_cell} | {lim['limit_s']:.2f} | {row['ratio_to_limit']:.2f}x | {shared_cells} | "
+            f"{row.get('round_ratio_to_fedavg', 1.0):.2f}x |")
     return lines
 
 

@@ -382,9 +382,9 @@ def _rounds_done(out: Path) -> Dict[str, int]:
     done = {}
     for report in sorted(out.glob("paper_*/workspaces/*/server/simulate_job/report.json")):
         try:
-            done[report.parts[-5]] = len(json.loads(report.read_text()).get("rounds", []))
+            done[f"{report.parts[-6]}/{report.parts[-4]}"] = len(json.loads(report.read_text()).get("rounds", []))
         except (OSError, json.JSONDecodeError):
-            done[report.parts[-5]] = -1
+            done[f"{report.parts[-6]}/{report.parts[-4]}"] = -1
     return done
 
 

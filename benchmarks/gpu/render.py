@@ -99,6 +99,17 @@ def render_gpu_check(table_id: str, table: Mapping[str, Any], outputs: Sequence[
         res = result("round_limit")
         lines = round_limit_rows(res)
         note = f"`{res['command']}`, {len(res['sites'])} sites. {ROUND_LIMIT_NOTE}"
+    elif part == "paper-budget" and not (steps.get("paper_budget") or {}).get("ok", True):
+        from pathlib import Path
+
+        from benchmarks.gpu.gpu_check import PAPER_BUDGET_ROUNDS, paper_budget_commands
+
+        failed = steps["paper_budget"]
+        lines = ["| outcome | what happened |", "|---|---|",
+                 f"| did not finish | {failed['error'].split(': ', 1)[-1]} |"]
+        commands = [" ".join(c).replace("OUT/", "OUT/") for c in paper_budget_commands(Path("OUT"), False).values()]
+        note = (f"The paper budget ({PAPER_BUDGET_ROUNDS} rounds, the two benches at once, the CUDA tests beside them at "
+                f"first) in what the check had left ({failed.get('seconds', 0):.0f} s). " + " ".join(f"`{c}`" for c in commands))
     elif part == "paper-budget":
         res = result("paper_budget")
         lines = ["| bench | approach | median round (s) | round vs FedAvg | whole run (s) |", "|---|---|---|---|---|"]

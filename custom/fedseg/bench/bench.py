@@ -108,9 +108,14 @@ def code_version(path: Optional[Path] = None) -> Dict[str, Any]:
     tracked files hold ``path`` (default: this package). ``dirty``: tracked files differ from the commit (untracked
     files, e.g. outputs, do not count). ``{"commit": None, "dirty": None}`` where the package is not a git
     checkout (installed from a wheel, or git missing): ``git ls-files`` must list ``path``'s ``__init__.py``, so a
-    package installed inside another repository's folder is not given that repository's commit. There, a commit
-    hash in ``$FEDSEG_CODE_COMMIT`` is taken as stated: ``{"commit": it, "dirty": False, "stated": True}``."""
+    package installed inside another repository's folder is not given that repository's commit. A commit hash in
+    ``$FEDSEG_CODE_COMMIT`` is taken as stated, before any git folder: ``{"commit": it, "dirty": False, "stated":
+    True}`` (whoever copies a tree to another machine knows its commit; a git folder travelling with the copy may be
+    an older one)."""
     here = Path(path) if path is not None else Path(__file__).resolve().parent
+    stated = os.environ.get(CODE_COMMIT_ENV, "").strip()
+    if re.fullmatch(r"[0-9a-f]{7,40}", stated):
+        return {"commit": stated, "dirty": False, "stated": True}
 
     def git(*args: str) -> Optional[str]:
         try:
@@ -122,11 +127,7 @@ def code_version(path: Optional[Path] = None) -> Dict[str, Any]:
     commit = git("rev-parse", "--short", "HEAD") if git("ls-files", "--error-unmatch", "__init__.py") is not None else None
     status = git("status", "--porcelain", "--untracked-files=no") if commit else None
     if not commit or status is None:
-        # a copy of a commit without its .git folder (a container image, a tree sent to a GPU machine): the commit
-        # it was copied from, as whoever copied it states it
-        stated = os.environ.get(CODE_COMMIT_ENV, "").strip()
-        return {"commit": stated, "dirty": False, "stated": True} if re.fullmatch(r"[0-9a-f]{7,40}", stated) else \
-            {"commit": None, "dirty": None}
+        return {"commit": None, "dirty": None}
     return {"commit": commit.strip(), "dirty": bool(status.strip())}
 
 
