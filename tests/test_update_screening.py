@@ -136,6 +136,16 @@ def test_coordinate_median_is_numpys(rows):
     np.testing.assert_allclose(coordinate_median(torch.as_tensor(x)).numpy(), np.median(x, axis=0))
 
 
+def test_coordinate_median_beyond_the_sorting_network_is_numpys():
+    """More sites than the sorting network takes (a sort along the first axis), odd and even K."""
+    from fedseg.fl.screening import SORTING_NETWORK_SITES
+
+    rng = np.random.default_rng(0)
+    for k in (SORTING_NETWORK_SITES + 1, SORTING_NETWORK_SITES + 2):
+        x = rng.normal(size=(k, 5))
+        np.testing.assert_allclose(coordinate_median(torch.as_tensor(x)).numpy(), np.median(x, axis=0))
+
+
 def test_zero_model_and_stale_round_and_ranges():
     zero = {"w": torch.zeros(4, 3), "b": torch.zeros(3), "n": torch.tensor(3)}
     assert is_zero_model(zero) and not is_zero_model({"n": torch.tensor(0)}) and not is_zero_model(GLOBAL)
