@@ -514,6 +514,7 @@ class FedSegController(ModelController):
             groups.setdefault(id(payload.params), []).append(site)
         results: Dict[str, ClientUpdate] = {}
         answered: List[str] = []
+        handled: List[str] = []
         sent_at: Dict[str, float] = {}
 
         def reject(site: str, reason: str) -> None:
@@ -537,6 +538,8 @@ class FedSegController(ModelController):
             except InvalidUpdateError as e:
                 reject(site, str(e))
                 return False
+            finally:
+                handled.append(site)  # after its result is in `results` (or rejected): the wait below reads this
 
         for sites in groups.values():
             first = payloads[sites[0]]
@@ -557,10 +560,10 @@ class FedSegController(ModelController):
                 self._bytes["sent"] += len(targets) * (payload_bytes(data.params) + payload_bytes(data.meta))
                 sent_at.update(dict.fromkeys(targets, time.time()))  # before the task is serialised and queued
                 self.send_model(task_name, data, targets=targets, timeout=self.task_timeout, callback=on_result)
-        # done when every site has answered: NVFlare retires a finished task only at its next task check
+        # done when every site's answer is handled: NVFlare retires a finished task only at its next task check
         # (task_check_period), which would otherwise add up to that period to every task of every round
         expected = set(payloads)
-        while self.get_num_standing_tasks() > 0 and not expected <= set(answered):
+        while self.get_num_standing_tasks() > 0 and not expected <= set(handled):
             if self.abort_signal.triggered:
                 raise RuntimeError("job aborted")
             time.sleep(0.005)
