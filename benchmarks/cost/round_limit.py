@@ -263,7 +263,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             row["round_ratio_to_fedavg"] = row["median_round_s"] / suite[baseline]["median_round_s"]
     record = {
         "benchmark": "round_limit", "date": _dt.datetime.now().isoformat(timespec="seconds"),
-        "command": "python benchmarks/round_limit.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python benchmarks/cost/round_limit.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine, "device_type": device.type, "code_version": code_version(), "sites": list(sites), "methods": suite,
         "wall_time_s": time.perf_counter() - started,
     }
