@@ -226,6 +226,17 @@ class RandomRotate(BatchOp):
         return out
 
 
+def _channel_draws(x: torch.Tensor, prob: float, bounds: Tuple[float, float], channel_wise: bool, neutral: float,
+                   generator: torch.Generator) -> torch.Tensor:
+    """Per sample ``(B, C or 1, 1, ...)``: a value uniform on ``bounds`` (one per channel with ``channel_wise``) where
+    the sample is transformed (probability ``prob``), else ``neutral``; broadcastable over ``x``."""
+    n, c = x.shape[:2]
+    do = draw_bernoulli(n, prob, generator)
+    value = draw_uniform((n, c if channel_wise else 1), *bounds, generator)
+    value = torch.where(do[:, None], value, torch.full_like(value, neutral))
+    return value.view(n, -1, *([1] * (x.ndim - 2)))
+
+
 class RandomScaleIntensity(BatchOp):
     """``RandScaleIntensityd(factors, prob, channel_wise)``: with probability ``prob``, ``x * (1 + f)`` with ``f``
     uniform on ``factors``, one per channel (``channel_wise``) or per sample."""
@@ -236,12 +247,7 @@ class RandomScaleIntensity(BatchOp):
     def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
         out = dict(batch)
         for key in _keys_in(batch, self.keys):
-            x = batch[key]
-            n, c = x.shape[:2]
-            do = draw_bernoulli(n, self.prob, generator)
-            f = draw_uniform((n, c if self.channel_wise else 1), *self.factors, generator)
-            scale = torch.where(do[:, None], 1.0 + f, torch.ones_like(f))
-            out[key] = x * scale.view(n, -1, *([1] * (x.ndim - 2)))
+            out[key] = batch[key] * (1.0 + _channel_draws(batch[key], self.prob, self.factors, self.channel_wise, 0.0, generator))
         return out
 
 
@@ -255,12 +261,7 @@ class RandomShiftIntensity(BatchOp):
     def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
         out = dict(batch)
         for key in _keys_in(batch, self.keys):
-            x = batch[key]
-            n, c = x.shape[:2]
-            do = draw_bernoulli(n, self.prob, generator)
-            o = draw_uniform((n, c if self.channel_wise else 1), *self.offsets, generator)
-            shift = torch.where(do[:, None], o, torch.zeros_like(o))
-            out[key] = x + shift.view(n, -1, *([1] * (x.ndim - 2)))
+            out[key] = batch[key] + _channel_draws(batch[key], self.prob, self.offsets, self.channel_wise, 0.0, generator)
         return out
 
 
