@@ -51,10 +51,12 @@ def _server_interval(job_dir):
 def test_export_sets_the_task_request_interval(tmp_path):
     import pytest
 
+    from fedseg.recipes.base import TASK_REQUEST_INTERVAL
+
     main(["export", "--method", "fedevi", "--out", str(tmp_path / "default")])
-    assert _server_interval(tmp_path / "default" / "fedevi") == 0.2
-    main(["export", "--method", "fedevi", "--out", str(tmp_path / "fast"), "--task-request-interval", "0.05"])
-    assert _server_interval(tmp_path / "fast" / "fedevi") == 0.05
+    assert _server_interval(tmp_path / "default" / "fedevi") == TASK_REQUEST_INTERVAL == 0.05
+    main(["export", "--method", "fedevi", "--out", str(tmp_path / "slow"), "--task-request-interval", "0.5"])
+    assert _server_interval(tmp_path / "slow" / "fedevi") == 0.5
     for bad in ("0", "-1", "120"):
         with pytest.raises(SystemExit, match="task_request_interval"):
             main(["export", "--method", "fedevi", "--out", str(tmp_path / "bad"), "--task-request-interval", bad])

@@ -215,6 +215,7 @@ def test_engine_without_dp_is_the_previous_training_loop(tiny_datalist, tiny_tra
     ctx = RoundContext("site-a", 0, 1, server_meta=_graph_meta(direction, 0.7))
     objective = build_objective("graphfedseg")
     objective.begin_round(ctx, model)
+    order_state = engine.shuffle_generator.get_state()  # the hand loop below replays the round's batches
     metrics = engine.train(model, objective, ctx)
     assert set(metrics) == {"train_loss", "steps"}
 
@@ -225,7 +226,8 @@ def test_engine_without_dp_is_the_previous_training_loop(tiny_datalist, tiny_tra
     # the regulariser's value and gradient are checked against cosines and the closed form in
     # test_graphfedseg_math.py; here the same function is used so the loops can be compared bit for bit
     d = [torch.as_tensor(v) for v in direction.values()]
-    loader = engine.loader("training", shuffle=True, train=True)  # augment is off in cfg
+    engine.shuffle_generator.set_state(order_state)
+    loader = engine.training_batches()  # the same batches in the same order (augment is off in cfg)
     losses = []
     for _ in range(cfg["local_epochs"]):
         for batch in loader:

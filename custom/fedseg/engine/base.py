@@ -174,17 +174,16 @@ class LocalEngine(ABC):
         if workers < 0:
             raise ValueError(f"train_config['num_workers'] must be >= 0, got {workers}")
         # MONAI's DataLoader (num_workers 0) seeds the dataset's random transforms from the generator, then resets the
-        # generator to its initial seed: every round would replay the first round's orders. Keep its seed draw, undo
-        # the reset, so each round continues the one stream
+        # generator to its initial seed: every round would replay the first round's orders. Undo both
         state = self._shuffle_generator.get_state()
         loader = DataLoader(
             dataset, batch_size=batch_size, shuffle=shuffle and sampler is None, sampler=sampler, num_workers=workers,
             generator=self._shuffle_generator,
             pin_memory=self.device.type == "cuda", persistent_workers=workers > 0, drop_last=train and self.drop_last,
         )
-        if workers == 0:
-            self._shuffle_generator.set_state(state)
-            torch.empty((), dtype=torch.int64).random_(generator=self._shuffle_generator)
+        # its transforms' seed came from the current state (which every epoch advances): the loader with workers, which
+        # MONAI leaves alone, and this one start from the same state
+        self._shuffle_generator.set_state(state)
         return loader
 
     def training_batches(self):
@@ -393,8 +392,8 @@ class LocalEngine(ABC):
             if layout is not None:
                 model.to(memory_format=torch.contiguous_format)
         check_losses()
-        mean = float(torch.stack(losses).float().mean()) if losses else 0.0
-        return {"train_loss": mean, "steps": float(len(losses))}
+        values = torch.stack(losses).tolist() if losses else []  # one read-back for the whole round
+        return {"train_loss": float(sum(values) / max(len(values), 1)), "steps": float(len(values))}
 
     def memory_format(self) -> Optional[torch.memory_format]:
         """``torch.channels_last`` with ``train_config["channels_last"]`` (2-D networks; the network is converted for
