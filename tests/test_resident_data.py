@@ -110,3 +110,21 @@ def test_patch_mode_batches_carry_their_image_statistics(tiny_datalist, tiny_tra
 def test_a_site_beyond_the_memory_cache_keeps_the_loader(tiny_datalist, tiny_train_config):
     engine = _engine(tiny_datalist, tiny_train_config, cache_max_mb=0.001)
     assert not isinstance(engine.training_batches(), ResidentLoader)
+
+
+@pytest.mark.parametrize("mode, patch_dims", [("patch", 3), ("slices", 2)])
+def test_volume_patches_come_from_the_resident_split(tmp_path_factory, tiny_train_config, mode, patch_dims):
+    """CT / MR volumes whose cache fits: 3-D patches, or one-slice patches squeezed to 2-D, drawn on the device the
+    same way (the volume bundle's croppers, flips and turns have their batch forms)."""
+    from fedseg.data.synthetic import generate_site_data
+    from fedseg.engine.factory import build_engine
+    from sim_utils import VOLUME_FIELDS
+
+    datalist = generate_site_data("prostate3d", "site-a", tmp_path_factory.mktemp("volumes"), profile="tiny")
+    engine = build_engine("site-a", datalist, {**tiny_train_config, **VOLUME_FIELDS, "spatial_mode": mode})
+    batches = engine.training_batches()
+    assert isinstance(batches, ResidentLoader)
+    batch = next(iter(batches))
+    assert batch["image"].ndim == patch_dims + 2 and batch["label"].shape[1] == 1
+    assert set(torch.unique(batch["label"]).tolist()) <= set(range(engine.num_classes))
+    assert engine.train(engine.build_network(), ClientObjective(), RoundContext("site-a", 0, 1))["steps"] > 0
