@@ -49,6 +49,7 @@ def _sync(device: torch.device) -> None:
 def site_loop(site: str, datalist: str, train_config: Dict[str, Any], device: str, seed: int = 0):
     """``(train(), validate())``: the plain loop of one site and its validation forward, on ``device``, with the
     site's batches for one round (``local_epochs`` epochs) already resident and augmented there."""
+    from fedseg.engine.base import backward_step
     from fedseg.engine.engine import SegEngine
     from fedseg.engine.resident import ResidentLoader, resident_training_data
 
@@ -79,13 +80,7 @@ def site_loop(site: str, datalist: str, train_config: Dict[str, Any], device: st
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast(device_type=dev.type, dtype=amp or torch.float32, enabled=amp is not None):
                 loss = loss_fn(model(b["image"]), b["label"])
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                optimizer.step()
+            backward_step(loss, optimizer, scaler)
         _sync(dev)
 
     @torch.no_grad()

@@ -54,6 +54,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from fedseg.data.synthetic.volumes import VOLUME_FAMILIES
+from fedseg.engine.base import backward_step
 
 
 def _sync() -> None:
@@ -85,13 +86,7 @@ def plain_train(model: torch.nn.Module, loss_fn: torch.nn.Module, optimizer: tor
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast(device_type=device.type, dtype=amp or torch.float32, enabled=amp is not None):
                 loss = loss_fn(model(inputs), labels)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                optimizer.step()
+            backward_step(loss, optimizer, scaler)
             losses.append(loss.item())
     return sum(losses) / max(len(losses), 1)
 

@@ -54,6 +54,18 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def backward_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: Optional["torch.amp.GradScaler"] = None) -> None:
+    """The loss's backward pass and one optimiser step; with a float16 ``scaler``, the loss scaled and the step taken
+    through it (torch's AMP recipe)."""
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+        return
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+
+
 class LocalEngine(ABC):
     """Base of the site engines.
 
@@ -360,13 +372,7 @@ class LocalEngine(ABC):
                 loss = objective.loss(BatchOutput(inputs, labels, logits, features, epoch=engine.state.epoch - 1))
             if self.device.type == "cpu" and not torch.isfinite(loss):  # on the CPU reading it costs nothing
                 raise FloatingPointError(f"{self.site}: non-finite training loss {loss.item()} at round {ctx.round}")
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                optimizer.step()
+            backward_step(loss, optimizer, scaler)
             objective.after_step(model, optimizer)  # e.g. SCAFFOLD's control-variate correction
             losses.append(loss.detach())
             return {"loss": losses[-1]}
