@@ -4,11 +4,12 @@ A simulator run costs ~20 s on 2 cores whatever it trains (NVFlare starts a serv
 each importing torch and MONAI, and shuts them down with fixed grace periods), so the tests read a small set
 of *shared runs*: :data:`SHARED_RUNS` names each configuration once, and the session fixture ``shared_runs``
 (``conftest.py``) runs it once and hands every test that reads it the same :class:`SimRun`. The runs the
-selected tests declare (marker ``shared_runs``) are started in the background, one after the other, as the
-session begins, so that they overlap the tests that need no simulator. At most :data:`SIMULATOR_SLOTS` simulators
-at once (a tiny run keeps about half a core busy: most of its wall time is process start-up and NVFlare's waits):
-:func:`run_simulator` takes one slot, a test that starts NVFlare processes another way (fixed ports, its own
-timing) takes all of them with :func:`exclusive`. ``tests/README.md`` says how to add a test without adding a run.
+selected tests declare (marker ``shared_runs``) are started in the background as the session begins, the
+costliest first (:func:`background_order`), so that they overlap the tests that need no simulator. At most
+:data:`SIMULATOR_SLOTS` runs at once (a tiny run keeps about half a core busy: most of its wall time is process
+start-up and NVFlare's waits): :func:`run_simulator` takes one slot, and so does every :class:`JobSpec` (the POC,
+the deployment, the killed and resumed simulator, ``fedseg bench``), which starts its NVFlare processes itself.
+``tests/README.md`` says how to add a test without adding a run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import queue
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
@@ -81,13 +82,6 @@ class SimulatorSlots:
 SIMULATOR_SLOTS = SimulatorSlots(int(os.environ.get("FEDSEG_TEST_SIMULATORS", "2")))
 
 
-@contextmanager
-def exclusive() -> Iterator[None]:
-    """Hold every simulator slot while a test starts NVFlare processes itself (``fedseg bench``, POC, ...)."""
-    with SIMULATOR_SLOTS.all():
-        yield
-
-
 def run_simulator(
     job: Path, workspace: Path, n_clients: int = 3, timeout: int = 900, clients: Optional[List[str]] = None,
     env: Optional[Mapping[str, str]] = None, gpu: Optional[str] = None,
@@ -128,7 +122,7 @@ class RunSpec:
     ``env`` is added to the simulator's environment (e.g. fault injection); ``datalists``, when given, is
     called with a folder and returns ``{site: datalist path}`` (written there), which the job receives as
     ``--site_datalists``; without it every site generates its built-in data. ``gpu`` is the simulator's
-    ``-gpu`` option.
+    ``-gpu`` option. ``cost``: about how many plain tiny 3-site runs it takes (:func:`background_order`).
     """
 
     method: str
@@ -138,10 +132,11 @@ class RunSpec:
     datalists: Optional[Callable[[Path], Dict[str, str]]] = None
     gpu: Optional[str] = None
     profile: str = "tiny"
+    cost: float = 1.0
 
     def but(self, **options: Any) -> "RunSpec":
         """The same run with some export options changed (a paired run: other executor, other wire dtype)."""
-        return RunSpec(self.method, self.sites, {**self.options, **options}, self.env, self.datalists, self.gpu, self.profile)
+        return replace(self, options={**self.options, **options})
 
 
 @dataclass
@@ -183,11 +178,15 @@ class SimRun:
 @dataclass(frozen=True)
 class JobSpec:
     """A shared run that is not one exported job in the simulator (``fedseg bench``'s own runs, a job whose input is
-    made first): ``make`` names a function ``"module:function"`` (a test module's) that gets the run's folder, makes
-    its inputs and returns the part the background worker runs: a callable that starts at most one NVFlare simulator
-    at a time, as subprocesses whose output goes to a file (:func:`run_cli`), and returns what the readers get."""
+    made first, a simulator killed and resumed, the POC, a provisioned deployment): ``make`` names a function
+    ``"module:function"`` (a test module's) that gets the run's folder, makes its inputs and returns the part the
+    background worker runs: a callable that starts at most one NVFlare run at a time, as subprocesses whose output
+    goes to a file (:func:`run_cli`), and returns what the readers get. It must not build Python ASTs (no MONAI
+    bundle parsing, no job export: :func:`prepare` says why); whatever needs that belongs to ``make``. ``cost``: about
+    how many plain tiny 3-site simulator runs it takes (:func:`background_order`)."""
 
     make: str
+    cost: float = 1.0
 
 
 def run_cli(argv: Sequence[str], log: Path, timeout: int = 1200) -> None:
@@ -299,9 +298,10 @@ class SharedRuns:
     """Session cache of simulator runs: ``shared_runs("fedevi")`` is :data:`SHARED_RUNS` ``["fedevi"]``, run once.
 
     :meth:`prefetch` prepares the runs the selected tests declare (:func:`prepare`, in the calling thread) and
-    queues them in the order the tests read them; ``workers`` background threads (one per simulator slot) take
-    them in that order and a reader waits for its run. A run that failed (to prepare or to run) fails every test
-    that reads it with the same error, without being run again.
+    queues them in the order given (the session gives :func:`background_order`); ``workers`` background threads (one
+    per simulator slot) take them in that order and a reader waits for its run. A run that failed (to prepare or to
+    run) fails every test that reads it with the same error, without being run again. :attr:`seconds` holds each
+    finished run's wall time (the session prints them with ``--durations``).
     """
 
     def __init__(self, make_root: Callable[[str], Path], specs: Mapping[str, "RunSpec | JobSpec"],
@@ -316,6 +316,7 @@ class SharedRuns:
         self._queue: "queue.Queue[Optional[str]]" = queue.Queue()
         self._n_workers = workers or SIMULATOR_SLOTS.n
         self._workers: List[threading.Thread] = []
+        self.seconds: Dict[str, float] = {}
 
     def prefetch(self, names: Sequence[str]) -> None:
         """Run ``names`` in the background, in this order (the order the tests will read them)."""
@@ -340,12 +341,16 @@ class SharedRuns:
             self._queue.put(name)  # the workers start on the first runs while the later ones are prepared
 
     def _drain(self) -> None:
+        import time
+
         while (name := self._queue.get()) is not None:
+            start = time.monotonic()
             try:
                 self._results[name] = self._jobs[name]()
             except BaseException as e:  # noqa: BLE001 - remembered and re-raised for every reader
                 self._results[name] = e
             finally:
+                self.seconds[name] = time.monotonic() - start
                 self._done[name].set()
 
     def close(self) -> None:
@@ -371,6 +376,14 @@ class SharedRuns:
         if isinstance(result, BaseException):
             raise result
         return result
+
+
+def background_order(names: Sequence[str], specs: Optional[Mapping[str, "RunSpec | JobSpec"]] = None) -> List[str]:
+    """``names`` in the order the background workers take them: the costliest first (``cost``; ties keep the order
+    given). With the long runs (``fedseg bench``, the POC, the deployment) started first, the last run to finish is a
+    short one, and the readers, which run in this order, find their runs done or nearly."""
+    specs = SHARED_RUNS if specs is None else specs
+    return sorted(names, key=lambda name: -specs[name].cost if name in specs else 0.0)  # unknown: prefetch refuses it
 
 
 # ------------------------------------------------------------------------------------------ the runs
@@ -441,7 +454,7 @@ SHARED_RUNS: Dict[str, "RunSpec | JobSpec"] = {
     # CUDA (tests/test_cuda.py, skipped without a GPU): both sites on GPU 0 through the simulator's -gpu option
     "fedavg_gpu": RunSpec("fedavg", sites(2), {"num_rounds": 1, "local_epochs": 1}, gpu="0"),
     "robustness": RunSpec("fedavg", sites(5), {"num_rounds": 3, "local_epochs": 1},
-                          env={FAULT_ENV: ROBUSTNESS_FAULTS}, datalists=_bad_data_datalists),
+                          env={FAULT_ENV: ROBUSTNESS_FAULTS}, datalists=_bad_data_datalists, cost=2.5),
     # the baseline whose payload carries more than the weights (tests/test_baselines_runs.py; the nine baselines run
     # in process there): 2 sites, 2 rounds (round-to-round site state)
     "scaffold": RunSpec("scaffold", sites(2), {"num_rounds": 2, "local_epochs": 1}),
@@ -452,14 +465,23 @@ SHARED_RUNS: Dict[str, "RunSpec | JobSpec"] = {
     # fedseg bench end to end (2 polyp sites, fedavg + fedevi + local, 2 seeds) and `fedseg run --seed 1` beside it
     # (tests/test_bench_sim.py); FedEFM's classification bench; FedEFM's downstream job from a foundation checkpoint
     # made first (tests/test_fedefm_downstream.py)
-    "bench_polyp": JobSpec("test_bench_sim:polyp_bench"),
-    "bench_fedefm": JobSpec("test_bench_sim:fedefm_bench"),
-    "fedefm_downstream": JobSpec("test_fedefm_downstream:downstream_run"),
+    "bench_polyp": JobSpec("test_bench_sim:polyp_bench", cost=6.0),
+    "bench_fedefm": JobSpec("test_bench_sim:fedefm_bench", cost=2.5),
+    "fedefm_downstream": JobSpec("test_fedefm_downstream:downstream_run", cost=1.5),
     # volumes (built-in prostate3d, two zones) through NVFlare: GraphFedSeg on 3-D patches (its personalised payloads
     # and the checkpoint's volume settings); every (method, mode) of VOLUME_RUNS runs in process
     # (tests/test_volume_runs.py). Run by the README's `python jobs/job.py graphfedseg --env sim ...` line with this
     # configuration's options added (the recipe in NVFlare's SimEnv, a fresh folder and workspace: tests/test_job_py.py)
-    "graphfedseg_patch3d": JobSpec("test_job_py:readme_sim_run"),
+    "graphfedseg_patch3d": JobSpec("test_job_py:readme_sim_run", cost=1.5),
+    # NVFlare started other ways than one `nvflare simulator` run, each by a test module's function: FedEvi's simulator
+    # killed after a checkpointed round and run again (tests/test_simulator_resume.py); one site training as two ranks
+    # under torchrun (tests/test_site_ranks.py); the tiny FedAvg recipe in NVFlare's PocEnv, the one POC of the suite
+    # (tests/test_poc.py); deploy/project.yml provisioned and started on loopback, with an impostor site, custom code
+    # refused and the recipe through ProdEnv (tests/test_deploy.py)
+    "resume": JobSpec("test_simulator_resume:resume_run", cost=2.5),
+    "site_ranks": JobSpec("test_site_ranks:ranks_run", cost=1.5),
+    "poc": JobSpec("test_poc:poc_run", cost=3.0),
+    "deployment": JobSpec("test_deploy:deployment_run", cost=3.0),
 }
 #: what the ``graphfedseg_patch3d`` run is (the README's job.py line makes the same job: test_job_py.py checks it)
 GRAPHFEDSEG_PATCH3D = RunSpec("graphfedseg", sites(2), {"num_rounds": 1, "local_epochs": 1, "data_family": "prostate3d",

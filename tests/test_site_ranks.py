@@ -233,15 +233,21 @@ def test_exported_job_carries_the_launch_command(tmp_path, tiny_datalist):
         "--datalist", str(tiny_datalist)]
 
 
-@pytest.mark.slow
-@pytest.mark.exclusive
-def test_one_round_in_the_simulator_with_two_ranks_per_site(tmp_path, tiny_datalist):
-    """One site, two CPU ranks under torchrun, FedAvg, one round: the round completes with the site's update."""
-    from sim_utils import exclusive, run_simulator
+def ranks_run(root: Path):
+    """Shared run ``site_ranks`` (tests/sim_utils.py): the torchrun job of :func:`_export_torchrun_job` on a tiny polyp
+    site (the ``tiny_datalist`` data), one site, in the simulator."""
+    from fedseg.data.synthetic import generate_site_data
+    from sim_utils import run_simulator
 
-    job = _export_torchrun_job(tmp_path, tiny_datalist)
-    with exclusive():
-        report = run_simulator(job, tmp_path / "ws", n_clients=1, timeout=300)
+    job = _export_torchrun_job(root, generate_site_data("polyp", "site-a", root / "data", profile="tiny"))
+    return lambda: run_simulator(job, root / "ws", n_clients=1)
+
+
+@pytest.mark.slow
+@pytest.mark.shared_runs("site_ranks")
+def test_one_round_in_the_simulator_with_two_ranks_per_site(shared_runs):
+    """One site, two CPU ranks under torchrun, FedAvg, one round: the round completes with the site's update."""
+    report = shared_runs("site_ranks")
     [round_] = report["rounds"]
     assert round_["missing"] == [] and round_["rejected"] == {}, round_
     assert round_["metrics"]["site-1"]["steps"] == 8 / 2  # one epoch of 8 images, global batch 2
