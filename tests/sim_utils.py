@@ -23,13 +23,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+import sim_fork
 from fedseg.data.checks import check_federation, federation_label_config
-from fedseg.bench.simulator import run_simulator_command
 from fedseg.fl.faults import FAULT_ENV
 
 #: the environment every simulator run gets: one torch/OpenMP thread per site process (several site processes
 #: share the machine's cores; more threads only oversubscribe them, benchmarks/framework_overhead.py)
 SIMULATOR_ENV = {"OMP_NUM_THREADS": "1", "FEDSEG_NUM_THREADS": "1"}
+#: the environment as the session started: a run started in the background does not see what a test running
+#: meanwhile sets (monkeypatch.setenv)
+SESSION_ENV = dict(os.environ)
 
 
 class SimulatorSlots:
@@ -82,22 +85,35 @@ class SimulatorSlots:
 SIMULATOR_SLOTS = SimulatorSlots(int(os.environ.get("FEDSEG_TEST_SIMULATORS", "2")))
 
 
+def simulator_args(job: Path, workspace: Path, n_clients: int = 3, clients: Optional[Sequence[str]] = None,
+                   gpu: Optional[str] = None) -> List[str]:
+    """``nvflare simulator``'s arguments: ``JOB -w WORKSPACE -t N -n N`` (or ``-c CLIENTS``; ``-gpu GPU``)."""
+    argv = [str(job), "-w", str(workspace), "-t", str(len(clients) if clients else n_clients)]
+    argv += ["-c", ",".join(clients)] if clients else ["-n", str(n_clients)]
+    return argv + (["-gpu", str(gpu)] if gpu is not None else [])
+
+
+def simulator_env(env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The environment of a simulator run: the session's as it started (:data:`SESSION_ENV`), one thread per
+    process (:data:`SIMULATOR_ENV`), and ``env``."""
+    return {**SESSION_ENV, **SIMULATOR_ENV, **(env or {})}
+
+
 def run_simulator(
     job: Path, workspace: Path, n_clients: int = 3, timeout: int = 900, clients: Optional[List[str]] = None,
     env: Optional[Mapping[str, str]] = None, gpu: Optional[str] = None,
 ) -> Dict:
-    """``nvflare simulator JOB -w WORKSPACE -n N -t N`` (or ``-c CLIENTS``; ``-gpu GPU``); returns report.json
-    plus ``_path`` (its path) and ``_log`` (the simulator's output). Fails the test on a non-zero exit."""
-    full_env = {**os.environ, **SIMULATOR_ENV, **(env or {})}
-    cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-t", str(len(clients) if clients else n_clients)]
-    cmd += ["-c", ",".join(clients)] if clients else ["-n", str(n_clients)]
-    if gpu is not None:
-        cmd += ["-gpu", str(gpu)]
+    """``nvflare simulator JOB -w WORKSPACE -n N -t N`` (or ``-c CLIENTS``; ``-gpu GPU``), started from the
+    session's preloaded launcher (``sim_fork``: the simulated server does not import torch and MONAI again);
+    returns report.json plus ``_path`` (its path) and ``_log`` (the simulator's output, also in
+    ``WORKSPACE.log``). Fails the test on a non-zero exit."""
+    workspace = Path(workspace)
     with SIMULATOR_SLOTS.one():
         # a fresh workspace with the component allow list; started again if a site process dies at start on a
-        # taken port (NVFlare's simulator race; fedseg.bench.simulator.run_simulator_command)
-        proc = run_simulator_command(cmd, workspace, full_env, timeout)
-    log = proc.stdout + proc.stderr
+        # taken port (NVFlare's simulator race; as fedseg.bench.simulator.run_simulator_command)
+        proc = sim_fork.run_simulator(simulator_args(job, workspace, n_clients, clients, gpu), workspace,
+                                      workspace.with_name(workspace.name + ".log"), simulator_env(env), timeout)
+    log = proc.stdout
     assert proc.returncode == 0, log[-5000:]
     reports = list(workspace.rglob("report.json"))
     assert len(reports) == 1, f"expected one report.json under {workspace}, found {reports}\n{log[-3000:]}"
@@ -190,15 +206,10 @@ class JobSpec:
 
 
 def run_cli(argv: Sequence[str], log: Path, timeout: int = 1200) -> None:
-    """``python -m fedseg ARGV`` in a subprocess (one torch thread), its output to ``log``; fails with the log's end."""
-    import subprocess
-    import sys
-
-    env = {**os.environ, **SIMULATOR_ENV}
-    with open(log, "w") as out:
-        proc = subprocess.run([sys.executable, "-m", "fedseg", *map(str, argv)], stdout=out, stderr=subprocess.STDOUT,
-                              env=env, timeout=timeout)
-    assert proc.returncode == 0, f"fedseg {' '.join(map(str, argv))} failed:\n{log.read_text()[-5000:]}"
+    """``python -m fedseg ARGV`` (one torch thread; a fork of the session's preloaded launcher, ``sim_fork``), its
+    output to ``log``; fails with the log's end."""
+    rc = sim_fork.run_fedseg(list(map(str, argv)), log, simulator_env(), timeout)
+    assert rc == 0, f"fedseg {' '.join(map(str, argv))} failed:\n{log.read_text()[-5000:]}"
 
 
 def run_fresh(cmd: Sequence[str], workspace: Path, log: Path, cwd: Path, timeout: float = 900, retries: int = 2,
@@ -234,7 +245,7 @@ def run_fresh(cmd: Sequence[str], workspace: Path, log: Path, cwd: Path, timeout
                 pass
         proc.wait()
 
-    env = {**os.environ, **SIMULATOR_ENV, "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**SESSION_ENV, **SIMULATOR_ENV, "PYTHONDONTWRITEBYTECODE": "1"}
     cwd.mkdir(parents=True, exist_ok=True)
     for _ in range(retries + 1):
         shutil.rmtree(workspace.parent, ignore_errors=True)

@@ -165,12 +165,12 @@ def deployment_run(root: Path):
     import sys
 
     log = root / "scenario.log"
+    env = nvflare_env(HOME=str(root / "home"))  # the session's environment as it starts (tests/README.md)
 
     def run() -> dict:
         with open(log, "w") as out:
             proc = subprocess.run([sys.executable, str(Path(__file__).parent / "deploy_utils.py"), str(root)],
-                                  stdout=out, stderr=subprocess.STDOUT, env=nvflare_env(HOME=str(root / "home")),
-                                  timeout=900)
+                                  stdout=out, stderr=subprocess.STDOUT, env=env, timeout=900)
         assert proc.returncode == 0, f"the deployment scenario failed:\n{log.read_text()[-5000:]}"
         return json.loads((root / "observations.json").read_text())
 

@@ -8,9 +8,6 @@ the shared run ``resume`` (tests/sim_utils.py); the test reads what they left.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +18,9 @@ import torch
 
 from fedseg.fl.checkpoint import CHECKPOINT_NAME
 from fedseg.fl.component_policy import prepare_simulator_workspace
-from sim_utils import SIMULATOR_ENV, run_simulator
+
+import sim_fork
+from sim_utils import run_simulator, simulator_args, simulator_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_runs("resume")]
 
@@ -37,14 +36,11 @@ def _checkpoint(folder):
 def _run_until_checkpoint(job, workspace, folder, stop_after: int, timeout: float = 300.0) -> None:
     """Start the simulator and SIGKILL it (server, sites, everything) once round ``stop_after`` is checkpointed."""
     prepare_simulator_workspace(workspace)
-    cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-n", str(len(SITES)), "-t", str(len(SITES))]
-    proc = subprocess.Popen(
-        cmd, env={**os.environ, **SIMULATOR_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    sim = sim_fork.Simulator(simulator_args(job, workspace, len(SITES)), workspace.with_name(workspace.name + ".log"),
+                             simulator_env())
     deadline = time.monotonic() + timeout
     try:
-        while time.monotonic() < deadline and proc.poll() is None:
+        while time.monotonic() < deadline and sim.poll() is None:
             try:
                 state = _checkpoint(folder)
             except Exception:  # a reader may meet the file between two replaces on some filesystems
@@ -53,10 +49,9 @@ def _run_until_checkpoint(job, workspace, folder, stop_after: int, timeout: floa
                 break
             time.sleep(0.1)
         else:
-            pytest.fail(f"no checkpoint of round {stop_after} within {timeout}s (simulator rc={proc.poll()})")
+            pytest.fail(f"no checkpoint of round {stop_after} within {timeout}s (simulator rc={sim.poll()})")
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        sim.kill()
 
 
 @dataclass
