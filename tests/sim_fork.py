@@ -113,9 +113,21 @@ def fedseg_main(argv: List[str]) -> int:
     return 0
 
 
+def call_main(argv: List[str]) -> int:
+    """``argv[0]`` is ``"module:function"`` (a test module's): ``function(argv[1:])``, its return the exit status."""
+    import importlib
+
+    module, function = argv[0].split(":")
+    return getattr(importlib.import_module(module), function)(argv[1:])
+
+
+_CALL_LINE = [sys.executable, "-c", "import importlib, sys; sys.path.insert(0, {tests!r}); m, f = sys.argv[1].split(':'); "
+              "sys.exit(getattr(importlib.import_module(m), f)(sys.argv[2:]))".format(tests=str(Path(__file__).parent))]
+
 #: the commands a fork of the launcher can run, and the command line each stands for
 COMMANDS = {"simulator": (simulator_main, ["nvflare", "simulator"]),
-            "fedseg": (fedseg_main, [sys.executable, "-m", "fedseg"])}
+            "fedseg": (fedseg_main, [sys.executable, "-m", "fedseg"]),
+            "call": (call_main, _CALL_LINE)}
 
 
 class Launched:
@@ -213,13 +225,14 @@ def run_simulator(argv: Sequence[str], workspace: Path, log: Path, env: Mapping[
     raise RuntimeError(f"a site could not start on {retries + 1} tries ({SITE_START_FAILURE}): {' '.join(sim.command)}")
 
 
-def run_fedseg(argv: Sequence[str], log: Path, env: Mapping[str, str], timeout: float) -> int:
-    """``python -m fedseg ARGV``, its output in ``log``; returns its exit status.
+def run(command: str, argv: Sequence[str], log: Path, env: Mapping[str, str], timeout: float) -> int:
+    """A command of :data:`COMMANDS` (``"fedseg"``: ``python -m fedseg ARGV``; ``"call"``: a test module's
+    function), its output in ``log``; returns its exit status.
 
     Raises:
         subprocess.TimeoutExpired: it took longer than ``timeout`` seconds (it is killed, with what it started).
     """
-    proc = Launched("fedseg", argv, log, env)
+    proc = Launched(command, argv, log, env)
     if proc.wait(timeout) is None:
         proc.kill()
         raise subprocess.TimeoutExpired(proc.command, timeout, proc.output())

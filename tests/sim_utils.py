@@ -208,8 +208,15 @@ class JobSpec:
 def run_cli(argv: Sequence[str], log: Path, timeout: int = 1200) -> None:
     """``python -m fedseg ARGV`` (one torch thread; a fork of the session's preloaded launcher, ``sim_fork``), its
     output to ``log``; fails with the log's end."""
-    rc = sim_fork.run_fedseg(list(map(str, argv)), log, simulator_env(), timeout)
+    rc = sim_fork.run("fedseg", list(map(str, argv)), log, simulator_env(), timeout)
     assert rc == 0, f"fedseg {' '.join(map(str, argv))} failed:\n{log.read_text()[-5000:]}"
+
+
+def run_call(argv: Sequence[str], log: Path, timeout: int = 1200) -> None:
+    """``argv[0]`` = ``"test_module:function"``: ``function(argv[1:])`` in a fork of the session's preloaded launcher
+    (``sim_fork``; one torch thread), its output to ``log``; fails with the log's end unless it returns 0."""
+    rc = sim_fork.run("call", list(map(str, argv)), log, simulator_env(), timeout)
+    assert rc == 0, f"{argv[0]} failed:\n{log.read_text()[-5000:]}"
 
 
 def run_fresh(cmd: Sequence[str], workspace: Path, log: Path, cwd: Path, timeout: float = 900, retries: int = 2,
@@ -491,6 +498,8 @@ SHARED_RUNS: Dict[str, "RunSpec | JobSpec"] = {
     # refused and the recipe through ProdEnv (tests/test_deploy.py)
     "resume": JobSpec("test_simulator_resume:resume_run", cost=2.5),
     "site_ranks": JobSpec("test_site_ranks:ranks_run", cost=1.5),
+    # one rank against two ranks of the same site, float64, the three train tasks of tests/test_site_ranks.py
+    "site_ranks_parity": JobSpec("test_site_ranks:ranks_parity_run", cost=1.5),
     "poc": JobSpec("test_poc:poc_run", cost=3.0),
     "deployment": JobSpec("test_deploy:deployment_run", cost=3.0),
 }
