@@ -3,10 +3,10 @@
 Used by tests/test_deploy.py. Every process is started in its own process group and stopped by its id.
 
 :func:`deployment_scenario` is what tests/test_deploy.py checks of a running deployment, run once as the shared run
-``deployment`` (tests/sim_utils.py): ``python tests/deploy_utils.py ROOT`` provisions and starts it under ROOT, plays
+``deployment`` (tests/sim_utils.py): it provisions and starts the deployment under a folder ROOT, plays
 every step (an impostor site, jobs with code, the recipe through ProdEnv), stops it and writes what it saw to
-``ROOT/observations.json``; the tests assert on that. A process of its own, so that nothing it prints lands in the
-output of a test running meanwhile.
+``ROOT/observations.json`` (:func:`scenario_main`); the tests assert on that. A process of its own, so that nothing it
+prints lands in the output of a test running meanwhile.
 """
 
 from __future__ import annotations
@@ -344,8 +344,8 @@ def deployment_scenario(root: Path) -> dict:
     return seen
 
 
-if __name__ == "__main__":
-    import sys as _sys
-
-    out = Path(_sys.argv[1]).resolve()
+def scenario_main(argv) -> int:
+    """``argv``: the scenario's folder; :func:`deployment_scenario` there, what it saw in ``observations.json``."""
+    out = Path(argv[0]).resolve()
     (out / "observations.json").write_text(json.dumps(deployment_scenario(out), default=str, indent=1))
+    return 0

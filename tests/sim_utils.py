@@ -212,10 +212,11 @@ def run_cli(argv: Sequence[str], log: Path, timeout: int = 1200) -> None:
     assert rc == 0, f"fedseg {' '.join(map(str, argv))} failed:\n{log.read_text()[-5000:]}"
 
 
-def run_call(argv: Sequence[str], log: Path, timeout: int = 1200) -> None:
+def run_call(argv: Sequence[str], log: Path, timeout: int = 1200, env: Optional[Mapping[str, str]] = None) -> None:
     """``argv[0]`` = ``"test_module:function"``: ``function(argv[1:])`` in a fork of the session's preloaded launcher
-    (``sim_fork``; one torch thread), its output to ``log``; fails with the log's end unless it returns 0."""
-    rc = sim_fork.run("call", list(map(str, argv)), log, simulator_env(), timeout)
+    (``sim_fork``; one torch thread; ``env`` added), its output to ``log``; fails with the log's end unless it
+    returns 0."""
+    rc = sim_fork.run("call", list(map(str, argv)), log, simulator_env(env), timeout)
     assert rc == 0, f"{argv[0]} failed:\n{log.read_text()[-5000:]}"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy_utils import DEPLOY_PROJECT, LEAD, PROJECT_ADMIN, ROLES, SERVER, SITES, START_TIMEOUT, nvflare_env, provision
+from deploy_utils import DEPLOY_PROJECT, LEAD, PROJECT_ADMIN, ROLES, SERVER, SITES, START_TIMEOUT, provision
 
 
 def _load_pem(path: Path):
@@ -160,18 +160,12 @@ def test_job_scheduler_builder_refuses_a_bad_interval():
 
 def deployment_run(root: Path):
     """Shared run ``deployment`` (tests/sim_utils.py): ``deploy_utils.deployment_scenario`` in a process of its own
-    (``python tests/deploy_utils.py ROOT``, its output in ``ROOT/scenario.log``); the readers get what it saw."""
-    import subprocess
-    import sys
-
-    log = root / "scenario.log"
-    env = nvflare_env(HOME=str(root / "home"))  # the session's environment as it starts (tests/README.md)
+    (a fork of the session's launcher: ``sim_utils.run_call``), its output in ``ROOT/scenario.log``; the readers get
+    what it saw."""
+    from sim_utils import run_call
 
     def run() -> dict:
-        with open(log, "w") as out:
-            proc = subprocess.run([sys.executable, str(Path(__file__).parent / "deploy_utils.py"), str(root)],
-                                  stdout=out, stderr=subprocess.STDOUT, env=env, timeout=900)
-        assert proc.returncode == 0, f"the deployment scenario failed:\n{log.read_text()[-5000:]}"
+        run_call(["deploy_utils:scenario_main", root], root / "scenario.log", timeout=900, env={"HOME": str(root / "home")})
         return json.loads((root / "observations.json").read_text())
 
     return run
