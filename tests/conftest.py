@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+#: the session's SharedRuns, for the terminal summary
+_SHARED_RUNS = pytest.StashKey()
+
 # two cores shared by the test process and the simulator's site processes
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -34,17 +37,21 @@ def tiny_engine(tiny_datalist, tiny_train_config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Order: the tests that need no simulator, then the readers of shared runs, then the tests that start NVFlare
-    processes themselves (marker ``exclusive``). The shared runs go on in the background while the first group runs
-    (a reader placed among them would stall it while its run finishes), and a test holding every simulator slot
-    would stall the shared runs."""
+    """Order: the tests that need no simulator, then the readers of shared runs in the order the background workers
+    take their runs (``sim_utils.background_order``; a reader of several runs by the last of them). The shared runs
+    go on in the background while the first group runs (a reader placed among them would stall it while its run
+    finishes)."""
+    from sim_utils import background_order
 
-    def group(item) -> int:
-        if item.get_closest_marker("exclusive") is not None:
-            return 2
-        return 1 if item.get_closest_marker("shared_runs") is not None else 0
+    position = {name: i for i, name in enumerate(background_order(declared_shared_runs(items)))}
 
-    items.sort(key=group)  # stable: file order kept within a group
+    def key(item) -> tuple:
+        names = [n for mark in item.iter_markers("shared_runs") for n in mark.args]
+        if not names:
+            return (0, 0)
+        return (1, max(position.get(n, len(position)) for n in names))
+
+    items.sort(key=key)  # stable: file order kept within a group
 
 
 def _skipped(item) -> bool:
@@ -71,10 +78,11 @@ def shared_runs(request, tmp_path_factory):
     """``shared_runs(name)`` -> the :class:`sim_utils.SimRun` of ``sim_utils.SHARED_RUNS[name]``, run once per
     session however many tests read it (tests/README.md). Started, for every test selected, by
     :func:`_start_shared_runs`."""
-    from sim_utils import SHARED_RUNS, SharedRuns
+    from sim_utils import SHARED_RUNS, SharedRuns, background_order
 
     runs = SharedRuns(lambda name: tmp_path_factory.mktemp(f"sim_{name}"), SHARED_RUNS)
-    runs.prefetch(declared_shared_runs(request.session.items))
+    runs.prefetch(background_order(declared_shared_runs(request.session.items)))
+    request.config.stash[_SHARED_RUNS] = runs
     yield runs
     runs.close()
 
@@ -85,3 +93,14 @@ def _start_shared_runs(request):
     overlap the tests that need no simulator (at most ``sim_utils.SIMULATOR_SLOTS`` at once)."""
     if declared_shared_runs(request.session.items):
         request.getfixturevalue("shared_runs")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """With ``--durations``: the wall time of each shared run, which went on in the background (its readers' durations
+    show only what they waited for it)."""
+    runs = config.stash.get(_SHARED_RUNS, None)
+    if runs is None or config.getoption("durations") is None or not runs.seconds:
+        return
+    terminalreporter.write_sep("=", "shared runs (background, wall time)")
+    for name, seconds in sorted(runs.seconds.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.2f}s {name}")

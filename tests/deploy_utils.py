@@ -1,11 +1,18 @@
 """Provisioned NVFlare deployments on one machine for tests: provision, start a server/site from its kit, stop.
 
 Used by tests/test_deploy.py. Every process is started in its own process group and stopped by its id.
+
+:func:`deployment_scenario` is what tests/test_deploy.py checks of a running deployment, run once as the shared run
+``deployment`` (tests/sim_utils.py): it provisions and starts the deployment under a folder ROOT, plays
+every step (an impostor site, jobs with code, the recipe through ProdEnv), stops it and writes what it saw to
+``ROOT/observations.json`` (:func:`scenario_main`); the tests assert on that. A process of its own, so that nothing it
+prints lands in the output of a test running meanwhile.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -19,7 +26,6 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY_PROJECT = REPO / "deploy" / "project.yml"
-POC_PROJECT = REPO / "poc_workspace" / "project.yml"
 SERVER = "fl-server.hospital.example"
 SITES = ["hospital-a", "hospital-b"]
 PROJECT_ADMIN = "admin@fedseg-consortium.example"
@@ -235,3 +241,111 @@ def wait_status(session, job_id: str, done, timeout: float = 60.0) -> dict:
         if done(str(meta.get("status"))) or time.monotonic() > deadline:
             return meta
         time.sleep(1.0)
+
+
+# ------------------------------------------------------------------------------------------ the scenario
+def _listening(deployment) -> dict:
+    """The sockets listening on the server's two ports, as (ip, port, pid), and the server's pid."""
+    import psutil
+
+    ports = {deployment.fed_port, deployment.admin_port}
+    sockets = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid]
+    return {"ports": sorted(ports), "server_pid": deployment.server.proc.pid,
+            "listening": [[c.laddr.ip, c.laddr.port, c.pid] for c in sockets if c.laddr.port in ports]}
+
+
+def _watch_registrations(deployment, impostor: Participant, seconds: float = 12.0, until: str = "") -> dict:
+    """Poll the server's site list for ``seconds`` (a genuine site registers in ~5 s), or until the impostor's log
+    shows ``until``; stop the impostor. Returns every site list seen and the impostor's log (lower case)."""
+    seen = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (until and until in impostor.text().lower()):
+        seen.append(sorted(deployment.registered_sites()))
+        time.sleep(1.0)
+    seen.append(sorted(deployment.registered_sites()))
+    impostor.stop()
+    return {"seen": seen, "log": impostor.text().lower()}
+
+
+def _impostors(deployment) -> dict:
+    """A hospital-a certificate of another CA at the TLS layer and as an NVFlare client, the other project's kit as
+    issued, then the genuine hospital-a: what the server answered and which sites it listed meanwhile."""
+    genuine_kit = deployment.prod / "hospital-a"
+    genuine_root = (genuine_kit / "startup" / "rootCA.pem").read_bytes()
+    foreign_kit = deployment.foreign / "hospital-a"
+    # an impostor: a hospital-a certificate of another CA, trusting our (public) root CA so it accepts our server
+    impostor_kit = deployment.root / "impostor" / "hospital-a"
+    shutil.copytree(foreign_kit, impostor_kit)
+    (impostor_kit / "startup" / "rootCA.pem").write_bytes(genuine_root)
+    seen = {"https": {str(port): {"genuine": https_get(port, genuine_kit).decode("latin-1"),
+                                  "impostor": https_get(port, impostor_kit).decode("latin-1")}
+                      for port in (deployment.fed_port, deployment.admin_port)},
+            "after_tls": sorted(deployment.registered_sites())}
+    seen["impostor_client"] = _watch_registrations(deployment, deployment.start(impostor_kit, "hospital_a", client=True))
+    foreign = deployment.start(foreign_kit, "hospital_a", client=True)
+    seen["foreign_client"] = _watch_registrations(deployment, foreign, 30.0, "certificate verify failed")
+    genuine = deployment.start(genuine_kit, "hospital_a", client=True)
+    deadline = time.monotonic() + START_TIMEOUT
+    while "hospital-a" not in deployment.registered_sites() and genuine.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(1.0)
+    seen["genuine"] = {"registered": "hospital-a" in deployment.registered_sites(), "exit": genuine.proc.poll(),
+                       "log": genuine.text()[-3000:]}
+    return seen
+
+
+def _jobs(deployment, root: Path) -> dict:
+    """A job folder carrying code submitted by each role NVFlare's default policy lets submit code (its meta once
+    FINISHED), then the tiny FedAvg recipe through NVFlare's ProdEnv with the admin's startup kit."""
+    from fedseg.recipes.environments import prod_env
+    from fedseg.recipes.fedavg import FedAvgRecipe
+
+    deployment.ensure_sites()  # the job needs min_clients=2 sites to be scheduled at all
+    seen = {"with_code": {}}
+    for admin in (PROJECT_ADMIN, LEAD):
+        session = deployment.session(admin)
+        job_id = session.submit_job(str(stage_job(REPO / "jobs" / "fedavg", root / "jobs" / admin / "fedavg", with_code=True)))
+        seen["with_code"][admin] = wait_status(session, job_id, lambda s: s.startswith("FINISHED"))
+    run = FedAvgRecipe(profile="tiny", num_rounds=1, local_epochs=1).run(prod_env(deployment.prod / PROJECT_ADMIN))
+    try:
+        result = run.get_result(timeout=240.0, clean_up=False)
+        seen["status"], seen["result"] = run.get_status(), str(result) if result else None
+    finally:
+        if run.get_status() not in ("FINISHED:COMPLETED", None):
+            deployment.session(PROJECT_ADMIN).abort_job(run.get_job_id())
+    seen["meta"] = deployment.session(PROJECT_ADMIN).get_job_meta(run.get_job_id())
+    return seen
+
+
+#: the scenario's steps, in order (one test of tests/test_deploy.py each)
+SCENARIO = (("listening", lambda dep, root: _listening(dep)), ("impostors", lambda dep, root: _impostors(dep)),
+            ("jobs", _jobs))
+
+
+def deployment_scenario(root: Path) -> dict:
+    """deploy/project.yml provisioned for loopback under ``root``, its server started, :data:`SCENARIO` played, every
+    process stopped. Returns what each step saw (``{step: ...}``), or under ``errors`` the traceback of a step that
+    failed (the later steps still run); ``prod`` and ``foreign`` are the two projects' kit folders."""
+    import traceback
+
+    seen = {"errors": {}}
+    deployment = Deployment(root)
+    try:
+        deployment.session(PROJECT_ADMIN)
+        seen.update(prod=str(deployment.prod), foreign=str(deployment.foreign))
+        for step, play in SCENARIO:
+            try:
+                seen[step] = play(deployment, root)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException:  # noqa: BLE001 - an error or a pytest.fail(): the step's test fails with it
+                seen["errors"][step] = traceback.format_exc()
+    finally:
+        deployment.close()
+    return seen
+
+
+def scenario_main(argv) -> int:
+    """``argv``: the scenario's folder; :func:`deployment_scenario` there, what it saw in ``observations.json``."""
+    out = Path(argv[0]).resolve()
+    (out / "observations.json").write_text(json.dumps(deployment_scenario(out), default=str, indent=1))
+    return 0

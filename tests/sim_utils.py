@@ -4,11 +4,12 @@ A simulator run costs ~20 s on 2 cores whatever it trains (NVFlare starts a serv
 each importing torch and MONAI, and shuts them down with fixed grace periods), so the tests read a small set
 of *shared runs*: :data:`SHARED_RUNS` names each configuration once, and the session fixture ``shared_runs``
 (``conftest.py``) runs it once and hands every test that reads it the same :class:`SimRun`. The runs the
-selected tests declare (marker ``shared_runs``) are started in the background, one after the other, as the
-session begins, so that they overlap the tests that need no simulator. At most :data:`SIMULATOR_SLOTS` simulators
-at once (a tiny run keeps about half a core busy: most of its wall time is process start-up and NVFlare's waits):
-:func:`run_simulator` takes one slot, a test that starts NVFlare processes another way (fixed ports, its own
-timing) takes all of them with :func:`exclusive`. ``tests/README.md`` says how to add a test without adding a run.
+selected tests declare (marker ``shared_runs``) are started in the background as the session begins, the
+costliest first (:func:`background_order`), so that they overlap the tests that need no simulator. At most
+:data:`SIMULATOR_SLOTS` runs at once (a tiny run keeps about half a core busy: most of its wall time is process
+start-up and NVFlare's waits): :func:`run_simulator` takes one slot, and so does every :class:`JobSpec` (the POC,
+the deployment, the killed and resumed simulator, ``fedseg bench``), which starts its NVFlare processes itself.
+``tests/README.md`` says how to add a test without adding a run.
 """
 
 from __future__ import annotations
@@ -18,17 +19,20 @@ import os
 import queue
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+import sim_fork
 from fedseg.data.checks import check_federation, federation_label_config
-from fedseg.bench.simulator import run_simulator_command
 from fedseg.fl.faults import FAULT_ENV
 
 #: the environment every simulator run gets: one torch/OpenMP thread per site process (several site processes
 #: share the machine's cores; more threads only oversubscribe them, benchmarks/cost/framework_overhead.py)
 SIMULATOR_ENV = {"OMP_NUM_THREADS": "1", "FEDSEG_NUM_THREADS": "1"}
+#: the environment as the session started: a run started in the background does not see what a test running
+#: meanwhile sets (monkeypatch.setenv)
+SESSION_ENV = dict(os.environ)
 
 
 class SimulatorSlots:
@@ -81,29 +85,35 @@ class SimulatorSlots:
 SIMULATOR_SLOTS = SimulatorSlots(int(os.environ.get("FEDSEG_TEST_SIMULATORS", "2")))
 
 
-@contextmanager
-def exclusive() -> Iterator[None]:
-    """Hold every simulator slot while a test starts NVFlare processes itself (``fedseg bench``, POC, ...)."""
-    with SIMULATOR_SLOTS.all():
-        yield
+def simulator_args(job: Path, workspace: Path, n_clients: int = 3, clients: Optional[Sequence[str]] = None,
+                   gpu: Optional[str] = None) -> List[str]:
+    """``nvflare simulator``'s arguments: ``JOB -w WORKSPACE -t N -n N`` (or ``-c CLIENTS``; ``-gpu GPU``)."""
+    argv = [str(job), "-w", str(workspace), "-t", str(len(clients) if clients else n_clients)]
+    argv += ["-c", ",".join(clients)] if clients else ["-n", str(n_clients)]
+    return argv + (["-gpu", str(gpu)] if gpu is not None else [])
+
+
+def simulator_env(env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The environment of a simulator run: the session's as it started (:data:`SESSION_ENV`), one thread per
+    process (:data:`SIMULATOR_ENV`), and ``env``."""
+    return {**SESSION_ENV, **SIMULATOR_ENV, **(env or {})}
 
 
 def run_simulator(
     job: Path, workspace: Path, n_clients: int = 3, timeout: int = 900, clients: Optional[List[str]] = None,
     env: Optional[Mapping[str, str]] = None, gpu: Optional[str] = None,
 ) -> Dict:
-    """``nvflare simulator JOB -w WORKSPACE -n N -t N`` (or ``-c CLIENTS``; ``-gpu GPU``); returns report.json
-    plus ``_path`` (its path) and ``_log`` (the simulator's output). Fails the test on a non-zero exit."""
-    full_env = {**os.environ, **SIMULATOR_ENV, **(env or {})}
-    cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-t", str(len(clients) if clients else n_clients)]
-    cmd += ["-c", ",".join(clients)] if clients else ["-n", str(n_clients)]
-    if gpu is not None:
-        cmd += ["-gpu", str(gpu)]
+    """``nvflare simulator JOB -w WORKSPACE -n N -t N`` (or ``-c CLIENTS``; ``-gpu GPU``), started from the
+    session's preloaded launcher (``sim_fork``: the simulated server does not import torch and MONAI again);
+    returns report.json plus ``_path`` (its path) and ``_log`` (the simulator's output, also in
+    ``WORKSPACE.log``). Fails the test on a non-zero exit."""
+    workspace = Path(workspace)
     with SIMULATOR_SLOTS.one():
         # a fresh workspace with the component allow list; started again if a site process dies at start on a
-        # taken port (NVFlare's simulator race; fedseg.bench.simulator.run_simulator_command)
-        proc = run_simulator_command(cmd, workspace, full_env, timeout)
-    log = proc.stdout + proc.stderr
+        # taken port (NVFlare's simulator race; as fedseg.bench.simulator.run_simulator_command)
+        proc = sim_fork.run_simulator(simulator_args(job, workspace, n_clients, clients, gpu), workspace,
+                                      workspace.with_name(workspace.name + ".log"), simulator_env(env), timeout)
+    log = proc.stdout
     assert proc.returncode == 0, log[-5000:]
     reports = list(workspace.rglob("report.json"))
     assert len(reports) == 1, f"expected one report.json under {workspace}, found {reports}\n{log[-3000:]}"
@@ -128,7 +138,7 @@ class RunSpec:
     ``env`` is added to the simulator's environment (e.g. fault injection); ``datalists``, when given, is
     called with a folder and returns ``{site: datalist path}`` (written there), which the job receives as
     ``--site_datalists``; without it every site generates its built-in data. ``gpu`` is the simulator's
-    ``-gpu`` option.
+    ``-gpu`` option. ``cost``: about how many plain tiny 3-site runs it takes (:func:`background_order`).
     """
 
     method: str
@@ -138,10 +148,11 @@ class RunSpec:
     datalists: Optional[Callable[[Path], Dict[str, str]]] = None
     gpu: Optional[str] = None
     profile: str = "tiny"
+    cost: float = 1.0
 
     def but(self, **options: Any) -> "RunSpec":
         """The same run with some export options changed (a paired run: other executor, other wire dtype)."""
-        return RunSpec(self.method, self.sites, {**self.options, **options}, self.env, self.datalists, self.gpu, self.profile)
+        return replace(self, options={**self.options, **options})
 
 
 @dataclass
@@ -183,23 +194,30 @@ class SimRun:
 @dataclass(frozen=True)
 class JobSpec:
     """A shared run that is not one exported job in the simulator (``fedseg bench``'s own runs, a job whose input is
-    made first): ``make`` names a function ``"module:function"`` (a test module's) that gets the run's folder, makes
-    its inputs and returns the part the background worker runs: a callable that starts at most one NVFlare simulator
-    at a time, as subprocesses whose output goes to a file (:func:`run_cli`), and returns what the readers get."""
+    made first, a simulator killed and resumed, the POC, a provisioned deployment): ``make`` names a function
+    ``"module:function"`` (a test module's) that gets the run's folder, makes its inputs and returns the part the
+    background worker runs: a callable that starts at most one NVFlare run at a time, as subprocesses whose output
+    goes to a file (:func:`run_cli`), and returns what the readers get. It must not build Python ASTs (no MONAI
+    bundle parsing, no job export: :func:`prepare` says why); whatever needs that belongs to ``make``. ``cost``: about
+    how many plain tiny 3-site simulator runs it takes (:func:`background_order`)."""
 
     make: str
+    cost: float = 1.0
 
 
 def run_cli(argv: Sequence[str], log: Path, timeout: int = 1200) -> None:
-    """``python -m fedseg ARGV`` in a subprocess (one torch thread), its output to ``log``; fails with the log's end."""
-    import subprocess
-    import sys
+    """``python -m fedseg ARGV`` (one torch thread; a fork of the session's preloaded launcher, ``sim_fork``), its
+    output to ``log``; fails with the log's end."""
+    rc = sim_fork.run("fedseg", list(map(str, argv)), log, simulator_env(), timeout)
+    assert rc == 0, f"fedseg {' '.join(map(str, argv))} failed:\n{log.read_text()[-5000:]}"
 
-    env = {**os.environ, **SIMULATOR_ENV}
-    with open(log, "w") as out:
-        proc = subprocess.run([sys.executable, "-m", "fedseg", *map(str, argv)], stdout=out, stderr=subprocess.STDOUT,
-                              env=env, timeout=timeout)
-    assert proc.returncode == 0, f"fedseg {' '.join(map(str, argv))} failed:\n{log.read_text()[-5000:]}"
+
+def run_call(argv: Sequence[str], log: Path, timeout: int = 1200, env: Optional[Mapping[str, str]] = None) -> None:
+    """``argv[0]`` = ``"test_module:function"``: ``function(argv[1:])`` in a fork of the session's preloaded launcher
+    (``sim_fork``; one torch thread; ``env`` added), its output to ``log``; fails with the log's end unless it
+    returns 0."""
+    rc = sim_fork.run("call", list(map(str, argv)), log, simulator_env(env), timeout)
+    assert rc == 0, f"{argv[0]} failed:\n{log.read_text()[-5000:]}"
 
 
 def run_fresh(cmd: Sequence[str], workspace: Path, log: Path, cwd: Path, timeout: float = 900, retries: int = 2,
@@ -235,7 +253,7 @@ def run_fresh(cmd: Sequence[str], workspace: Path, log: Path, cwd: Path, timeout
                 pass
         proc.wait()
 
-    env = {**os.environ, **SIMULATOR_ENV, "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**SESSION_ENV, **SIMULATOR_ENV, "PYTHONDONTWRITEBYTECODE": "1"}
     cwd.mkdir(parents=True, exist_ok=True)
     for _ in range(retries + 1):
         shutil.rmtree(workspace.parent, ignore_errors=True)
@@ -299,9 +317,10 @@ class SharedRuns:
     """Session cache of simulator runs: ``shared_runs("fedevi")`` is :data:`SHARED_RUNS` ``["fedevi"]``, run once.
 
     :meth:`prefetch` prepares the runs the selected tests declare (:func:`prepare`, in the calling thread) and
-    queues them in the order the tests read them; ``workers`` background threads (one per simulator slot) take
-    them in that order and a reader waits for its run. A run that failed (to prepare or to run) fails every test
-    that reads it with the same error, without being run again.
+    queues them in the order given (the session gives :func:`background_order`); ``workers`` background threads (one
+    per simulator slot) take them in that order and a reader waits for its run. A run that failed (to prepare or to
+    run) fails every test that reads it with the same error, without being run again. :attr:`seconds` holds each
+    finished run's wall time (the session prints them with ``--durations``).
     """
 
     def __init__(self, make_root: Callable[[str], Path], specs: Mapping[str, "RunSpec | JobSpec"],
@@ -316,6 +335,7 @@ class SharedRuns:
         self._queue: "queue.Queue[Optional[str]]" = queue.Queue()
         self._n_workers = workers or SIMULATOR_SLOTS.n
         self._workers: List[threading.Thread] = []
+        self.seconds: Dict[str, float] = {}
 
     def prefetch(self, names: Sequence[str]) -> None:
         """Run ``names`` in the background, in this order (the order the tests will read them)."""
@@ -340,12 +360,16 @@ class SharedRuns:
             self._queue.put(name)  # the workers start on the first runs while the later ones are prepared
 
     def _drain(self) -> None:
+        import time
+
         while (name := self._queue.get()) is not None:
+            start = time.monotonic()
             try:
                 self._results[name] = self._jobs[name]()
             except BaseException as e:  # noqa: BLE001 - remembered and re-raised for every reader
                 self._results[name] = e
             finally:
+                self.seconds[name] = time.monotonic() - start
                 self._done[name].set()
 
     def close(self) -> None:
@@ -371,6 +395,14 @@ class SharedRuns:
         if isinstance(result, BaseException):
             raise result
         return result
+
+
+def background_order(names: Sequence[str], specs: Optional[Mapping[str, "RunSpec | JobSpec"]] = None) -> List[str]:
+    """``names`` in the order the background workers take them: the costliest first (``cost``; ties keep the order
+    given). With the long runs (``fedseg bench``, the POC, the deployment) started first, the last run to finish is a
+    short one, and the readers, which run in this order, find their runs done or nearly."""
+    specs = SHARED_RUNS if specs is None else specs
+    return sorted(names, key=lambda name: -specs[name].cost if name in specs else 0.0)  # unknown: prefetch refuses it
 
 
 # ------------------------------------------------------------------------------------------ the runs
@@ -441,7 +473,7 @@ SHARED_RUNS: Dict[str, "RunSpec | JobSpec"] = {
     # CUDA (tests/test_cuda.py, skipped without a GPU): both sites on GPU 0 through the simulator's -gpu option
     "fedavg_gpu": RunSpec("fedavg", sites(2), {"num_rounds": 1, "local_epochs": 1}, gpu="0"),
     "robustness": RunSpec("fedavg", sites(5), {"num_rounds": 3, "local_epochs": 1},
-                          env={FAULT_ENV: ROBUSTNESS_FAULTS}, datalists=_bad_data_datalists),
+                          env={FAULT_ENV: ROBUSTNESS_FAULTS}, datalists=_bad_data_datalists, cost=2.5),
     # the baseline whose payload carries more than the weights (tests/test_baselines_runs.py; the nine baselines run
     # in process there): 2 sites, 2 rounds (round-to-round site state)
     "scaffold": RunSpec("scaffold", sites(2), {"num_rounds": 2, "local_epochs": 1}),
@@ -452,14 +484,25 @@ SHARED_RUNS: Dict[str, "RunSpec | JobSpec"] = {
     # fedseg bench end to end (2 polyp sites, fedavg + fedevi + local, 2 seeds) and `fedseg run --seed 1` beside it
     # (tests/test_bench_sim.py); FedEFM's classification bench; FedEFM's downstream job from a foundation checkpoint
     # made first (tests/test_fedefm_downstream.py)
-    "bench_polyp": JobSpec("test_bench_sim:polyp_bench"),
-    "bench_fedefm": JobSpec("test_bench_sim:fedefm_bench"),
-    "fedefm_downstream": JobSpec("test_fedefm_downstream:downstream_run"),
+    "bench_polyp": JobSpec("test_bench_sim:polyp_bench", cost=6.0),
+    "bench_fedefm": JobSpec("test_bench_sim:fedefm_bench", cost=2.5),
+    "fedefm_downstream": JobSpec("test_fedefm_downstream:downstream_run", cost=1.5),
     # volumes (built-in prostate3d, two zones) through NVFlare: GraphFedSeg on 3-D patches (its personalised payloads
     # and the checkpoint's volume settings); every (method, mode) of VOLUME_RUNS runs in process
     # (tests/test_volume_runs.py). Run by the README's `python jobs/job.py graphfedseg --env sim ...` line with this
     # configuration's options added (the recipe in NVFlare's SimEnv, a fresh folder and workspace: tests/test_job_py.py)
-    "graphfedseg_patch3d": JobSpec("test_job_py:readme_sim_run"),
+    "graphfedseg_patch3d": JobSpec("test_job_py:readme_sim_run", cost=1.5),
+    # NVFlare started other ways than one `nvflare simulator` run, each by a test module's function: FedEvi's simulator
+    # killed after a checkpointed round and run again (tests/test_simulator_resume.py); one site training as two ranks
+    # under torchrun (tests/test_site_ranks.py); the tiny FedAvg recipe in NVFlare's PocEnv, the one POC of the suite
+    # (tests/test_poc.py); deploy/project.yml provisioned and started on loopback, with an impostor site, custom code
+    # refused and the recipe through ProdEnv (tests/test_deploy.py)
+    "resume": JobSpec("test_simulator_resume:resume_run", cost=2.5),
+    "site_ranks": JobSpec("test_site_ranks:ranks_run", cost=1.5),
+    # one rank against two ranks of the same site, float64, the three train tasks of tests/test_site_ranks.py
+    "site_ranks_parity": JobSpec("test_site_ranks:ranks_parity_run", cost=1.5),
+    "poc": JobSpec("test_poc:poc_run", cost=3.0),
+    "deployment": JobSpec("test_deploy:deployment_run", cost=3.0),
 }
 #: what the ``graphfedseg_patch3d`` run is (the README's job.py line makes the same job: test_job_py.py checks it)
 GRAPHFEDSEG_PATCH3D = RunSpec("graphfedseg", sites(2), {"num_rounds": 1, "local_epochs": 1, "data_family": "prostate3d",

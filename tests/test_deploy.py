@@ -1,27 +1,22 @@
 """Security of a real deployment (deploy/project.yml): provisioning, mutual TLS, custom code off, loopback POC.
 
-Fast tests provision kits with ``nvflare provision`` / ``nvflare poc prepare`` and check what they contain.
-Slow tests start the real FL server of ``deploy/project.yml`` (a copy with free loopback ports, bound to
-127.0.0.1): a client with a certificate from another project's CA never registers, the genuine hospital-a
-does; a job folder carrying code is refused for every role, our recipe runs through NVFlare's ``ProdEnv`` (one tiny
-round, result downloaded). About 1.5 minutes.
+Fast tests provision kits with ``nvflare provision`` and check what they contain. Slow tests read the shared run
+``deployment`` (tests/sim_utils.py, in the background: ``deploy_utils.deployment_scenario``), which starts the real FL
+server of ``deploy/project.yml`` (a copy with free loopback ports, bound to 127.0.0.1): a client with a certificate
+from another project's CA never registers, the genuine hospital-a does; a job folder carrying code is refused for
+every role, our recipe runs through NVFlare's ``ProdEnv`` (one tiny round, result downloaded). About 1.5 minutes. The
+POC's kits are those of the suite's one POC (shared run ``poc``, tests/test_poc.py).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from deploy_utils import (
-    DEPLOY_PROJECT, LEAD, POC_PROJECT, PROJECT_ADMIN, REPO, ROLES, SERVER, SITES, START_TIMEOUT, Deployment,
-    Participant, https_get, provision, run_nvflare, stage_job, wait_status,
-)
-from sim_utils import exclusive
+from deploy_utils import DEPLOY_PROJECT, LEAD, PROJECT_ADMIN, ROLES, SERVER, SITES, START_TIMEOUT, provision
 
 
 def _load_pem(path: Path):
@@ -136,16 +131,14 @@ def test_loopback_server_builder_accepts_only_loopback_hosts():
             LoopbackServerBuilder(host)
 
 
-def test_poc_project_binds_server_to_loopback(tmp_path):
-    """The generated POC server config: NVFlare binds a loopback service target to loopback only."""
+@pytest.mark.slow
+@pytest.mark.shared_runs("poc")
+def test_poc_project_binds_server_to_loopback(shared_runs):
+    """The POC NVFlare generated from poc_workspace/project.yml (the suite's one POC, tests/test_poc.py, which gives it
+    free ports): NVFlare binds a loopback service target to loopback only."""
     from fedseg.fl.component_policy import class_allow_list
 
-    workspace = tmp_path / "poc"
-    run_nvflare(
-        ["poc", "prepare", "-i", str(POC_PROJECT), "--force"], cwd=tmp_path, home=tmp_path / "home",
-        NVFLARE_POC_WORKSPACE=str(workspace),
-    )
-    prod = workspace / "fedseg_poc" / "prod_00"
+    prod = shared_runs("poc").workspace / "fedseg_poc" / "prod_00"
     cfg = json.loads((prod / "server" / "startup" / "fed_server.json").read_text())["servers"][0]
     assert cfg["service"]["target"].rsplit(":", 1)[0] == "127.0.0.1"
     for site in ("server", "site-1", "site-2", "site-3"):
@@ -165,92 +158,83 @@ def test_job_scheduler_builder_refuses_a_bad_interval():
             JobSchedulerBuilder(bad)
 
 
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory):
-    with exclusive():  # an FL server and sites run until the module's last test: no shared simulator run meanwhile
-        dep = Deployment(tmp_path_factory.mktemp("deploy"))
-        try:
-            dep.session(PROJECT_ADMIN)
-            yield dep
-        finally:
-            dep.close()
+def deployment_run(root: Path):
+    """Shared run ``deployment`` (tests/sim_utils.py): ``deploy_utils.deployment_scenario`` in a process of its own
+    (a fork of the session's launcher: ``sim_utils.run_call``), its output in ``ROOT/scenario.log``; the readers get
+    what it saw."""
+    from sim_utils import run_call
+
+    def run() -> dict:
+        run_call(["deploy_utils:scenario_main", root], root / "scenario.log", timeout=900, env={"HOME": str(root / "home")})
+        return json.loads((root / "observations.json").read_text())
+
+    return run
+
+
+def _seen(shared_runs, step: str):
+    """What the deployment scenario's ``step`` saw; fails with the step's own error if it failed."""
+    seen = shared_runs("deployment")
+    if step in seen["errors"]:
+        pytest.fail(f"the deployment scenario's step {step!r} failed:\n{seen['errors'][step]}", pytrace=False)
+    return seen[step]
 
 
 @pytest.mark.slow
-@pytest.mark.exclusive
-def test_server_listens_on_loopback_only(deployment):
-    import psutil
-
-    sockets = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid]
-    ports = {deployment.fed_port, deployment.admin_port}
-    ours = [c for c in sockets if c.laddr.port in ports]
-    assert {c.laddr.port for c in ours} == ports, f"server not listening on {ports}: {ours}"
-    assert {c.pid for c in ours} == {deployment.server.proc.pid}
-    assert all(c.laddr.ip == "127.0.0.1" for c in ours), ours
+@pytest.mark.shared_runs("deployment")
+def test_server_listens_on_loopback_only(shared_runs):
+    seen = _seen(shared_runs, "listening")
+    ports, ours = set(seen["ports"]), seen["listening"]
+    assert {port for _, port, _ in ours} == ports, f"server not listening on {ports}: {ours}"
+    assert {pid for _, _, pid in ours} == {seen["server_pid"]}
+    assert all(ip == "127.0.0.1" for ip, _, _ in ours), ours
 
 
-def _assert_never_registers(deployment, impostor: Participant, seconds: float = 12.0, until: str = "") -> str:
-    """Poll the server's site list for ``seconds`` (a genuine site registers in ~5 s), or until the impostor's log
-    shows ``until``: the impostor must not appear. Stops the impostor; returns its log (lower case)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not (until and until in impostor.text().lower()):
-        assert "hospital-a" not in deployment.registered_sites(), "a client of another CA registered"
-        time.sleep(1.0)
-    assert "hospital-a" not in deployment.registered_sites(), "a client of another CA registered"
-    impostor.stop()
-    return impostor.text().lower()
+def _never_registered(watch: dict) -> str:
+    """The impostor never appeared in the server's site list while it ran; returns its log (lower case)."""
+    assert all("hospital-a" not in sites for sites in watch["seen"]), f"a client of another CA registered: {watch['seen']}"
+    return watch["log"]
 
 
 @pytest.mark.slow
-@pytest.mark.exclusive
-def test_client_with_a_certificate_from_another_ca_is_refused(deployment):
-    genuine_kit = deployment.prod / "hospital-a"
-    genuine_root = (genuine_kit / "startup" / "rootCA.pem").read_bytes()
-    foreign_kit = deployment.foreign / "hospital-a"
-    assert (foreign_kit / "startup" / "rootCA.pem").read_bytes() != genuine_root
-    # an impostor: a hospital-a certificate of another CA, trusting our (public) root CA so it accepts our server
-    impostor_kit = deployment.root / "impostor" / "hospital-a"
-    shutil.copytree(foreign_kit, impostor_kit)
-    (impostor_kit / "startup" / "rootCA.pem").write_bytes(genuine_root)
+@pytest.mark.shared_runs("deployment")
+def test_client_with_a_certificate_from_another_ca_is_refused(shared_runs):
+    seen = _seen(shared_runs, "impostors")
+    prod, foreign = Path(shared_runs("deployment")["prod"]), Path(shared_runs("deployment")["foreign"])
+    assert (foreign / "hospital-a" / "startup" / "rootCA.pem").read_bytes() != (
+        prod / "hospital-a" / "startup" / "rootCA.pem").read_bytes()
 
     # 1. TLS layer, both server ports: the server answers HTTP to the genuine certificate (whose holder also checks
     #    that the server's certificate names fl-server.hospital.example); the impostor's gets no answer at all
-    for port in (deployment.fed_port, deployment.admin_port):
-        assert https_get(port, genuine_kit).startswith(b"HTTP/1.1 "), port
-        answer = https_get(port, impostor_kit)
-        assert not answer.startswith(b"HTTP"), (port, answer)
-    assert "hospital-a" not in deployment.registered_sites()
+    for port, answers in seen["https"].items():
+        assert answers["genuine"].startswith("HTTP/1.1 "), port
+        assert not answers["impostor"].startswith("HTTP"), (port, answers["impostor"])
+    assert len(seen["https"]) == 2
+    assert "hospital-a" not in seen["after_tls"]
 
     # 2. NVFlare client: the impostor's client process never registers
-    _assert_never_registers(deployment, deployment.start(impostor_kit, "hospital_a", client=True))
+    _never_registered(seen["impostor_client"])
 
     # 3. the other project's kit as issued does not even trust our server (the client refuses it)
     failure = "certificate verify failed"
-    foreign = deployment.start(foreign_kit, "hospital_a", client=True)
-    client_log = _assert_never_registers(deployment, foreign, 30.0, failure)
+    client_log = _never_registered(seen["foreign_client"])
     assert failure in client_log, client_log[-3000:]
 
     # 4. the genuine hospital-a (this project's CA) registers with the same server: the refusals were the certificates
-    genuine = deployment.start(deployment.prod / "hospital-a", "hospital_a", client=True)
-    deadline = time.monotonic() + START_TIMEOUT
-    while "hospital-a" not in deployment.registered_sites():
-        assert genuine.proc.poll() is None, genuine.text()[-3000:]
-        assert time.monotonic() < deadline, f"hospital-a did not register:\n{genuine.text()[-3000:]}"
-        time.sleep(1.0)
+    genuine = seen["genuine"]
+    why = f"exited (rc {genuine['exit']})" if genuine["exit"] is not None else f"not within {START_TIMEOUT:.0f}s"
+    assert genuine["registered"], f"hospital-a did not register, {why}:\n{genuine['log']}"
 
 
 @pytest.mark.slow
-@pytest.mark.exclusive
-def test_job_with_custom_code_is_refused_and_our_recipe_runs_in_prod_env(deployment, tmp_path, capsys):
+@pytest.mark.shared_runs("deployment")
+def test_job_with_custom_code_is_refused_and_our_recipe_runs_in_prod_env(shared_runs, capsys):
     """NVFlare checks the byoc right when it deploys a job (at the server, then at each site, each with its own
     authorization.json): a job with app/custom code never runs, whoever submits it; our recipe, submitted by NVFlare's
     ProdEnv with the admin's startup kit, runs to the end and its downloaded result reads like a simulator's."""
-    deployment.ensure_sites()  # the job needs min_clients=2 sites to be scheduled at all
-    our_job = REPO / "jobs" / "fedavg"
+    seen = _seen(shared_runs, "jobs")
+    prod = Path(shared_runs("deployment")["prod"])
     for admin in (PROJECT_ADMIN, LEAD):  # the two roles NVFlare's default policy lets submit custom code
-        session = deployment.session(admin)
-        job_id = session.submit_job(str(stage_job(our_job, tmp_path / admin / "fedavg", with_code=True)))
-        meta = wait_status(session, job_id, lambda s: s.startswith("FINISHED"))
+        meta = seen["with_code"][admin]
         assert meta["status"] == "FINISHED:FAILED_TO_RUN", meta
         assert meta["byoc"] is True and meta["submitter_role"] == _role_of(DEPLOY_PROJECT)[admin]
         assert any("BYOC not permitted" in d for d in meta.get("job_deploy_detail", [])), meta
@@ -260,19 +244,12 @@ def test_job_with_custom_code_is_refused_and_our_recipe_runs_in_prod_env(deploym
     # accepted by the server and both sites under their own policies, run to the end, its result downloaded
     from fedseg.cli import main as fedseg_main
     from fedseg.recipes.environments import ExecEnvError, prod_env, report_in
-    from fedseg.recipes.fedavg import FedAvgRecipe
 
-    for kit, fix in ((deployment.prod / "hospital-a", "not an admin's startup kit"), (deployment.prod / LEAD, "log in as")):
+    for kit, fix in ((prod / "hospital-a", "not an admin's startup kit"), (prod / LEAD, "log in as")):
         with pytest.raises(ExecEnvError, match=fix):  # a site's kit; a kit whose certificate names someone else
             prod_env(kit, username=PROJECT_ADMIN)
-    run = FedAvgRecipe(profile="tiny", num_rounds=1, local_epochs=1).run(prod_env(deployment.prod / PROJECT_ADMIN))
-    try:
-        result = run.get_result(timeout=240.0, clean_up=False)
-        assert run.get_status() == "FINISHED:COMPLETED" and result, (run.get_status(), result)
-    finally:
-        if run.get_status() not in ("FINISHED:COMPLETED", None):
-            deployment.session(PROJECT_ADMIN).abort_job(run.get_job_id())
-    meta = deployment.session(PROJECT_ADMIN).get_job_meta(run.get_job_id())
+    result, meta = seen["result"], seen["meta"]
+    assert seen["status"] == "FINISHED:COMPLETED" and result, (seen["status"], result)
     assert not meta.get("byoc") and not any("BYOC" in d for d in meta.get("job_deploy_detail", [])), meta
     assert sorted(meta["job_deploy_detail"]) == sorted(f"{p}: OK" for p in ["server", *SITES]), meta
     report = json.loads(report_in(result).read_text())

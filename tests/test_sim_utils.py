@@ -101,7 +101,7 @@ def test_undeclared_or_unknown_runs_are_refused(recorder):
 def test_background_runs_wait_while_a_test_holds_every_slot(recorder):
     make, calls, slots, _ = recorder
     runs = make(workers=2)
-    with slots.all():  # as sim_utils.exclusive() while fedseg bench or a POC started by a test runs
+    with slots.all():  # a holder of every slot (SimulatorSlots.all)
         runs.prefetch(["a", "b"])
         time.sleep(0.3)
         assert calls == []  # the workers are waiting for the slots

@@ -23,6 +23,9 @@ Two CPU ranks (gloo, spawned here as torchrun would start them) against one rank
   share, is gathered on rank 0 and equals one rank's to float tolerance;
 * the job exported with ``site_executor="client_api_torchrun"`` carries the torchrun launch command, and one round
   runs in NVFlare's simulator with two ranks at the site.
+
+Both the rank comparison and the simulator round run in the background as shared runs (``site_ranks_parity``,
+``site_ranks``; tests/sim_utils.py); the tests read what they left.
 """
 
 from __future__ import annotations
@@ -135,23 +138,55 @@ def _initial_weights(cfg) -> dict:
     return {k: v.double() for k, v in build_network(cfg).state_dict().items()}
 
 
-def _run_ranks(world: int, datalist, cfg, out: Path) -> dict:
+def _run_ranks(world: int, datalist, cfg, initial, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    mp.start_processes(_rank_main, args=(world, _free_port(), str(datalist), cfg, _initial_weights(cfg), str(out)),
+    mp.start_processes(_rank_main, args=(world, _free_port(), str(datalist), cfg, initial, str(out)),
                        nprocs=world, join=True, start_method="spawn")
     return torch.load(out / "results.pt", weights_only=False)
 
 
+def ranks_parity_run(root: Path):
+    """Shared run ``site_ranks_parity`` (tests/sim_utils.py): every case of :func:`_cases` answered by one rank and
+    by two ranks (spawned as torchrun would start them) on the tiny polyp site; the readers get
+    ``(cfg, datalist, one, two)``. The inputs are made here (building the network parses the bundle); the ranks run
+    in a fork of the session's launcher (``sim_fork``), the one rank in that process itself."""
+    from fedseg.config import resolve_profile
+    from fedseg.data.synthetic import generate_site_data
+    from sim_utils import run_call
+
+    cfg = {**resolve_profile("tiny")["train_config"], "augment": False, "optimizer_name": "SGD", "learning_rate": 0.01,
+           "local_epochs": 2}
+    datalist = generate_site_data("polyp", "site-a", root / "data", profile="tiny")
+    torch.save({"cfg": cfg, "datalist": str(datalist), "initial": _initial_weights(cfg)}, root / "inputs.pt")
+
+    def run():
+        run_call(["test_site_ranks:one_and_two_ranks_main", root], root / "ranks.log")
+        load = lambda name: torch.load(root / name / "results.pt", weights_only=False)  # noqa: E731
+        return cfg, datalist, load("one"), load("two")
+
+    return run
+
+
+def one_and_two_ranks_main(argv) -> int:
+    """``argv``: the run's folder. One rank in this process (as the spawned rank would, ``_rank_main``), then two
+    spawned ranks; each writes ``results.pt`` under ``one/`` and ``two/``."""
+    root = Path(argv[0])
+    inputs = torch.load(root / "inputs.pt", weights_only=False)
+    (root / "one").mkdir(exist_ok=True)
+    _rank_main(0, 1, _free_port(), inputs["datalist"], inputs["cfg"], inputs["initial"], str(root / "one"))
+    _run_ranks(2, inputs["datalist"], inputs["cfg"], inputs["initial"], root / "two")
+    return 0
+
+
 @pytest.fixture(scope="module")
-def one_and_two_ranks(tmp_path_factory, tiny_datalist, tiny_train_config):
-    cfg = {**tiny_train_config, "augment": False, "optimizer_name": "SGD", "learning_rate": 0.01, "local_epochs": 2}
-    root = tmp_path_factory.mktemp("ranks")
-    return cfg, _run_ranks(1, tiny_datalist, cfg, root / "one"), _run_ranks(2, tiny_datalist, cfg, root / "two")
+def one_and_two_ranks(shared_runs):
+    return shared_runs("site_ranks_parity")
 
 
+@pytest.mark.shared_runs("site_ranks_parity")
 @pytest.mark.parametrize("case", ["fedavg", "graphfedseg", "graphfedseg_last_epoch"])
-def test_two_ranks_train_like_one_with_the_same_global_batch(one_and_two_ranks, case, tiny_train_config):
-    cfg, one, two = one_and_two_ranks
+def test_two_ranks_train_like_one_with_the_same_global_batch(one_and_two_ranks, case):
+    cfg, _, one, two = one_and_two_ranks
     a, b = one[case], two[case]
     initial = _initial_weights(cfg)
     assert a["params"].keys() == b["params"].keys() == initial.keys()
@@ -168,15 +203,16 @@ def test_two_ranks_train_like_one_with_the_same_global_batch(one_and_two_ranks, 
         assert a["meta"]["uncertainty"] == pytest.approx(b["meta"]["uncertainty"], rel=1e-12)
 
 
-def test_uncertainty_pass_runs_once_over_the_whole_site(one_and_two_ranks, tiny_datalist):
+@pytest.mark.shared_runs("site_ranks_parity")
+def test_uncertainty_pass_runs_once_over_the_whole_site(one_and_two_ranks):
     """The after-training U_i of the two-rank run is one process's U_i of the two-rank model, bit for bit."""
     from fedseg.engine import SegEngine
     from fedseg.objectives.base import RoundContext
     from fedseg.objectives.graphfedseg import GraphFedSegObjective
 
-    cfg, _, two = one_and_two_ranks
+    cfg, datalist, _, two = one_and_two_ranks
     with _networks_in_float64():
-        engine = SegEngine("site-a", tiny_datalist, {**cfg, "foundation_ckpt": None})
+        engine = SegEngine("site-a", datalist, {**cfg, "foundation_ckpt": None})
         model = engine.build_network()
         model.load_state_dict(two["graphfedseg"]["params"])
         objective = GraphFedSegObjective()
@@ -233,15 +269,21 @@ def test_exported_job_carries_the_launch_command(tmp_path, tiny_datalist):
         "--datalist", str(tiny_datalist)]
 
 
-@pytest.mark.slow
-@pytest.mark.exclusive
-def test_one_round_in_the_simulator_with_two_ranks_per_site(tmp_path, tiny_datalist):
-    """One site, two CPU ranks under torchrun, FedAvg, one round: the round completes with the site's update."""
-    from sim_utils import exclusive, run_simulator
+def ranks_run(root: Path):
+    """Shared run ``site_ranks`` (tests/sim_utils.py): the torchrun job of :func:`_export_torchrun_job` on a tiny polyp
+    site (the ``tiny_datalist`` data), one site, in the simulator."""
+    from fedseg.data.synthetic import generate_site_data
+    from sim_utils import run_simulator
 
-    job = _export_torchrun_job(tmp_path, tiny_datalist)
-    with exclusive():
-        report = run_simulator(job, tmp_path / "ws", n_clients=1, timeout=300)
+    job = _export_torchrun_job(root, generate_site_data("polyp", "site-a", root / "data", profile="tiny"))
+    return lambda: run_simulator(job, root / "ws", n_clients=1)
+
+
+@pytest.mark.slow
+@pytest.mark.shared_runs("site_ranks")
+def test_one_round_in_the_simulator_with_two_ranks_per_site(shared_runs):
+    """One site, two CPU ranks under torchrun, FedAvg, one round: the round completes with the site's update."""
+    report = shared_runs("site_ranks")
     [round_] = report["rounds"]
     assert round_["missing"] == [] and round_["rejected"] == {}, round_
     assert round_["metrics"]["site-1"]["steps"] == 8 / 2  # one epoch of 8 images, global batch 2

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Optional
 
 from nvflare.apis.event_type import EventType
 from nvflare.apis.executor import Executor
@@ -39,8 +38,10 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 from nvflare.client.config import ExchangeFormat, TransferType
 from nvflare.fuel.utils import fobs
 
-from fedseg.fl.client import SiteService, parse_args, result_model, set_site_threads
 from fedseg.fl.tracking import tracked_metrics
+
+# fedseg.fl.client (torch, MONAI) is imported where a site trains: the Client API executors below only launch a
+# trainer, in this process (site_script) or another (torchrun), so a worker that serves them does not import it
 
 #: the Client API site entry inside the installed package (``python -m fedseg.fl.client`` does the same)
 INSTALLED_SITE_SCRIPT = Path(__file__).resolve().parent / "site_script.py"
@@ -55,15 +56,19 @@ class FedSegSiteExecutor(Executor):
     """
 
     def __init__(self, script_args: str = ""):
+        from fedseg.fl.client import parse_args
+
         super().__init__()
         self.script_args = script_args  # recipe export records constructor args stored as self.<name>
         self._args = parse_args(shlex.split(script_args))  # a bad option fails when the job is built
-        self._service: Optional[SiteService] = None
+        self._service = None  # the site's fedseg.fl.client.SiteService, from START_RUN on
 
     def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
         if event_type == EventType.START_RUN:
             # params travel as torch tensors (the server's persistor registers the same decomposer)
             from nvflare.app_opt.pt.decomposers import TensorDecomposer
+
+            from fedseg.fl.client import SiteService, set_site_threads
 
             fobs.register(TensorDecomposer)
             set_site_threads()
@@ -80,6 +85,8 @@ class FedSegSiteExecutor(Executor):
             return make_reply(ReturnCode.BAD_TASK_DATA)
         if abort_signal.triggered:
             return make_reply(ReturnCode.TASK_ABORTED)
+        from fedseg.fl.client import result_model
+
         out = self._service.answer(task_name, received.params or {}, received.meta or {}, received.current_round)
         self._track(tracked_metrics(task_name, out["metrics"], received.meta or {}), int(received.current_round or 0), fl_ctx)
         return FLModelUtils.to_shareable(result_model(out, received.current_round))
@@ -128,6 +135,8 @@ def torchrun_command(site_ranks: int, script_args: str = "") -> str:
     Raises:
         ValueError: ``site_ranks`` is not a positive integer.
     """
+    from fedseg.fl.client import parse_args
+
     if isinstance(site_ranks, bool) or not isinstance(site_ranks, int) or site_ranks < 1:
         raise ValueError(f"site_ranks must be a positive integer, got {site_ranks!r}")
     parse_args(shlex.split(script_args))  # a bad site option fails when the job is built
