@@ -526,7 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--data-seed", type=int, default=0, help="built-in data: federation seed")
     bench.add_argument("--methods", nargs="+", default=["fedavg"],
                        help="methods, method options (graphfedseg:uncertainty_pass=last_epoch) or ablation rows "
-                            "LABEL=METHOD:key=value,key=value")
+                            "LABEL=METHOD:key=value,key=value; {seed} in a value is the run's seed (e.g. "
+                            "foundation_ckpt=OUT/workspaces/method-fedefm-seed{seed}/server/simulate_job/app_server/"
+                            "FL_global_model.pt)")
     bench.add_argument("--references", nargs="*", default=["local", "pooled"], choices=["local", "pooled"])
     bench.add_argument("--baseline", default=None,
                        help="label every approach is tested against (default fedavg, else the only label starting with fedavg)")

@@ -129,6 +129,17 @@ def parse_variant(spec: str) -> Tuple[str, str, Dict[str, Any]]:
     return label or (spec if options else method), method, kwargs
 
 
+#: written in a variant's string value, the run's seed: a seed's run can name what another bench's run of the same
+#: seed made, e.g. ``fedefm_downstream:foundation_ckpt=OUT/workspaces/method-fedefm-seed{seed}/.../FL_global_model.pt``
+SEED_FIELD = "{seed}"
+
+
+def seeded_args(args: Mapping[str, Any], seed: int) -> Dict[str, Any]:
+    """``args`` (a variant's recipe kwargs, :func:`parse_variant`) of the run with ``seed``: :data:`SEED_FIELD` in
+    every string value becomes the seed; other values, and other braces, are kept as they are."""
+    return {k: v.replace(SEED_FIELD, str(int(seed))) if isinstance(v, str) else v for k, v in args.items()}
+
+
 def run_id(kind: str, label: str, seed: int) -> str:
     """File-name-safe id of a run, e.g. ``method-fedavg-seed0``."""
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", f"{kind}-{label}-seed{seed}")
