@@ -27,7 +27,7 @@ from fedseg.bench.simulator import run_simulator_command
 from fedseg.fl.faults import FAULT_ENV
 
 #: the environment every simulator run gets: one torch/OpenMP thread per site process (several site processes
-#: share the machine's cores; more threads only oversubscribe them, benchmarks/framework_overhead.py)
+#: share the machine's cores; more threads only oversubscribe them, benchmarks/cost/framework_overhead.py)
 SIMULATOR_ENV = {"OMP_NUM_THREADS": "1", "FEDSEG_NUM_THREADS": "1"}
 
 

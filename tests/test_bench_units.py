@@ -196,13 +196,13 @@ def test_infer_cli_without_override(tmp_path, tiny_datalist, tiny_train_config):
 
 
 def test_compare_script_maps_onto_fedseg_bench(tmp_path):
-    """``benchmarks/compare.py`` only translates its options into a ``fedseg bench`` command line."""
+    """``benchmarks/accuracy/compare.py`` only translates its options into a ``fedseg bench`` command line."""
     import importlib.util
     from pathlib import Path
 
     from fedseg.cli import build_parser
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "compare.py"
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy" / "compare.py"
     spec = importlib.util.spec_from_file_location("compare_script", path)
     compare_script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(compare_script)

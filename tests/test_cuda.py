@@ -1,6 +1,6 @@
 """The CUDA paths (marker ``cuda``; every test skips, with the reason, where torch sees no CUDA device).
 
-``benchmarks/gpu_check.py`` runs them first on a GPU machine: 2-D and 3-D engine training and evaluation on CUDA (the
+``benchmarks/gpu/gpu_check.py`` runs them first on a GPU machine: 2-D and 3-D engine training and evaluation on CUDA (the
 same numbers as on CPU), float16 autocast with the gradient scaler, DP-SGD, a 2-site simulator job with
 ``-gpu 0`` (NVFlare's simulator option) and a GPU-trained model and site state read back on a CPU-only reader.
 """

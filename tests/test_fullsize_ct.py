@@ -1,4 +1,4 @@
-"""A site at full size, checked small: the CT-like volume generator of ``benchmarks/fullsize_ct.py``, the disk cache for
+"""A site at full size, checked small: the CT-like volume generator of ``benchmarks/fullsize/fullsize_ct.py``, the disk cache for
 training volumes beyond the memory budget (``cache_dir``, ``fedseg.engine.cache.SiteDataset``) against MONAI's plain
 ``Dataset``, and inference with the sliding window's output assembled on another device (``stitch_device``) against
 the default path. Volumes here are a few dozen voxels a side; the full-size numbers are on docs/benchmarks.md."""
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "fullsize"))
 import fullsize_ct  # noqa: E402
 
 from fedseg.data.datalist import load_datalist  # noqa: E402

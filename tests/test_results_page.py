@@ -9,7 +9,6 @@
 import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,11 +18,9 @@ BENCHMARKS = REPO / "benchmarks"
 
 
 def _module(name):
-    sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)  # page.py and figures.py import reproduce by name: the same copy
-    spec.loader.exec_module(module)
+    spec.loader.exec_module(module)  # reproduce.py puts the package `benchmarks` (this folder) on the path
     return module
 
 
@@ -33,13 +30,13 @@ def reproduce():
 
 
 @pytest.fixture(scope="module")
-def page():
-    return _module("page")
+def page(reproduce):
+    return importlib.import_module("benchmarks.core.page")
 
 
 @pytest.fixture(scope="module")
-def records():
-    return _module("records")
+def records(reproduce):
+    return importlib.import_module("benchmarks.core.records")
 
 
 def test_the_page_and_the_readme_equal_their_render_from_the_records(reproduce, page):
@@ -49,7 +46,7 @@ def test_the_page_and_the_readme_equal_their_render_from_the_records(reproduce, 
 
 
 def test_every_registered_table_and_figure_renders_from_the_records(reproduce):
-    from figures import FIGURES
+    from benchmarks.core.figures import FIGURES
 
     on_page = (REPO / "docs" / "benchmarks.md").read_text() + (REPO / "README.md").read_text()
     for table_id in reproduce.TABLES:
@@ -73,7 +70,7 @@ def test_a_changed_number_and_a_table_without_record_are_caught(reproduce, page,
     assert any("a table without its record" in p for p in problems), problems
     # a figure drawn from other numbers than the records' (its data digest differs)
     svg = next((tmp_path / "figures").glob("*.svg"))
-    from figures import read_digest
+    from benchmarks.core.figures import read_digest
 
     digest = read_digest(svg)
     assert digest and len(digest) == 64
@@ -139,7 +136,7 @@ def test_no_build_machine_path_in_the_product():
 def test_a_forest_point_is_the_per_seed_difference_and_the_wilcoxon_test_of_its_records(reproduce):
     """Against numpy / scipy on the run records themselves: FedEvi against FedAvg on built-in polyp."""
     import numpy as np
-    from figures import forest_points
+    from benchmarks.core.figures import forest_points
     from scipy.stats import wilcoxon
 
     (point,) = forest_points([("fedevi-protocol-base", "fedevi", "FedEvi")], reproduce.DEFAULT_ROOT, reproduce.RUNS)

@@ -1,7 +1,7 @@
 """96^3 patches in the ``paper`` profile of a volume job, for the 3-D U-Net and UNETR (``volume_network``).
 
 Shapes at 96^3 are checked on PyTorch's meta device (no memory, no arithmetic); a real training epoch runs UNETR on
-small CT-like volumes with a 32 x 32 x 16 patch. Speed and memory at 96^3 are measured by ``benchmarks/gpu_check.py``
+small CT-like volumes with a 32 x 32 x 16 patch. Speed and memory at 96^3 are measured by ``benchmarks/gpu/gpu_check.py``
 (step ``volume_networks_96``)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fedseg.config import VOLUME_DEFAULTS, resolve_profile
 from fedseg.recipes import paper_protocol
 from fedseg.recipes.fedavg import PAPER_PROFILES
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "fullsize"))
 import fullsize_ct  # noqa: E402
 
 

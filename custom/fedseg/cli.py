@@ -481,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         "--task-request-interval", type=float, default=None,
-        help="seconds an idle site waits before asking for a task again (default 0.2: measured by benchmarks/framework_overhead.py)",
+        help="seconds an idle site waits before asking for a task again (default 0.2: measured by benchmarks/cost/framework_overhead.py)",
     )
     export.add_argument("--server-optimizer", default="none", choices=("none", "sgd-momentum", "adam"),
                         help="a server step on the method's global model (default none: the method as published; "

@@ -1,7 +1,7 @@
 """The real server workflow (``FedSegController.run``) with NVFlare's transport replaced by direct calls to
 in-process sites (``SiteService``): validation, screening, aggregation, final and cross-site evaluation and the
 report run as in a job, in one process and without NVFlare's polling. Used by the tests (seconds per run, site
-restarts on demand) and by ``benchmarks/baseline_cost.py`` (each method's site and server work without the
+restarts on demand) and by ``benchmarks/cost/baseline_cost.py`` (each method's site and server work without the
 framework's fixed cost). The simulator tests cover NVFlare's transport itself."""
 
 from __future__ import annotations

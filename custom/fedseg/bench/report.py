@@ -74,7 +74,7 @@ def build_results(records: Sequence[Dict[str, Any]], sites: Sequence[str], heade
         and per site: Wilcoxon and t-test per segmentation metric, McNemar's exact test on per-image
         correctness for classification; ``seed_differences``: the headline metric's per-seed difference of
         site means, :func:`fedseg.bench.stats.seed_differences`), ``timing`` (wall time per run, median round
-        wall time and its ratio to the baseline's in this bench) and, for ``benchmarks/ablation_table.py``,
+        wall time and its ratio to the baseline's in this bench) and, for ``benchmarks/accuracy/ablation_table.py``,
         ``methods`` / ``references`` with seed-mean per-site metrics.
     """
     task = bench_task(records)
@@ -181,7 +181,7 @@ def val_curve(record: Dict[str, Any]) -> List[Optional[float]]:
 
 
 def _compat(records, approaches, timing, sites, metrics, val_key) -> Dict[str, Any]:
-    """``methods`` / ``references`` in the layout ``benchmarks/compare.py`` wrote (seed means)."""
+    """``methods`` / ``references`` in the layout ``benchmarks/accuracy/compare.py`` wrote (seed means)."""
     methods: Dict[str, Any] = {}
     references: Dict[str, Any] = {}
     for rec in sorted(records, key=lambda r: r["seed"]):

@@ -1,5 +1,5 @@
 """Run an exported NVFlare job in the simulator and read what it wrote (shared by ``fedseg bench`` and
-``benchmarks/framework_overhead.py``)."""
+``benchmarks/cost/framework_overhead.py``)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from fedseg.bench.bench import version_label
 from fedseg.bench.report import BASELINE, MODEL_SUFFIXES, format_p, format_seed_difference, format_spread
@@ -481,14 +481,18 @@ def _entry_title(results: Mapping[str, Any], name: str) -> str:
     return approach_title(entry) if entry else name
 
 
-def recommendation_text(results: Mapping[str, Any], data: str) -> str:
-    """``built-in polyp: use FedAvg (local_epochs=5) — level by the rule with FVAC, the cheaper round (leader vs
-    FVAC: +0.023 ± 0.029 per seed, 2/3 seeds ahead, p 0.1)`` from ``results["ranking"]`` (``fedseg.bench.ranking``)."""
+def recommendation(results: Mapping[str, Any]) -> Dict[str, str]:
+    """Which approach to use by ``results["ranking"]`` (``fedseg.bench.ranking``), in parts: ``use`` (its title),
+    ``how`` (whether it beats every other approach by the rule, or which the rule cannot separate from it) and
+    ``evidence`` (the leader against the closest approach the rule cannot separate from it, else the runner-up).
+
+    Raises:
+        ValueError: ``results`` has no ranking (fewer than two federated approaches).
+    """
     ranking = results.get("ranking")
     if not ranking:
-        return f"{data}: no ranking (fewer than two federated approaches)"
+        raise ValueError("no ranking (fewer than two federated approaches)")
     use, leader, level = ranking["use"], ranking["leader"], ranking["level"]
-    # the evidence against the closest approach the rule cannot separate from the leader, else the runner-up
     runner_up = level[0] if level else ranking["order"][1][0]
     v = ranking["verdicts"][runner_up]
     ps, pt = v["per_seed"], v["paired"]
@@ -501,7 +505,16 @@ def recommendation_text(results: Mapping[str, Any], data: str) -> str:
         how = "beats every other approach by the rule"
     else:
         how = "the highest mean; the rule does not separate it from " + ", ".join(_entry_title(results, n) for n in level)
-    return f"{data}: **use {_entry_title(results, use)}** — {how} ({evidence})"
+    return {"use": _entry_title(results, use), "how": how, "evidence": evidence}
+
+
+def recommendation_text(results: Mapping[str, Any], data: str) -> str:
+    """``built-in polyp: use FedAvg (local_epochs=5) — level by the rule with FVAC, the cheaper round (leader vs
+    FVAC: +0.023 ± 0.029 per seed, 2/3 seeds ahead, p 0.1)`` from ``results["ranking"]`` (:func:`recommendation`)."""
+    if not results.get("ranking"):
+        return f"{data}: no ranking (fewer than two federated approaches)"
+    r = recommendation(results)
+    return f"{data}: **use {r['use']}** — {r['how']} ({r['evidence']})"
 
 
 def ranking_table(results: Mapping[str, Any]) -> List[str]:

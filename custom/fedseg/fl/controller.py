@@ -76,7 +76,7 @@ class FedSegController(ModelController):
             of ``train_config``; 0 = wait for ever. A site that does not answer in time is left out of
             that round (``missing`` in the report) and the round finishes with the others.
         task_check_period: how often NVFlare's controller checks task status (seconds); part of the
-            per-round framework overhead (benchmarks/framework_overhead.py).
+            per-round framework overhead (benchmarks/cost/framework_overhead.py).
         final_evaluation: evaluate the final global (and personalised) models on every site's test split.
         screening: options of the checks made on every result before aggregation
             (``fedseg.fl.screening.ScreeningConfig``: stale rounds, statistic ranges, all-zero models,

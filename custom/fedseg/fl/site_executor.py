@@ -3,7 +3,7 @@
 ``FedSegSiteExecutor`` (every exported job) is a native NVFlare ``Executor``: it owns the site's engine,
 model, objective and state for the whole job and answers each task inside ``execute`` — no training script,
 no exchange queue between an executor and a script, no result polling. That polling was a fixed cost of
-every task on the Client API path (benchmarks/framework_overhead.py).
+every task on the Client API path (benchmarks/cost/framework_overhead.py).
 
 ``FedSegScriptExecutor`` is NVFlare's Client API executor pointed at the *installed*
 ``fedseg/fl/site_script.py``. It serves the same ``SiteService`` through ``flare.receive()/send()`` and is

@@ -11,7 +11,7 @@ Input standardisation: the classifier maps its ``[0, 1]`` input to ``(x - input_
 (fixed, the same for every image and silo, so a scanner's brightness stays a cue) before the patch
 embedding. Without it the tiny ViT trained from scratch stays at chance on the built-in X-ray silos (the
 constant offset of the raw input swamps the patch embedding); with it the same run learns
-(benchmarks/vit_from_scratch.py). The UNETR hand-over folds the standardisation into the patch-embedding
+(benchmarks/fedefm/vit_from_scratch.py). The UNETR hand-over folds the standardisation into the patch-embedding
 convolution, so the UNETR takes the ``[0, 1]`` images of the segmentation pipeline unchanged.
 
 UNETR constraints (MONAI 1.6.1, checked in its source): its ViT always has 12 blocks, patch 16,

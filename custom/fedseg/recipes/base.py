@@ -108,7 +108,7 @@ class FedSegRecipe(Recipe):
             a job re-submitted with the same folder resumes after the last completed round.
         task_request_interval: seconds an idle site waits before asking the server for a task again (NVFlare's
             server setting, default here 0.2; 0.05 trims ~0.05 s off every task at 4x the idle polling,
-            benchmarks/framework_overhead.py).
+            benchmarks/cost/framework_overhead.py).
         server_optimizer: a server step on the global model the method's aggregation produces
             (``fedseg.strategies.server_step``): "none" (default: the method as published), "sgd-momentum"
             (FedAvgM's heavy ball) or "adam" (FedAdam's); with ``server_lr`` (1.0), ``server_momentum`` (0.6),
@@ -172,7 +172,7 @@ class FedSegRecipe(Recipe):
             checkpoint_dir=checkpoint_dir,
         )
         # sites ask for their next task every task_request_interval seconds (NVFlare default 2 s): the
-        # largest cut in per-round framework overhead we measured (benchmarks/framework_overhead.py)
+        # largest cut in per-round framework overhead we measured (benchmarks/cost/framework_overhead.py)
         job.to_server({"server": {"task_request_interval": float(task_request_interval)}})
         # fedseg is an installed package at every site: reference it, don't copy its source into the job
         job.set_app_packages(["fedseg"])

@@ -36,7 +36,7 @@ CLASSIFICATION_DEFAULTS = {
 
 PAPER_PROFILES = {
     # CPU minutes on the built-in silos (96 images per class). With the ViT's input standardisation one silo
-    # alone learns in 20-30 epochs at Adam 3e-4, faster than at 1e-4 (benchmarks/vit_from_scratch.py,
+    # alone learns in 20-30 epochs at Adam 3e-4, faster than at 1e-4 (benchmarks/fedefm/vit_from_scratch.py,
     # docs/methods.md, FedEFM): 2 local epochs x 20 rounds
     "default": {"num_rounds": 20, "train_config": {"learning_rate": 3e-4, "local_epochs": 2}},
     # ViT-B/16 at 224 px (the paper's backbone). The paper states no optimiser or schedule: Adam 1e-4,

@@ -72,7 +72,7 @@ BUILTIN_VERSION = 1
 FOUNDATION_IMAGE_SIZES: Dict[str, int] = {"tiny": 64, "default": 96, "paper": 224}
 
 #: phase-1 images per class and silo (>= 3: one per split). `default` 96: with 12 or 32 training images per class
-#: the tiny ViT memorises its silo (noise included) and stays near chance on validation; 48 generalise (benchmarks/vit_from_scratch.py)
+#: the tiny ViT memorises its silo (noise included) and stays near chance on validation; 48 generalise (benchmarks/fedefm/vit_from_scratch.py)
 FOUNDATION_PER_CLASS: Dict[str, int] = {"tiny": 4, "default": 96, "paper": 120}
 
 #: phase-2 images per site
