@@ -1,7 +1,7 @@
 """A site at full size, checked small: the CT-like volume generator of ``benchmarks/fullsize/fullsize_ct.py``, the disk cache for
 training volumes beyond the memory budget (``cache_dir``, ``fedseg.engine.cache.SiteDataset``) against MONAI's plain
 ``Dataset``, and inference with the sliding window's output assembled on another device (``stitch_device``) against
-the default path. Volumes here are a few dozen voxels a side; the full-size numbers are on docs/benchmarks.md."""
+the default path. Volumes here are a few dozen voxels a side; the full-size numbers are on docs/results/fullsize.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The results page is a render of the committed run records (no training here).
 
-* every table and figure of ``docs/benchmarks.md`` and the README's "Results at a glance" equals its render from
-  ``benchmarks/results/``; a changed number or a table without its record is caught;
+* every table and figure of ``docs/benchmarks.md``, ``docs/results/*.md`` and the README's "Which to use" equals its
+  render from ``benchmarks/results/``; a changed number or a table without its record is caught;
 * the records stay within their size budget and name no folder of the machine that made them;
 * no absolute path of a build machine in the package, the benchmarks, the docs or the README.
 """
@@ -15,6 +15,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
+#: the results pages (the overview and each question's) and the README, whose anchored blocks are renders too
+PAGES = [REPO / "README.md", REPO / "docs" / "benchmarks.md", *sorted((REPO / "docs" / "results").glob("*.md"))]
 
 
 def _module(name):
@@ -40,15 +42,14 @@ def records(reproduce):
 
 
 def test_the_page_and_the_readme_equal_their_render_from_the_records(reproduce, page):
-    problems = page.check_pages([REPO / "docs" / "benchmarks.md", REPO / "README.md"], reproduce.DEFAULT_ROOT,
-                                reproduce.RUNS, reproduce.TABLES)
+    problems = page.check_pages(PAGES, reproduce.DEFAULT_ROOT, reproduce.RUNS, reproduce.TABLES)
     assert problems == [], "\n".join(problems)
 
 
 def test_every_registered_table_and_figure_renders_from_the_records(reproduce):
     from benchmarks.core.figures import FIGURES
 
-    on_page = (REPO / "docs" / "benchmarks.md").read_text() + (REPO / "README.md").read_text()
+    on_page = "".join(p.read_text() for p in PAGES)
     for table_id in reproduce.TABLES:
         reproduce.render(table_id)  # raises where a record is missing or stale
         assert f'<a id="{table_id}"></a>' in on_page, f"table {table_id} is registered but on no page"
@@ -57,19 +58,20 @@ def test_every_registered_table_and_figure_renders_from_the_records(reproduce):
 
 
 def test_a_changed_number_and_a_table_without_record_are_caught(reproduce, page, tmp_path):
-    text = (REPO / "docs" / "benchmarks.md").read_text()
+    text = (REPO / "docs" / "results" / "accuracy.md").read_text()  # a question's page, its figures in docs/figures
     row = next(line for line in text.splitlines() if line.startswith("| FedAvg |"))
     changed = row.replace("0.", "0.9", 1)
-    bad = tmp_path / "benchmarks.md"
+    bad = tmp_path / "results" / "accuracy.md"
+    bad.parent.mkdir()
     bad.write_text(text.replace(row, changed, 1) + "\n| a | b |\n|---|---|\n| 1 | 2 |\n")
-    for figure in (REPO / "docs" / "figures").glob("*.svg"):  # the figures beside the page
+    for figure in (REPO / "docs" / "figures").glob("*.svg"):  # the figures beside the page's folder
         (tmp_path / "figures").mkdir(exist_ok=True)
         (tmp_path / "figures" / figure.name).write_bytes(figure.read_bytes())
     problems = page.check_page(bad, reproduce.DEFAULT_ROOT, reproduce.RUNS, reproduce.TABLES)
     assert any("differs from its render" in p and changed[:40] in p for p in problems), problems
     assert any("a table without its record" in p for p in problems), problems
     # a figure drawn from other numbers than the records' (its data digest differs)
-    svg = next((tmp_path / "figures").glob("*.svg"))
+    svg = tmp_path / "figures" / re.search(r"\(\.\./figures/([\w.-]+\.svg)\)", text).group(1)  # one the page shows
     from benchmarks.core.figures import read_digest
 
     digest = read_digest(svg)

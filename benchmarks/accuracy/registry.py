@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-PAGE = "docs/benchmarks.md"
+PAGE = "docs/results/accuracy.md"
 
 RUNS: Dict[str, Dict[str, Any]] = {
     "fundus": {"out": "fundus", "commands": [

@@ -10,6 +10,7 @@ such a block (a number on the page without its record).
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import tempfile
@@ -79,7 +80,7 @@ def check_page(page: Path, root: Path, runs: Mapping[str, Any], tables: Mapping[
                 if figure_id not in FIGURES:
                     problems.append(f"{page}:{number}: figure {target} is not in the figure registry")
                     continue
-                committed = page.parent / target
+                committed = Path(os.path.normpath(page.parent / target))  # ../figures/x.svg from a question's page
                 try:
                     fresh = write_figure(figure_id, Path(tmp), root, runs)
                 except ReproduceError as e:

@@ -10,7 +10,7 @@ from typing import Any, Dict
 from benchmarks.cost.render import render_multiclass_cost
 from benchmarks.server_step.registry import SERVER_STEP_ROUNDS
 
-PAGE = "docs/benchmarks.md"
+PAGE = "docs/results/cost.md"
 
 RUNS: Dict[str, Dict[str, Any]] = {}
 

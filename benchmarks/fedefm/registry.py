@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-PAGE = "docs/benchmarks.md"
+PAGE = "docs/results/fedefm.md"
 
 RUNS: Dict[str, Dict[str, Any]] = {}
 

@@ -10,7 +10,7 @@ from typing import Any, Dict
 from benchmarks.core.registry import real_bench
 from benchmarks.fedevi_protocol.render import render_protocol_ablation
 
-PAGE = "docs/benchmarks.md"
+PAGE = "docs/results/fedevi-protocol.md"
 
 #: one bench per local-protocol setting (name, methods, train_config sets)
 PROTOCOL_BENCHES = (

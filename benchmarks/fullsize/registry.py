@@ -7,7 +7,7 @@ from typing import Any, Dict
 
 from benchmarks.fullsize.render import render_fullsize_ct
 
-PAGE = "docs/benchmarks.md"
+PAGE = "docs/results/fullsize.md"
 
 RUNS: Dict[str, Dict[str, Any]] = {
     # volumes generated into the output root, then both tables' measurements

@@ -8,7 +8,7 @@ from typing import Any, Dict
 
 from benchmarks.gpu.render import render_engine_throughput, render_gpu_check
 
-PAGE = "docs/benchmarks.md"
+PAGE = "docs/results/gpu.md"
 
 RUNS: Dict[str, Dict[str, Any]] = {
     "gpu-check": {"out": "gpu_check", "result": "gpu_check.json", "commands": ["python benchmarks/gpu/gpu_check.py --out {out}"]},

@@ -17,7 +17,10 @@ RUNS: Dict[str, Dict[str, Any]] = {}
 GLANCE_SOURCES = ["polyp-accuracy", "fundus-accuracy", "retina-server-step", "nuclei-server-step"]
 
 TABLES: Dict[str, Dict[str, Any]] = {
-    "glance": {"render": "glance", "title": "Results at a glance", "from": GLANCE_SOURCES, "page": "README.md"},
+    "glance": {"render": "glance", "title": "Results at a glance", "from": GLANCE_SOURCES},
+    # the glance's verdict lines on the README, each linking to its source table
+    "which-to-use": {"render": "verdicts", "title": "Which to use", "from": GLANCE_SOURCES, "glance": "glance",
+                     "page": "README.md"},
 }
 
 _POLYP = [("polyp", "graphfedseg", "GraphFedSeg"), ("polyp", "graphfedseg (personalised)", "GraphFedSeg (personalised)"),

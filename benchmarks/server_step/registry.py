@@ -9,7 +9,7 @@ from typing import Any, Dict, List
 
 from benchmarks.core.registry import REAL_DATA
 
-PAGE = "docs/benchmarks.md"
+PAGE = "docs/results/server-step.md"
 
 #: rounds of each real federation's server-step bench (its command and its tables' titles)
 SERVER_STEP_ROUNDS = {"retina": 20, "nuclei": 10}

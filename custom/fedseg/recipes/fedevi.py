@@ -13,7 +13,7 @@ from fedseg.objectives.fedevi import DEFAULT_SURROGATE_WINDOWS
 from fedseg.recipes.base import FedSegRecipe, split_options
 
 # the authors' local training protocol, read off their public code (spec: shared/methods/fedevi.md; the ablation
-# of each difference from the suite's default: docs/benchmarks.md, fedevi-protocol). Their FedAvg trains with a
+# of each difference from the suite's default: docs/results/fedevi-protocol.md). Their FedAvg trains with a
 # Dice-only loss (lambda_ce 0); FedEvi replaces the bundle's loss with its evidential one, so the key matters only
 # to the methods it is compared with (fedseg bench --profile paper gives every method this protocol).
 PAPER_PROFILES = {
