@@ -155,6 +155,11 @@ class Budget:
     evaluation options), under the ``sets`` and ``local_epochs`` given here; None = each method its own profile.
     ``fedseg bench --profile paper`` always sets one (:func:`fedseg.recipes.comparison_protocol`), so that the
     local recipe belongs to the comparison, not to the method.
+
+    ``task_timeout``: seconds a site may take for one task (None: the recipe's default for its inputs, 300 s for one
+    epoch of 64 px patches), for a machine too busy for the default. Not part of :meth:`to_dict` (a run's
+    configuration): every site must answer every round (``min_clients`` = the sites), so a timeout fails a run and
+    never changes the result of one that finishes.
     """
 
     profile: str = "default"
@@ -166,6 +171,7 @@ class Budget:
     task_request_interval: Optional[float] = None
     omp_threads: Optional[str] = "1"
     protocol: Optional[str] = None
+    task_timeout: Optional[int] = None
 
     def overrides(self, seed: int) -> Dict[str, Any]:
         """``train_config`` overrides of a run with ``seed`` (the protocol's keys under the bench's own sets)."""
@@ -192,7 +198,8 @@ class Budget:
 
     def to_dict(self) -> Dict[str, Any]:
         # without a protocol, the record of a bench stored before protocols existed (its runs resume as they are)
-        return {k: v for k, v in self.__dict__.items() if k != "protocol" or v is not None}
+        return {k: v for k, v in self.__dict__.items()
+                if k != "task_timeout" and (k != "protocol" or v is not None)}
 
 
 @dataclass
@@ -308,6 +315,7 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
         spec.method, out / "jobs" / spec.id, budget.profile, num_rounds=budget.num_rounds(),
         script_args=f"--site_datalists {Path(site_map_file).resolve()}", min_clients=len(sites),
         task_check_period=budget.task_check_period, **{**budget.overrides(spec.seed), **spec.variant_args},
+        **({"task_timeout": budget.task_timeout} if budget.task_timeout is not None else {}),
     )
     patch_job(job, budget.task_request_interval)
     workspace = out / "workspaces" / spec.id
