@@ -6,9 +6,12 @@ stored output. A table entry (``TABLES[id]``) names its renderer and options:
   metric only that site reports); ``"seeds"``, render only these seeds of a bench, re-aggregated from its run records
   (which also accepts a bench whose command differs only in ``--seeds``, as long as it ran them); ``"baseline"``,
   another of the bench's labels as the baseline of the paired tests (the bench re-aggregated from its run records);
-  ``"paper"``, a column of published numbers;
+  ``"paper"``, a column of published numbers; ``"glance_labels"``, ``{approach: name}``, the glance rows of a
+  published method whose arms are ablation rows (FedEFM's downstream UNETR from a foundation checkpoint);
 * ``cost``, ``ranking`` (which approach to use, by the rule), ``overview`` (several benches, one row each),
-  ``pairs`` (two settings of one method), ``budget`` (one column per bench of more rounds);
+  ``pairs`` (two approaches of one bench; ``[A, B, published]`` and ``"paper_note"``: a paper column),
+  ``budget`` (one column per bench of more rounds), ``versus`` (the approaches of ``"labels"`` against each of
+  ``"against"``, per seed and per image);
 * ``glance`` and ``verdicts``: rows of other accuracy tables (``"from"``; ``"baselines_from"``: more benches whose
   baselines compete for the "best baseline" row).
 
@@ -21,7 +24,7 @@ import posixpath
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from benchmarks.core.outputs import load_output, merge_benches
+from benchmarks.core.outputs import load_output, merge_benches, select_seeds
 from benchmarks.core.registry import MissingOutput, ReproduceError, run_ids
 from benchmarks.core.runs import load_runs, median_round_wall, per_image
 
@@ -178,7 +181,8 @@ def render_glance(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
             timing_table = src["round_time_from"]
             timing_from = (load_output(run_ids(tables[timing_table])[0], root, runs, ignore_command), timing_table)
         try:
-            rows += glance_rows(results, src.get("data") or src["title"], source, page_link(table, src, link), timing_from)
+            rows += glance_rows(results, src.get("data") or src["title"], source, page_link(table, src, link), timing_from,
+                                labels=src.get("glance_labels"))
         except ValueError as e:  # a source whose baseline is not FedAvg
             raise ReproduceError(str(e)) from None
         if ranked is not None:
@@ -247,9 +251,11 @@ def render_ranking(table_id: str, table: Mapping[str, Any], outputs: Sequence[Di
 
 
 def render_pairs(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
-    """One row per ``pairs`` entry ``[A, B]`` of a bench run (two settings of one method): each one's Dice (mean over
-    sites, mean ± std over seeds), the paired difference A − B per test image (same seed; pooled over seeds and
-    sites; Wilcoxon) for every metric in ``metrics``, and A's median round wall over B's, both from the same bench."""
+    """One row per ``pairs`` entry ``[A, B]`` of a bench run (two approaches, e.g. two settings of one method): each
+    one's Dice (mean over sites, mean ± std over seeds), the paired difference A − B per test image (same seed; pooled
+    over seeds and sites; Wilcoxon) for every metric in ``metrics``, and A's median round wall over B's, both from the
+    same bench. An entry ``[A, B, published]`` adds a last column, the paper's number for the same comparison (typed
+    into the registry with its source, named in ``paper_note``)."""
     from fedseg.bench.stats import compare, summarise_seeds
     from fedseg.bench.tables import approach_title, caption, column_header
 
@@ -270,21 +276,70 @@ def render_pairs(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict
         return "-" if v is None else (f"{v:.3f}" if v >= 1e-3 else f"{v:.1e}")
 
     names = [column_header(results, m) for m in metrics]  # "Dice FOV", as the accuracy tables name it
+    published = any(len(pair) > 2 for pair in table["pairs"])
     head = ["method (A vs B)"] + [f"{h}: A | {h}: B | Δ {h} A − B (Wilcoxon p, pairs)" for h in names] + [
-        "round wall A / B"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * (1 + 3 * len(metrics) + 1)]
-    for a, b in table["pairs"]:
+        "round wall A / B"] + (["paper"] if published else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * (1 + 3 * len(metrics) + 1 + published)]
+    for a, b, *paper in table["pairs"]:
         cells = [f"{approach_title(results['approaches'][a])} vs {approach_title(results['approaches'][b])}"]
         for metric in metrics:
             t = compare(per_image(runs[a]), per_image(runs[b]), sites, metrics=(metric,))[metric]["all"]
             diff = "-" if t["mean_diff"] is None else f"{t['mean_diff']:+.4f}"
             cells += [seeds_cell(a, metric), seeds_cell(b, metric), f"{diff} ({p_text(t['wilcoxon_p'])}, {t['n']})"]
         cells.append(f"{median_round_wall(runs[a]) / median_round_wall(runs[b]):.2f}x")
+        cells += [paper[0] if paper else ""] if published else []
         lines.append("| " + " | ".join(cells) + " |")
     seeds = sorted({r["seed"] for records in runs.values() for r in records})
-    note = (f"A and B: two settings of one method in the same bench (seeds {', '.join(map(str, seeds))}); cells: mean "
+    note = (f"A and B: two approaches of the same bench (seeds {', '.join(map(str, seeds))}); cells: mean "
             f"over sites, mean ± std over seeds; Δ: mean per-image difference, same seed, pooled over seeds and sites, "
-            f"two-sided Wilcoxon signed-rank. {remake(table_id)}{stale(results)}")
+            f"two-sided Wilcoxon signed-rank." + (f" Paper column: {table['paper_note']}" if table.get("paper_note") else "")
+            + f" {remake(table_id)}{stale(results)}")
+    return [caption(results, table["title"], note), "", *lines]
+
+
+def render_versus(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
+    """One row per approach of ``labels`` (each model: global, personalised) of one bench, one pair of columns per
+    label of ``against``: the Dice difference to that approach's global model per seed (mean ± std over seeds, seeds
+    ahead) and per test image (same seed, pooled over seeds and sites, Wilcoxon p), the bench re-aggregated from its
+    run records with that label as the baseline (:func:`benchmarks.core.outputs.select_seeds`); then Dice and the
+    round time over FedAvg's."""
+    from fedseg.bench.report import format_seed_difference
+    from fedseg.bench.tables import (
+        _diff_cell, _label_entry, approach_title, caption, column_spread, paired_test, seed_cell, seed_difference,
+    )
+
+    results = outputs[0]
+    against, labels = list(table["against"]), list(table["labels"])
+    present = {e["label"] for e in results["approaches"].values()}
+    missing = [x for x in labels + against if x not in present]
+    if missing:
+        raise ReproduceError(f"table {table_id!r}: {missing} are not approaches of the bench ({sorted(present)})")
+    versus = {c: select_seeds(results, results.get("seeds") or [], baseline=c) for c in against}
+    titles = {c: approach_title(_label_entry(results, c)) for c in against}
+    head = ["approach", "Dice"] + [f"Δ Dice vs {titles[c]}: {what}" for c in against
+                                   for what in ("per seed (seeds ahead)", "per image (Wilcoxon p)")] + [
+        "round time vs FedAvg"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    names = sorted((n for n, e in results["approaches"].items() if e.get("label") in labels),
+                   key=lambda n: labels.index(results["approaches"][n]["label"]))  # the registry's order, stable per label
+    for name in names:
+        entry = results["approaches"][name]
+        cells = [approach_title(entry), seed_cell(column_spread(entry, "dice"), 3)]
+        for c in against:
+            if name == c:  # the comparator's own global model
+                cells += ["", ""]
+                continue
+            comparison = (versus[c].get("comparisons") or {}).get(name)
+            cells += [format_seed_difference(seed_difference(versus[c], comparison)),
+                      _diff_cell(paired_test(comparison, "dice"), "wilcoxon_p")]
+        ratio = ((results.get("timing") or {}).get(entry["label"]) or {}).get("round_wall_ratio_to_fedavg")
+        cells.append("-" if ratio is None else f"{ratio:.2f}x")
+        lines.append("| " + " | ".join(cells) + " |")
+    note = ("Dice: unweighted mean over sites of each site's test mean, mean ± std over seeds. Δ per seed: each seed's "
+            "mean over sites minus the other approach's of the same seed, mean ± std over seeds (seeds ahead); per "
+            "image: mean per-image difference to its global model, same seed, pooled over seeds and sites, two-sided "
+            "Wilcoxon signed-rank p. Round time: median round wall over FedAvg's in the same bench. "
+            f"{remake(table_id)}{stale(results)}")
     return [caption(results, table["title"], note), "", *lines]
 
 
@@ -341,4 +396,5 @@ def render_budget(table_id: str, table: Mapping[str, Any], outputs: Sequence[Opt
 GENERIC = {
     "accuracy": render_accuracy, "cost": render_cost, "overview": render_overview, "ranking": render_ranking,
     "pairs": render_pairs, "budget": render_budget, "glance": render_glance, "verdicts": render_verdicts,
+    "versus": render_versus,
 }

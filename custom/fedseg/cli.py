@@ -334,7 +334,7 @@ def _cmd_bench(args: argparse.Namespace) -> None:
             print(f"fedseg bench: every method trains with the local protocol of {protocol}'s paper profile")
         budget = Budget(profile=args.profile, rounds=args.rounds, local_epochs=args.local_epochs, sets=sets,
                         task_check_period=args.task_check_period, task_request_interval=args.task_request_interval,
-                        omp_threads=args.omp_threads, protocol=protocol)
+                        omp_threads=args.omp_threads, protocol=protocol, task_timeout=args.task_timeout)
         run_bench(args.out, methods=args.methods, references=args.references, seeds=args.seeds,
                   site_datalists=args.site_datalists, family=args.family, sites=args.sites,
                   data_profile=args.data_profile, data_seed=args.data_seed, budget=budget,
@@ -527,7 +527,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--data-seed", type=int, default=0, help="built-in data: federation seed")
     bench.add_argument("--methods", nargs="+", default=["fedavg"],
                        help="methods, method options (graphfedseg:uncertainty_pass=last_epoch) or ablation rows "
-                            "LABEL=METHOD:key=value,key=value")
+                            "LABEL=METHOD:key=value,key=value; {seed} in a value is the run's seed (e.g. "
+                            "foundation_ckpt=OUT/workspaces/method-fedefm-seed{seed}/server/simulate_job/app_server/"
+                            "FL_global_model.pt)")
     bench.add_argument("--references", nargs="*", default=["local", "pooled"], choices=["local", "pooled"])
     bench.add_argument("--baseline", default=None,
                        help="label every approach is tested against (default fedavg, else the only label starting with fedavg)")
@@ -544,6 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--task-check-period", type=float, default=0.5, help="controller task_check_period (s)")
     bench.add_argument("--task-request-interval", type=float, default=None,
                        help="NVFlare server task_request_interval (s); default: the recipe's")
+    bench.add_argument("--task-timeout", type=int, default=None, metavar="S",
+                       help="seconds a site may take for one task (default: the recipe's, from its inputs: 300 s for "
+                            "one epoch of 64 px patches); more on a busy machine, where a late site fails the run")
     bench.add_argument("--omp-threads", default="1",
                        help="torch/OMP threads per site process and for the references ('default' = unset)")
     bench.add_argument("--out", required=True, help="output folder (resumable)")

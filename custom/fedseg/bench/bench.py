@@ -22,7 +22,7 @@ from fedseg.bench.ranking import recommendation_lines
 from fedseg.bench.report import budget_text, build_results, markdown, plot_results
 from fedseg.bench.runs import (
     REFERENCES, Budget, RunSpec, federation_task, load_finished, parse_variant, record_task, refresh_method, run_method, run_reference,
-    save_run, task_metrics,
+    save_run, seeded_args, task_metrics,
 )
 from fedseg.bench.simulator import machine_info
 from fedseg.fl.site_data import FOUNDATION_FAMILY  # FedEFM's phase-1 classification silos (fedseg.data.synthetic.xray_builtin)
@@ -94,7 +94,7 @@ def plan(methods: Sequence[str], references: Sequence[str], seeds: Sequence[int]
         if ref not in REFERENCES:
             raise ValueError(f"unknown reference {ref!r}; choose from {REFERENCES}")
     for seed in seeds:
-        specs += [RunSpec("method", label, method, int(seed), args) for label, method, args in parsed]
+        specs += [RunSpec("method", label, method, int(seed), seeded_args(args, seed)) for label, method, args in parsed]
         specs += [RunSpec("reference", ref, ref, int(seed)) for ref in references]
     return specs
 
@@ -200,7 +200,8 @@ def run_bench(
 
     Args:
         out: output folder (runs/, workspaces/, jobs/, logs/, data/, results, plots/).
-        methods: method names or ablation rows ``LABEL=METHOD:key=value,...``.
+        methods: method names or ablation rows ``LABEL=METHOD:key=value,...``; ``{seed}`` in a value is the run's
+            seed (:func:`fedseg.bench.runs.seeded_args`: each seed's run names another bench's run of that seed).
         references: any of ``local`` (every site trains alone) and ``pooled`` (one model on the union).
         seeds: training seeds (``train_config["seed"]``: initial weights, shuffling, augmentation);
             the data (and so the test images) stay the same, which makes the per-image pairing valid.

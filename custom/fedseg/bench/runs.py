@@ -130,6 +130,17 @@ def parse_variant(spec: str) -> Tuple[str, str, Dict[str, Any]]:
     return label or (spec if options else method), method, kwargs
 
 
+#: written in a variant's string value, the run's seed: a seed's run can name what another bench's run of the same
+#: seed made, e.g. ``fedefm_downstream:foundation_ckpt=OUT/workspaces/method-fedefm-seed{seed}/.../FL_global_model.pt``
+SEED_FIELD = "{seed}"
+
+
+def seeded_args(args: Mapping[str, Any], seed: int) -> Dict[str, Any]:
+    """``args`` (a variant's recipe kwargs, :func:`parse_variant`) of the run with ``seed``: :data:`SEED_FIELD` in
+    every string value becomes the seed; other values, and other braces, are kept as they are."""
+    return {k: v.replace(SEED_FIELD, str(int(seed))) if isinstance(v, str) else v for k, v in args.items()}
+
+
 def run_id(kind: str, label: str, seed: int) -> str:
     """File-name-safe id of a run, e.g. ``method-fedavg-seed0``."""
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", f"{kind}-{label}-seed{seed}")
@@ -145,6 +156,11 @@ class Budget:
     evaluation options), under the ``sets`` and ``local_epochs`` given here; None = each method its own profile.
     ``fedseg bench --profile paper`` always sets one (:func:`fedseg.recipes.comparison_protocol`), so that the
     local recipe belongs to the comparison, not to the method.
+
+    ``task_timeout``: seconds a site may take for one task (None: the recipe's default for its inputs, 300 s for one
+    epoch of 64 px patches), for a machine too busy for the default. Not part of :meth:`to_dict` (a run's
+    configuration): every site must answer every round (``min_clients`` = the sites), so a timeout fails a run and
+    never changes the result of one that finishes.
     """
 
     profile: str = "default"
@@ -156,6 +172,7 @@ class Budget:
     task_request_interval: Optional[float] = None
     omp_threads: Optional[str] = "1"
     protocol: Optional[str] = None
+    task_timeout: Optional[int] = None
 
     def overrides(self, seed: int) -> Dict[str, Any]:
         """``train_config`` overrides of a run with ``seed`` (the protocol's keys under the bench's own sets)."""
@@ -182,7 +199,8 @@ class Budget:
 
     def to_dict(self) -> Dict[str, Any]:
         # without a protocol, the record of a bench stored before protocols existed (its runs resume as they are)
-        return {k: v for k, v in self.__dict__.items() if k != "protocol" or v is not None}
+        return {k: v for k, v in self.__dict__.items()
+                if k != "task_timeout" and (k != "protocol" or v is not None)}
 
 
 @dataclass
@@ -304,6 +322,7 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
             spec.method, out / "jobs" / spec.id, budget.profile, num_rounds=budget.num_rounds(),
             script_args=f"--site_datalists {Path(site_map_file).resolve()}", min_clients=len(sites),
             task_check_period=budget.task_check_period, **{**budget.overrides(spec.seed), **spec.variant_args},
+            **({"task_timeout": budget.task_timeout} if budget.task_timeout is not None else {}),
         )
     patch_job(job, budget.task_request_interval)
     workspace = out / "workspaces" / spec.id

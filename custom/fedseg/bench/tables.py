@@ -7,6 +7,7 @@ timings); nothing is recomputed here. Each function returns markdown lines (``Li
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -45,11 +46,22 @@ def approach_title(entry: Mapping[str, Any]) -> str:
     elif step is not None:
         args["server_optimizer"] = step
     if args:
-        name += " (" + ", ".join(f"{k}={v}" for k, v in args.items()) + ")"
+        name += " (" + ", ".join(_arg_text(k, v) for k, v in args.items()) + ")"
     elif label and label != method and step is None:
         name += f" `{label}`"
     name += MODEL_SUFFIXES.get(entry.get("model", "global"), "")
     return name
+
+
+#: a value naming a file of another bench's run: its simulator workspace ``.../workspaces/<kind>-<label>-seed<N>/...``
+_RUN_FILE = re.compile(r"/workspaces/(?:method|reference)-(.+?)-seed\d+/")
+
+
+def _arg_text(key: str, value: Any) -> str:
+    """``key=value``, or ``foundation_ckpt from `fedefm``` where the value is a file of a bench run (a checkpoint of
+    the run of the same seed, :func:`fedseg.bench.runs.seeded_args`): the run's label, not a folder of a machine."""
+    match = _RUN_FILE.search(value) if isinstance(value, str) else None
+    return f"{key} from `{match.group(1)}`" if match else f"{key}={value}"
 
 
 def _label_entry(results: Mapping[str, Any], label: str) -> Mapping[str, Any]:
@@ -398,13 +410,15 @@ def cost_note(results: Mapping[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------------ glance
 def glance_rows(results: Mapping[str, Any], data: str, table_id: str, link: Optional[str] = None,
-                timing_from: Optional[Tuple[Mapping[str, Any], str]] = None) -> List[List[str]]:
+                timing_from: Optional[Tuple[Mapping[str, Any], str]] = None,
+                labels: Optional[Mapping[str, str]] = None) -> List[List[str]]:
     """Rows of the "Results at a glance" table from one accuracy run: per published method as shipped or with the
     server step (global and personalised models; not references, not other ablation rows ``LABEL=METHOD:key=value``),
     then the run's best-scoring other baseline (FedAvgM, FedDyn, FedAvg with more local epochs, ...): method, data,
     score (baseline's), Δ vs baseline (p), round time vs baseline, source table. ``timing_from``: (another run's
     results, its table id) whose round times to show instead (a cost measurement on a quieter machine); the cell
-    names that table.
+    names that table. ``labels``: ``{approach: its glance name}``, the published method's rows where its arms are
+    ablation rows (FedEFM: the downstream network from a foundation checkpoint), in place of the rule above.
 
     Raises:
         ValueError: the run's baseline is not FedAvg (the glance table compares every method with FedAvg).
@@ -432,12 +446,19 @@ def glance_rows(results: Mapping[str, Any], data: str, table_id: str, link: Opti
         return [title, data, f"{prefix}{score} ({base_score})", _diff_cell(paired_test(comparisons.get(name), test_key), p_key),
                 ratio, source]
 
+    approaches = results.get("approaches", {})
+    unknown = sorted(set(labels or {}) - set(approaches))
+    if unknown:
+        raise ValueError(f"table {table_id}: glance labels {unknown} are not approaches of its run ({sorted(approaches)})")
     rows, baselines = [], []
-    for name, entry in results.get("approaches", {}).items():
+    for name, entry in approaches.items():
         if entry.get("kind") != "method" or name == base_label:
             continue  # references stay in the source table
         if entry.get("method") not in PUBLISHED_METHODS:
             baselines.append((name, entry))
+        elif labels is not None:
+            if name in labels:
+                rows.append(row(name, entry, labels[name]))
         elif set(entry.get("variant_args") or {}) <= {"server_optimizer"}:
             rows.append(row(name, entry, approach_title(entry)))  # as shipped, or with the server step
     if baselines:  # the strongest other baseline of the same run beside the methods (FedAvg is in every row)
