@@ -131,6 +131,7 @@ def test_payload_round_zero_has_no_direction():
         "uncertainty": "mc_dropout",
         "mc_samples": 10,
         "uncertainty_pass": "after_training",
+        "regulariser": "paper",
         "direction": None,
     }
     torch.testing.assert_close(payload.params["conv.weight"], initial["conv.weight"])

@@ -51,6 +51,7 @@ BUNDLE_KEYS = (
     "dropout",
     "norm",
     "feature_alignment",
+    "seg_loss",
     "lambda_dice",
     "lambda_ce",
     "optimizer_name",

@@ -262,8 +262,9 @@ def _print_summary(report_path: Path) -> None:
     figures = plot_report(data, out / "plots", validation_metric(data))
     (out / "summary.md").write_text(summarise(data, figures, base=out))
     titles = {"global": "final global model", "personalized": "final personalized model",
-              "global_best_val": f"best validation round's global model (round {(data.get('final') or {}).get('best_val_round')})"}
-    for which in ("global", "global_best_val", "personalized"):
+              "global_best_val": f"best validation round's global model (round {(data.get('final') or {}).get('best_val_round')})",
+              "local": "each site's last locally trained model"}
+    for which in ("global", "global_best_val", "local", "personalized"):
         rows = final_table(data, which)
         if rows:
             print(f"\n{data['method']} — {titles[which]} (test split)")

@@ -40,6 +40,9 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     # also validate the aggregated global model every round (mean validation Dice over the sites) and evaluate the
     # best round's model on the test splits: final.global_best_val beside final.global (the last round's model)
     "eval_best_val_round": False,
+    # the final evaluation also scores each site's locally trained model of the last round (the model the site sent,
+    # before aggregation) on that site's test split: final.local beside final.global
+    "eval_local_models": False,
     # network / optimisation (bundle variables)
     "image_size": 64,
     "in_channels": 3,
@@ -65,7 +68,11 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     "norm": "instance",
     # PathFL's bottleneck alignment layer (set by the PathFL recipe when AFA is on)
     "feature_alignment": False,
-    # segmentation loss = lambda_dice * Dice + lambda_ce * cross-entropy (lambda_dice 0: plain CE)
+    # segmentation loss = lambda_dice * Dice + lambda_ce * cross-entropy (lambda_dice 0: plain CE); the Dice term:
+    # "dice_ce" = MONAI's soft Dice on the softmax, foreground classes, one Dice per image; "logit_dice" = soft Dice on
+    # the raw logits (no softmax), every class (background too), squared predictions in the denominator, one Dice per
+    # class over the whole batch (the GraphFedSeg authors' code)
+    "seg_loss": "dice_ce",
     "lambda_dice": 1.0,
     "lambda_ce": 1.0,
     "optimizer_name": "Adam",
@@ -203,16 +210,18 @@ TASK_TIMEOUT_RANGE = (300, 24 * 3600)
 LOCAL_PROTOCOL_KEYS = (
     "image_size", "channels", "norm", "network_variant", "network_init", "dropout",
     "optimizer_name", "learning_rate", "adam_betas", "weight_decay", "lr_decay_per_round", "optimizer_state",
-    "batch_size", "drop_last", "local_epochs", "augment", "augment_level", "intensity", "lambda_dice", "lambda_ce",
+    "batch_size", "drop_last", "local_epochs", "augment", "augment_level", "intensity",
+    "seg_loss", "lambda_dice", "lambda_ce",
     "patch_size", "patch_samples",
-    "eval_largest_component", "eval_best_val_round",
+    "eval_largest_component", "eval_best_val_round", "eval_local_models",
 )
 
 
 #: values of the train_config choices checked by :func:`check_training_options`
 AUGMENT_LEVELS = ("basic", "strong", "flip")
 INTENSITY_MODES = ("fixed", "image_max")
-BOOLEAN_OPTIONS = ("drop_last", "augment", "eval_largest_component", "eval_best_val_round")
+SEG_LOSSES = ("dice_ce", "logit_dice")
+BOOLEAN_OPTIONS = ("drop_last", "augment", "eval_largest_component", "eval_best_val_round", "eval_local_models")
 
 
 def check_training_options(train_config: Dict[str, Any]) -> None:
@@ -220,8 +229,8 @@ def check_training_options(train_config: Dict[str, Any]) -> None:
     ``augment_level`` must not silently train with another augmentation.
 
     Raises:
-        ValueError: an unknown ``augment_level`` or ``intensity``, a non-boolean switch, or ``intensity="image_max"``
-            for volumes (their intensity follows the modality: ``fedseg.data.volumes``).
+        ValueError: an unknown ``augment_level``, ``intensity`` or ``seg_loss``, a non-boolean switch, or
+            ``intensity="image_max"`` for volumes (their intensity follows the modality: ``fedseg.data.volumes``).
     """
     level = train_config.get("augment_level", BASE_TRAIN_CONFIG["augment_level"])
     if level not in AUGMENT_LEVELS:
@@ -229,6 +238,9 @@ def check_training_options(train_config: Dict[str, Any]) -> None:
     intensity = train_config.get("intensity", BASE_TRAIN_CONFIG["intensity"])
     if intensity not in INTENSITY_MODES:
         raise ValueError(f"train_config['intensity'] must be one of {INTENSITY_MODES}, got {intensity!r}")
+    seg_loss = train_config.get("seg_loss", BASE_TRAIN_CONFIG["seg_loss"])
+    if seg_loss not in SEG_LOSSES:
+        raise ValueError(f"train_config['seg_loss'] must be one of {SEG_LOSSES}, got {seg_loss!r}")
     if intensity == "image_max" and int(train_config.get("spatial_dims") or 2) == 3:
         raise ValueError("train_config['intensity']='image_max' applies to 2-D images; volumes are normalised by modality "
                          "(train_config['modality'])")

@@ -50,7 +50,8 @@ def resolve_baseline(labels: Sequence[str], baseline: Optional[str] = None) -> O
 
 
 #: how each evaluated model of a run is named in the tables (``global``: the run's label alone)
-MODEL_SUFFIXES = {"global": "", "personalized": " (personalised)", "global_best_val": " (best val round)"}
+MODEL_SUFFIXES = {"global": "", "personalized": " (personalised)", "global_best_val": " (best val round)",
+                  "local": " (local models)"}
 
 
 def _approach_name(record: Dict[str, Any], model: str) -> str:

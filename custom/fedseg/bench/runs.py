@@ -331,7 +331,7 @@ def method_record(spec: RunSpec, mapping: Mapping[str, str], workspace: Path, re
         "download_mb_per_site_round": _payload_mb(report["rounds"], "bytes_sent", len(sites)),
         "final": {}, "per_image": {},
     }
-    for model in ("global", "personalized", "global_best_val"):
+    for model in ("global", "personalized", "global_best_val", "local"):
         final = (report.get("final") or {}).get(model)
         if not final:
             continue

@@ -21,7 +21,7 @@ from nvflare.app_common.workflows.model_controller import ModelController
 from fedseg.bundle import build_network
 from fedseg.config import default_task_timeout
 from fedseg.fl.checkpoint import load_checkpoint, save_checkpoint
-from fedseg.fl.model_selection import (BEST_VAL_CHECKPOINT, BEST_VAL_MODEL, SPLIT_META_KEY, VALIDATION_SPLIT,
+from fedseg.fl.model_selection import (BEST_VAL_CHECKPOINT, BEST_VAL_MODEL, LOCAL_MODEL, SPLIT_META_KEY, VALIDATION_SPLIT,
                                        BestValidationRound)
 from fedseg.fl.payload import payload_dtype, to_wire
 from fedseg.fl.protocol import (BASE_STATISTICS, EVALUATE_TASK, META_KEY, SPATIAL_KEY, SPATIAL_MODE_CODES,
@@ -158,6 +158,8 @@ class FedSegController(ModelController):
         self._site_spatial: Dict[str, List[float]] = {}
         #: the best round's global model by mean validation metric (train_config eval_best_val_round), else None
         self._selection = BestValidationRound() if self.train_config.get("eval_best_val_round") else None
+        #: the latest round's locally trained models as the sites sent them (train_config eval_local_models), else None
+        self._local_models: Optional[Dict[str, Dict[str, torch.Tensor]]] = {} if self.train_config.get("eval_local_models") else None
 
     # ---------------------------------------------------------------------------------- workflow
     def run(self) -> None:
@@ -197,6 +199,8 @@ class FedSegController(ModelController):
             self._geometry = {}
             payloads = {site: self._strategy.payload(site, round_) for site in clients}
             updates = self._exchange(TRAIN_TASK, payloads, round_, reference=self._train_reference)
+            if self._local_models is not None:
+                self._local_models = {s: u.params for s, u in updates.items()}
             self._attach_train_config()  # now with the spatial settings the sites reported
             fields = self._strategy.aggregate_round(
                 round_, updates, lambda task, p, r=round_: self._exchange(task, p, r, require_params=task in self._weight_tasks)
@@ -259,8 +263,10 @@ class FedSegController(ModelController):
 
     def _final_evaluation(self, report: RunReport, clients: List[str]) -> None:
         """``final.global`` (unless the strategy has no complete global model), ``final.global_best_val`` (the best
-        validation round's global model, with ``eval_best_val_round``), ``final.personalized`` (models held by
-        the strategy, or collected from the sites with ``submit_model``) and ``final.cross_site``."""
+        validation round's global model, with ``eval_best_val_round``), ``final.local`` (each site's model of the
+        last round as it sent it, with ``eval_local_models``; not after a restart past the last round, which keeps no
+        local models), ``final.personalized`` (models held by the strategy, or collected from the sites with
+        ``submit_model``) and ``final.cross_site``."""
         if self._strategy.evaluates_global:
             report.final["global"] = self._evaluate({s: self._strategy.global_params() for s in clients}, "global")
         if self._selects_best_round() and self._selection.params is not None:
@@ -271,6 +277,8 @@ class FedSegController(ModelController):
             path = Path(self.get_run_dir()) / BEST_VAL_CHECKPOINT
             torch.save({"model": self._selection.params, "train_config": self.saved_train_config()}, path)
             report.final["best_val_checkpoint"] = BEST_VAL_CHECKPOINT
+        if self._local_models:  # eval_local_models: each site's own last trained model on its own test split
+            report.final[LOCAL_MODEL] = self._evaluate(self._local_models, LOCAL_MODEL)
         personalised = self._strategy.personalized_params()
         if personalised is None and self._strategy.personalized_at_sites:
             personalised = self._collect_personalised(clients)

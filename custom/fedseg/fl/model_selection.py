@@ -26,6 +26,8 @@ SPLIT_META_KEY = "split"
 VALIDATION_SPLIT = "validation"
 #: the model name of the best round's global model in the final evaluation
 BEST_VAL_MODEL = "global_best_val"
+#: the model name of each site's last locally trained model in the final evaluation (train_config eval_local_models)
+LOCAL_MODEL = "local"
 #: the best round's global model in the run directory (``{"model", "train_config"}``, as ``fedseg infer`` reads it)
 BEST_VAL_CHECKPOINT = "best_val_model.pt"
 

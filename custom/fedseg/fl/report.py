@@ -7,7 +7,8 @@ Schema (fields every method writes; methods add their own per-round fields):
               task_breakdown: {task: {deliver, site, return, total, answers}} (fedseg.fl.task_clock), ...}],
     final: {global: {site: {dice, hd95, assd}}, personalized: {...} (personalised methods only),
             global_best_val, best_val_round, best_val_score (train_config eval_best_val_round: the best
-            validation round's global model; each round's validation metrics in rounds[].global_val)}
+            validation round's global model; each round's validation metrics in rounds[].global_val),
+            local (train_config eval_local_models: each site's last locally trained model on its own test split)}
 Only numbers the sites chose to send are here — no images, labels or predictions.
 """
 
@@ -202,8 +203,9 @@ def summarise(data: Dict[str, Any], figures: Optional[List[Path]] = None, base: 
             lines.append(f"| {r['round']} | " + " | ".join(cells) + f" | {_fmt(r.get('wall_time'))} |")
         lines.append("")
     titles = {"global": "Final global model", "personalized": "Final personalized model",
-              "global_best_val": f"Best validation round's global model (round {(data.get('final') or {}).get('best_val_round')})"}
-    for which in ("global", "global_best_val", "personalized"):
+              "global_best_val": f"Best validation round's global model (round {(data.get('final') or {}).get('best_val_round')})",
+              "local": "Each site's last locally trained model"}
+    for which in ("global", "global_best_val", "local", "personalized"):
         rows = final_table(data, which)
         if rows:
             names = metric_columns(data, which)

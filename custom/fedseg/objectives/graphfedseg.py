@@ -26,7 +26,15 @@ whole image. Resize mode is unaffected (an image is one forward pass there).
 of the logits the last local epoch computed for training anyway. Every training image is seen once in
 that epoch (Poisson batches under DP see each about once), but by a model that is still being updated
 and on augmented images, so it estimates the after-training value; it saves about 1/(3E) of the local
-training time (docs/methods.md, GraphFedSeg).
+training time (docs/methods.md, GraphFedSeg). ``uncertainty_pass="training_batches"`` (evidential only, the
+authors' code): U_i is the mean over every training batch of every local epoch of the batch's mean pixel vacuity.
+
+The authors' code's similarity term (server meta ``regulariser="top_k"``):
+``lambda1 (1 - (W_ii [i among them] + <theta_i / ||theta_i||, d_i>) / (sum of their W + 1e-6))`` over the row's
+k largest entries (``fedseg.strategies.collaboration_graph.top_k_regulariser``), with ``d_i`` over the
+neighbours other than i and the two weights sent by the server. ``uncertainty_loss_weight`` > 0 adds the
+authors' ``weight * log(1 + u^2)`` with u the batch's mean vacuity, measured without gradient: a constant per
+batch, which changes the reported loss and not one gradient.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ import torch
 from torch import nn
 
 from fedseg.uncertainty.window_sample import check_window_count
-from fedseg.strategies.collaboration_graph import similarity_regulariser
+from fedseg.strategies.collaboration_graph import similarity_regulariser, top_k_regulariser
 from fedseg.uncertainty.client_uncertainty import (
     check_estimator,
     client_uncertainty,
@@ -78,6 +86,8 @@ class GraphFedSegObjective(ClientObjective):
             meta does not say.
         uncertainty_windows: in patch mode, the number of windows the after-training pass draws per round
             (module docstring); ``None`` or ``"whole_image"``: a sliding window over every whole image.
+        uncertainty_loss_weight: weight of the constant ``log(1 + u^2)`` per batch (module docstring; the
+            authors' code: 0.4); 0 adds nothing.
     """
 
     name = "graphfedseg"
@@ -91,10 +101,14 @@ class GraphFedSegObjective(ClientObjective):
         mc_samples: int = 5,
         uncertainty_pass: str = "after_training",
         uncertainty_windows: Union[int, str, None] = DEFAULT_UNCERTAINTY_WINDOWS,
+        uncertainty_loss_weight: float = 0.0,
         **kwargs: Any,
     ):
         super().__init__(seg_loss=seg_loss, **kwargs)
         check_estimator(uncertainty, mc_samples, uncertainty_pass)
+        if not (math.isfinite(uncertainty_loss_weight) and uncertainty_loss_weight >= 0):
+            raise ValueError(f"uncertainty_loss_weight must be a finite number >= 0, got {uncertainty_loss_weight}")
+        self.uncertainty_loss_weight = float(uncertainty_loss_weight)
         self.uncertainty_windows = check_window_count(uncertainty_windows, "uncertainty_windows")
         self.uncertainty = uncertainty
         self.mc_samples = int(mc_samples)
@@ -107,6 +121,9 @@ class GraphFedSegObjective(ClientObjective):
         self._training_values: List[torch.Tensor] = []
         self._params: List[torch.Tensor] = []
         self._direction: Optional[List[torch.Tensor]] = None
+        #: the server's ``regulariser`` ("paper" or "top_k") and the top-k term's two weights
+        self._regulariser = "paper"
+        self._top_k_weights = (0.0, 0.0)
 
     @property
     def regulariser_active(self) -> bool:
@@ -123,6 +140,10 @@ class GraphFedSegObjective(ClientObjective):
         self._last_epoch = int(ctx.train_config.get("local_epochs", 1)) - 1
         self._training_values = []
         direction = meta.get("direction")
+        self._regulariser = meta.get("regulariser", "paper")
+        if self._regulariser not in ("paper", "top_k"):
+            raise ValueError(f"server meta regulariser must be 'paper' or 'top_k', got {self._regulariser!r}")
+        self._top_k_weights = (float(meta.get("self_weight", 0.0)), float(meta.get("weight_sum", 0.0)))
         self._params, self._direction = [], None
         if direction and self.lambda1 > 0:
             self._params, self._direction = _bind_direction(model, direction)
@@ -134,10 +155,19 @@ class GraphFedSegObjective(ClientObjective):
 
     def data_loss(self, out: BatchOutput) -> torch.Tensor:
         """L_seg: the only term that reads training data (privatised under DP). With
-        ``uncertainty_pass="last_epoch"`` it also keeps the last epoch's image vacuities (``(B,)`` each)."""
+        ``uncertainty_pass="last_epoch"`` it also keeps the last epoch's image vacuities (``(B,)`` each), with
+        ``"training_batches"`` every batch's mean vacuity (0-d each); ``uncertainty_loss_weight`` adds its constant."""
+        batch_values = None
+        if self._round_pass == "training_batches" or self.uncertainty_loss_weight > 0:
+            batch_values = evidential_image_uncertainty(out.logits.detach())  # (B,), no gradient
         if self._round_pass == "last_epoch" and out.epoch == self._last_epoch:
             self._training_values.append(evidential_image_uncertainty(out.logits.detach()))
-        return super().loss(out)
+        elif self._round_pass == "training_batches":
+            self._training_values.append(batch_values.mean())
+        loss = super().loss(out)
+        if self.uncertainty_loss_weight > 0:
+            loss = loss + self.uncertainty_loss_weight * torch.log1p(batch_values.mean() ** 2).to(loss.dtype)
+        return loss
 
     def parameter_loss(self, model: Optional[nn.Module]) -> Optional[torch.Tensor]:
         """The similarity regulariser ``-(lambda1 / 2) <theta_i / ||theta_i||, d_i>``, or ``None`` when
@@ -147,6 +177,9 @@ class GraphFedSegObjective(ClientObjective):
             return None
         # per-parameter dot products on the live parameters: no (D,) concatenation to build and
         # back-propagate through every step (docs/methods.md, GraphFedSeg)
+        if self._regulariser == "top_k":
+            self_weight, weight_sum = self._top_k_weights
+            return top_k_regulariser(self._params, self._direction, self_weight, weight_sum, self.lambda1)
         return similarity_regulariser(self._params, self._direction, self.lambda1)
 
     # a site training as N ranks: each rank keeps the last-epoch vacuities of its share; rank 0 gets them all
@@ -164,7 +197,7 @@ class GraphFedSegObjective(ClientObjective):
     def end_round(self, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:
         self._params, self._direction = [], None  # do not hold the model past the round
         values, self._training_values = self._training_values, []
-        if values:  # "last_epoch": measured during training
+        if values:  # "last_epoch" / "training_batches": measured during training
             return {"uncertainty": client_uncertainty(values)}
         # "after_training", or a last epoch that saw no image (possible with DP's Poisson batches)
         if self._round_uncertainty == "mc_dropout" and not any(

@@ -418,6 +418,116 @@ def similarity_regulariser(
     return -0.5 * lambda1 * dot / norm
 
 
+def top_k_regulariser(
+    theta: Union[torch.Tensor, Sequence[torch.Tensor]],
+    direction: Optional[Union[torch.Tensor, Sequence[torch.Tensor]]],
+    self_weight: float,
+    weight_sum: float,
+    lambda1: float,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """The GraphFedSeg authors' code's similarity term, a differentiable scalar:
+
+        lambda1 * (1 - sum_{j in N_i} W_ij cos(theta, theta_j) / (sum_{j in N_i} W_ij + eps))
+
+    with ``N_i`` the k largest entries of row i of W (:func:`top_k_neighbours`), i itself included when its own
+    entry is among them (its cosine with itself is 1: ``self_weight`` = W_ii then, else 0), and the other
+    neighbours' sum ``sum_{j in N_i, j != i} W_ij cos(theta, theta_j) = <theta / ||theta||, direction>`` with
+    ``direction`` = :func:`neighbour_direction_from_flat` over ``N_i`` without i (None when there is none).
+    ``weight_sum`` = ``sum_{j in N_i} W_ij``; ``theta`` and ``direction`` as in :func:`similarity_regulariser`.
+    """
+    if direction is None:  # only i itself among the neighbours: a constant
+        return torch.tensor(lambda1 * (1.0 - float(self_weight) / (float(weight_sum) + eps)))
+    # similarity_regulariser(theta, d, -2) = <theta / ||theta||, d>
+    weighted = float(self_weight) + similarity_regulariser(theta, direction, -2.0)
+    return lambda1 * (1.0 - weighted / (float(weight_sum) + eps))
+
+
+# ----------------------------------------------------------------------------------------------------
+# the authors' code's graph: prior, cosine snap, initial graph, neighbours
+# ----------------------------------------------------------------------------------------------------
+
+#: added to U before dividing (the authors' code: ``n / (U + 1e-6)``)
+PRIOR_EPS = 1e-6
+#: initial graphs: 1/K everywhere (the paper's Fig. 6a), or 1/(K-1) off the diagonal and 0 on it (the authors' code)
+INITIAL_GRAPHS = ("uniform", "uniform_others")
+
+
+def uncertainty_prior(n: ArrayLike, U: ArrayLike, eps: float = PRIOR_EPS) -> np.ndarray:
+    """``p_j = (n_j / (U_j + eps)) / sum_l n_l / (U_l + eps)``, ``(K,)`` float64: the sample shares divided by the
+    client uncertainties, renormalised (the authors' code's target of the graph QP in place of ``n / sum n``)."""
+    n = np.asarray(n, dtype=np.float64).reshape(-1)
+    U = np.asarray(U, dtype=np.float64).reshape(-1)
+    if n.shape != U.shape or np.any(n < 0) or np.any(U < 0) or not (np.all(np.isfinite(n)) and np.all(np.isfinite(U))):
+        raise ValueError(f"need n (K,) >= 0 and U (K,) >= 0, finite; got {n.tolist()}, {U.tolist()}")
+    raw = n / (U + eps)
+    if raw.sum() <= 0:
+        raise ValueError("every site has n = 0: no prior")
+    return raw / raw.sum()
+
+
+def snap_cosine(cos: ArrayLike, threshold: Optional[float]) -> np.ndarray:
+    """``cos`` with every entry above ``threshold`` set to 1 (the authors' code: 0.9); None leaves it unchanged."""
+    out = np.array(cos, dtype=np.float64)
+    if threshold is not None:
+        out[out > float(threshold)] = 1.0
+    return out
+
+
+def initial_graph(num_clients: int, kind: str = "uniform") -> np.ndarray:
+    """W before the first round, ``(K, K)``: ``"uniform"`` 1/K everywhere, ``"uniform_others"`` 1/(K-1) off the
+    diagonal and 0 on it (a single client keeps itself)."""
+    k = int(num_clients)
+    if kind not in INITIAL_GRAPHS:
+        raise ValueError(f"initial graph must be one of {INITIAL_GRAPHS}, got {kind!r}")
+    if k < 1:
+        raise ValueError(f"need at least one client, got {k}")
+    if kind == "uniform" or k == 1:
+        return np.full((k, k), 1.0 / k)
+    W = np.full((k, k), 1.0 / (k - 1))
+    np.fill_diagonal(W, 0.0)
+    return W
+
+
+def restrict_graph(W: ArrayLike, rows: Sequence[str], sites: Sequence[str], kind: str = "uniform") -> np.ndarray:
+    """A graph over ``sites`` from ``W`` over ``rows``: entries between two sites of ``rows`` kept, the rest from
+    :func:`initial_graph` (a site ``W`` has no row for), every row renormalised to sum 1 (an all-zero row: the
+    initial graph's)."""
+    W = np.asarray(W, dtype=np.float64)
+    out = initial_graph(len(sites), kind)
+    index = {s: i for i, s in enumerate(rows)}
+    known = [a for a, s in enumerate(sites) if s in index]
+    for a in known:
+        for b in known:
+            out[a, b] = W[index[sites[a]], index[sites[b]]]
+    fallback = initial_graph(len(sites), kind)
+    for a in range(len(sites)):
+        total = out[a].sum()
+        out[a] = out[a] / total if total > 0 else fallback[a]
+    return out
+
+
+def two_site_identity_holds(p: ArrayLike, alpha: float) -> bool:
+    """Whether W = I for two sites whose cosines are ``[[1, -1], [-1, 1]]`` (each site's change against a convex
+    combination of the two models: the changes are opposite), ``p`` (2,) the QP's target.
+
+    Row 1 projects ``c = (p_1 + alpha / 2, p_2 - alpha / 2)`` onto the simplex; the projection is the vertex (1, 0)
+    exactly when ``c_1 - c_2 >= 1``, i.e. ``p_1 - p_2 + alpha >= 1``; row 2 likewise. Both: ``|p_1 - p_2| <= alpha - 1``
+    (gamma = 0; with gamma > 0 replace p by p - (gamma / 2) U)."""
+    p = np.asarray(p, dtype=np.float64).reshape(-1)
+    if p.shape != (2,):
+        raise ValueError(f"two sites: p must be (2,), got {p.shape}")
+    return bool(abs(p[0] - p[1]) <= float(alpha) - 1.0)
+
+
+def top_k_neighbours(row: ArrayLike, k: int) -> np.ndarray:
+    """Indices of the ``min(k, K)`` largest entries of a graph row, largest first, ties in index order."""
+    row = np.asarray(row, dtype=np.float64).reshape(-1)
+    if int(k) < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    return np.argsort(-row, kind="stable")[: int(k)]
+
+
 __all__ = [
     "GraphQP",
     "collaboration_graph",
@@ -426,6 +536,13 @@ __all__ = [
     "flatten_params",
     "graph_qp",
     "graph_rows_closed_form",
+    "initial_graph",
+    "restrict_graph",
+    "snap_cosine",
+    "top_k_neighbours",
+    "two_site_identity_holds",
+    "top_k_regulariser",
+    "uncertainty_prior",
     "neighbour_direction",
     "neighbour_direction_from_flat",
     "pairwise_cosine",

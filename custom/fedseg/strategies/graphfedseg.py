@@ -29,6 +29,15 @@ order), and theta_global and their personalised models are updated. A missing si
 personalised model (or theta_global if it never trained), trains next round from theta_global with the
 regulariser off (it has no row in the latest graph), and rejoins the graph when it returns. alpha is
 fixed at ``start`` (0.08 * number of clients) so that ``config()`` reports the value used in every round.
+
+The authors' code (the ``paper`` profile; docs/methods.md, GraphFedSeg) differs in five places, each an option:
+``graph_in_aggregation="previous"`` (theta_global from the previous round's W, then the new W), ``similarity=
+"update_global"`` (cosines of theta_j - the new theta_global), ``similarity_snap=0.9``, ``prior=
+"samples_over_uncertainty"`` with ``gamma=0`` (U enters the QP through its target p, not a penalty), alpha = 1/0.7
+(their QP is ``0.7 ||w||^2 - 1.4 p.w - cos.w``, i.e. this one divided by 0.7), ``initial_graph="uniform_others"``
+and ``regulariser="top_k"``. With two sites and ``update_global`` the two changes are opposite (a convex mix of two
+models lies on the segment between them: cosine -1), so W = I whenever ``|p_1 - p_2| <= alpha - 1``
+(:func:`fedseg.strategies.collaboration_graph.two_site_identity_holds`).
 """
 
 from __future__ import annotations
@@ -45,15 +54,21 @@ from fedseg.uncertainty.client_uncertainty import check_estimator
 from .aggregation import sample_weights
 from .base import ClientUpdate, Exchange, Params, ServerStrategy, SitePayload, clone_params
 from .collaboration_graph import (
+    INITIAL_GRAPHS,
     collaboration_graph,
     dual_layer_aggregate,
     effective_weight,
     flatten_params,
     graph_rows_closed_form,
+    initial_graph,
     neighbour_direction_from_flat,
     pairwise_cosine,
+    restrict_graph,
     row_norms,
     similarity_keys,
+    snap_cosine,
+    top_k_neighbours,
+    uncertainty_prior,
     unflatten_params,
 )
 
@@ -61,6 +76,14 @@ logger = logging.getLogger(__name__)
 
 #: the paper's alpha = K * 0.08 (Sec. 2.2.1)
 ALPHA_PER_CLIENT = 0.08
+#: what the cosines of the graph compare: theta - theta_round0, raw theta, or theta - this round's new global model
+SIMILARITIES = ("update", "weights", "update_global")
+#: the QP's target p: sample shares, or sample shares divided by the client uncertainties (the authors' code)
+PRIORS = ("samples", "samples_over_uncertainty")
+#: the graph theta_global is aggregated with: this round's, or the previous round's (the authors' code)
+AGGREGATION_GRAPHS = ("current", "previous")
+#: the client's similarity term: the paper's Eq. (5), or the authors' code's top-k cosine distance
+REGULARISERS = ("paper", "top_k")
 #: cvxpy and the closed form must agree to this (spec); a larger gap is logged
 SOLVER_TOLERANCE = 1e-6
 META_KEY = "graphfedseg"
@@ -78,8 +101,18 @@ class GraphFedSegStrategy(ServerStrategy):
         solver: "cvxpy" (default; cross-checked against the closed form every round) or "closed_form".
         uncertainty: client estimator, "evidential" (paper) or "mc_dropout" (Sec. 3.7 comparison).
         mc_samples: T for "mc_dropout" (paper: 5 or 10).
-        uncertainty_pass: "after_training" (paper) or "last_epoch", sent to the sites
+        uncertainty_pass: "after_training" (paper), "last_epoch" or "training_batches", sent to the sites
             (``fedseg.objectives.graphfedseg``).
+        prior: the QP's target ``p``: "samples" (n / sum n, the paper) or "samples_over_uncertainty"
+            (n / (U + 1e-6), renormalised: the authors' code); the data-based layer of the aggregation keeps n / sum n.
+        similarity_snap: cosines above it count as 1 (the authors' code: 0.9); None = as measured.
+        graph_in_aggregation: "current" (this round's W, the paper) or "previous" (the W of the round before, as the
+            authors' code aggregates before it updates the graph; needed by ``similarity="update_global"``).
+        initial_graph: W before the first round, "uniform" (1/K, the paper's Fig. 6a) or "uniform_others"
+            (1/(K-1) off the diagonal, the authors' code).
+        regulariser: the client's similarity term, "paper" (Eq. 5, sum over j != i) or "top_k" (the authors' code:
+            ``lambda1 (1 - weighted mean cosine to the row's top_k largest entries, i itself included)``).
+        top_k: neighbours of the "top_k" term (the authors' code: 3).
     """
 
     name = "graphfedseg"
@@ -96,6 +129,12 @@ class GraphFedSegStrategy(ServerStrategy):
         uncertainty: str = "evidential",
         mc_samples: int = 5,
         uncertainty_pass: str = "after_training",
+        prior: str = "samples",
+        similarity_snap: Optional[float] = None,
+        graph_in_aggregation: str = "current",
+        initial_graph: str = "uniform",
+        regulariser: str = "paper",
+        top_k: int = 3,
     ):
         super().__init__()
         if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
@@ -106,8 +145,23 @@ class GraphFedSegStrategy(ServerStrategy):
             raise ValueError(f"lam must be in [0, 1], got {lam}")
         if not (math.isfinite(lambda1) and lambda1 >= 0):
             raise ValueError(f"lambda1 must be >= 0, got {lambda1}")
-        if similarity not in ("update", "weights"):
-            raise ValueError(f"similarity must be 'update' or 'weights', got {similarity!r}")
+        if similarity not in SIMILARITIES:
+            raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
+        if prior not in PRIORS:
+            raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
+        if graph_in_aggregation not in AGGREGATION_GRAPHS:
+            raise ValueError(f"graph_in_aggregation must be one of {AGGREGATION_GRAPHS}, got {graph_in_aggregation!r}")
+        if similarity == "update_global" and graph_in_aggregation != "previous":
+            raise ValueError("similarity='update_global' compares each site's model with this round's new global model, "
+                             "which must exist before the graph: use graph_in_aggregation='previous'")
+        if initial_graph not in INITIAL_GRAPHS:
+            raise ValueError(f"initial_graph must be one of {INITIAL_GRAPHS}, got {initial_graph!r}")
+        if regulariser not in REGULARISERS:
+            raise ValueError(f"regulariser must be one of {REGULARISERS}, got {regulariser!r}")
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+            raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+        if similarity_snap is not None and not (math.isfinite(similarity_snap) and -1.0 <= similarity_snap <= 1.0):
+            raise ValueError(f"similarity_snap must be None or in [-1, 1], got {similarity_snap}")
         if solver not in ("cvxpy", "closed_form"):
             raise ValueError(f"solver must be 'cvxpy' or 'closed_form', got {solver!r}")
         check_estimator(uncertainty, mc_samples, uncertainty_pass)
@@ -121,6 +175,12 @@ class GraphFedSegStrategy(ServerStrategy):
         self.uncertainty = uncertainty
         self.mc_samples = int(mc_samples)
         self.uncertainty_pass = uncertainty_pass
+        self.prior = prior
+        self.similarity_snap = None if similarity_snap is None else float(similarity_snap)
+        self.graph_in_aggregation = graph_in_aggregation
+        self.initial_graph = initial_graph
+        self.regulariser = regulariser
+        self.top_k = int(top_k)
         #: alpha actually used (set by ``start``)
         self.alpha_used: Optional[float] = self.alpha
         #: latest graph (K_present x K_present) and the sites of its rows; uniform 1/K before round 0
@@ -146,6 +206,12 @@ class GraphFedSegStrategy(ServerStrategy):
             "uncertainty": self.uncertainty,
             "mc_samples": self.mc_samples,
             "uncertainty_pass": self.uncertainty_pass,
+            "prior": self.prior,
+            "similarity_snap": self.similarity_snap,
+            "graph_in_aggregation": self.graph_in_aggregation,
+            "initial_graph": self.initial_graph,
+            "regulariser": self.regulariser,
+            "top_k": self.top_k,
         }
 
     def start(self, clients: List[str], initial_params: Params) -> None:
@@ -157,7 +223,7 @@ class GraphFedSegStrategy(ServerStrategy):
         self._keys = similarity_keys(self._global)
         self._initial_flat = flatten_params(self._global, self._keys)
         self._template = {key: self._global[key] for key in self._keys}
-        self.graph = np.full((k, k), 1.0 / k)  # the paper's initial graph (Fig. 6a)
+        self.graph = initial_graph(k, self.initial_graph)  # the paper's Fig. 6a, or the authors' code's
         self.graph_sites = list(self.clients)
         self._personal = {}
         self._neighbour_flat = None
@@ -195,14 +261,19 @@ class GraphFedSegStrategy(ServerStrategy):
         numpy because FLModel meta is serialised without relying on a tensor decomposer), i.e.
         ``d_i = sum_{j != i} W_ij theta_j / ||theta_j||`` from the previous round, or None when the
         regulariser is off (round 0, lambda1 = 0, the site missed the last round, or no neighbours).
+        ``regulariser="top_k"``: the sum runs over the row's ``top_k`` largest entries without i, and the meta adds
+        ``self_weight`` (W_ii when i is among them, else 0) and ``weight_sum`` (their sum of W); before any local
+        model exists (round 0) every neighbour's model is the initial one, the model a site holds before it trains.
         """
-        direction = self._direction_for(site)
+        direction, weights = self._direction_for(site) if self.regulariser == "paper" else self._top_k_direction_for(site)
         meta = {
             "lambda1": self.lambda1,
             "uncertainty": self.uncertainty,
             "mc_samples": self.mc_samples,
             "uncertainty_pass": self.uncertainty_pass,
+            "regulariser": self.regulariser,
             "direction": direction,
+            **weights,
         }
         # A site-specific meta goes out as its own task anyway; a distinct (shallow) params dict says so
         # to the controller, which otherwise groups sites by params object and compares their metas
@@ -222,18 +293,32 @@ class GraphFedSegStrategy(ServerStrategy):
         U = np.asarray([_uncertainty_of(updates[s]) for s in sites], dtype=np.float64)
 
         raw = torch.stack([flatten_params(m, self._keys) for m in models])  # (K, D)
-        cos = pairwise_cosine(raw - self._initial_flat if self.similarity == "update" else raw)
-        W, gap = self._solve_graph(p, cos, U)
-        theta_global, neigh, _, _ = dual_layer_aggregate(models, p, W, self.lam)
-
+        theta_global = None
+        W_aggregation = None
+        if self.graph_in_aggregation == "previous":  # the authors' code: aggregate first, with last round's graph
+            W_aggregation = restrict_graph(self.graph, self.graph_sites, sites, self.initial_graph)
+            theta_global = dual_layer_aggregate(models, p, W_aggregation, self.lam)[0]
+        if self.similarity == "update":
+            origin = self._initial_flat
+        elif self.similarity == "update_global":
+            origin = flatten_params(theta_global, self._keys)
+        else:
+            origin = None
+        cos = snap_cosine(pairwise_cosine(raw if origin is None else raw - origin), self.similarity_snap)
+        prior = p if self.prior == "samples" else uncertainty_prior([updates[s].n_samples for s in sites], U)
+        W, gap = self._solve_graph(prior, cos, U)
+        # the personalised models: this round's graph over this round's models
+        aggregated, neigh, _, _ = dual_layer_aggregate(models, p, W, self.lam)
+        if W_aggregation is None:
+            W_aggregation, theta_global = W, aggregated
         self._global = theta_global
         self._personal.update(zip(sites, neigh))
         self.graph, self.graph_sites = W, sites
         # only the regulariser needs them; the norms are shared by every site's direction
         self._neighbour_flat = raw if self.lambda1 > 0 else None
         self._neighbour_norms = row_norms(raw) if self.lambda1 > 0 else None
-        weights = effective_weight(p, W, self.lam)
-        return {
+        weights = effective_weight(p, W_aggregation, self.lam)
+        fields = {
             "graph_sites": sites,
             "dropped": [s for s in self.clients if s not in updates],
             "alpha": self.alpha_used,
@@ -244,6 +329,11 @@ class GraphFedSegStrategy(ServerStrategy):
             "effective_weight": dict(zip(sites, weights.tolist())),
             "graph_solver_gap": gap,
         }
+        if self.prior != "samples":
+            fields["prior"] = prior.tolist()
+        if self.graph_in_aggregation == "previous":
+            fields["aggregation_graph"] = W_aggregation.tolist()
+        return fields
 
     def personalized_params(self) -> Optional[Dict[str, Params]]:
         """{site: theta_neigh[site]}; a site that never trained gets theta_global. None before round 0 ends."""
@@ -264,15 +354,39 @@ class GraphFedSegStrategy(ServerStrategy):
             logger.warning("graph QP (cvxpy) and closed form differ by %.3g > %.0e", gap, SOLVER_TOLERANCE)
         return W, gap
 
-    def _direction_for(self, site: str) -> Optional[Dict[str, np.ndarray]]:
+    def _direction_for(self, site: str) -> Tuple[Optional[Dict[str, np.ndarray]], Dict[str, float]]:
         if self.lambda1 == 0 or self._neighbour_flat is None or site not in self.graph_sites:
-            return None
+            return None, {}
         i = self.graph_sites.index(site)
         row = self.graph[i]
         if not np.any(np.delete(row, i) > 0):
-            return None  # no weight on other clients: the regulariser would be identically 0
+            return None, {}  # no weight on other clients: the regulariser would be identically 0
         # j != i: the paper's "other clients"
         direction = neighbour_direction_from_flat(self._neighbour_flat, row, exclude=i, norms=self._neighbour_norms)
+        return self._unflatten(direction), {}
+
+    def _top_k_direction_for(self, site: str) -> Tuple[Optional[Dict[str, np.ndarray]], Dict[str, float]]:
+        """The authors' code's term: the row's ``top_k`` largest entries (i included when among them)."""
+        if self.lambda1 == 0 or site not in self.graph_sites:
+            return None, {}
+        i = self.graph_sites.index(site)
+        row = self.graph[i]
+        chosen = top_k_neighbours(row, self.top_k)
+        weights = {"self_weight": float(row[i]) if i in chosen else 0.0, "weight_sum": float(row[chosen].sum())}
+        others = np.zeros_like(row)
+        for j in chosen:
+            if j != i:
+                others[j] = row[j]
+        if not np.any(others > 0):
+            return None, {}  # only i itself (or zero weights) among them: a constant term
+        if self._neighbour_flat is not None:
+            flat, norms = self._neighbour_flat, self._neighbour_norms
+        else:  # before any local model: every site holds the initial model
+            flat = self._initial_flat.expand(len(self.graph_sites), -1)
+            norms = None
+        return self._unflatten(neighbour_direction_from_flat(flat, others, norms=norms)), weights
+
+    def _unflatten(self, direction: torch.Tensor) -> Dict[str, np.ndarray]:
         return {k: v.numpy() for k, v in unflatten_params(direction, self._template, self._keys).items()}
 
 

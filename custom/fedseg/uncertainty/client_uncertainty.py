@@ -30,8 +30,11 @@ MC_MEASURES = ("mutual_information", "entropy", "variance")
 #: client uncertainty estimators: evidential vacuity (the paper's) or MC-dropout (its Sec. 3.7 comparison)
 UNCERTAINTY_METHODS = ("evidential", "mc_dropout")
 #: when a site measures U_i on its training images: one extra pass with the trained model (the paper's
-#: description), or the logits its last local epoch computed anyway (evidential only; see GraphFedSeg docs)
-UNCERTAINTY_PASSES = ("after_training", "last_epoch")
+#: description), the logits its last local epoch computed anyway, or the mean over every training batch of every
+#: local epoch of the batch's mean vacuity (the authors' code) — the last two evidential only (see GraphFedSeg docs)
+UNCERTAINTY_PASSES = ("after_training", "last_epoch", "training_batches")
+#: passes that read the logits training computes (no pass of their own)
+TRAINING_PASSES = ("last_epoch", "training_batches")
 
 
 def check_estimator(uncertainty: str, mc_samples: int, uncertainty_pass: str = "after_training") -> None:
@@ -44,8 +47,8 @@ def check_estimator(uncertainty: str, mc_samples: int, uncertainty_pass: str = "
         raise ValueError(f"mc_samples must be >= 1, got {mc_samples}")
     if uncertainty_pass not in UNCERTAINTY_PASSES:
         raise ValueError(f"uncertainty_pass must be one of {UNCERTAINTY_PASSES}, got {uncertainty_pass!r}")
-    if uncertainty_pass == "last_epoch" and uncertainty != "evidential":
-        raise ValueError("uncertainty_pass='last_epoch' needs uncertainty='evidential' (MC-dropout needs its own passes)")
+    if uncertainty_pass in TRAINING_PASSES and uncertainty != "evidential":
+        raise ValueError(f"uncertainty_pass={uncertainty_pass!r} needs uncertainty='evidential' (MC-dropout needs its own passes)")
 
 
 def evidential_pixel_uncertainty(logits: torch.Tensor) -> torch.Tensor:
@@ -165,6 +168,7 @@ def client_uncertainty(image_values: Union[torch.Tensor, Iterable[torch.Tensor]]
 
 __all__ = [
     "MC_MEASURES",
+    "TRAINING_PASSES",
     "UNCERTAINTY_METHODS",
     "UNCERTAINTY_PASSES",
     "check_estimator",
