@@ -261,6 +261,86 @@ TABLES: Dict[str, Dict[str, Any]] = {
 }
 
 
+# ------------------------------------------------------------------- GraphFedSeg's local protocol (its authors' code)
+#: GraphFedSeg's `paper` profile is its authors' code (docs/methods.md, GraphFedSeg); its method differences, one at a
+#: time under the suite's local protocol (variants of GraphFedSeg in the base bench; alpha 1/0.7 written out)
+GFS_AUTHORS_METHOD = {
+    "gfs_term": "regulariser=top_k",
+    "gfs_uncertainty": "uncertainty_pass=training_batches,prior=samples_over_uncertainty,gamma=0,uncertainty_loss_weight=0.4",
+    "gfs_previous": "graph_in_aggregation=previous,initial_graph=uniform_others",
+    "gfs_graph": "graph_in_aggregation=previous,initial_graph=uniform_others,similarity=update_global,"
+                 "alpha=1.4285714285714286,similarity_snap=0.9",
+}
+GFS_AUTHORS_METHOD["gfs_authors"] = ",".join(GFS_AUTHORS_METHOD[k] for k in ("gfs_term", "gfs_uncertainty", "gfs_graph"))
+#: the suite's GraphFedSeg spelt out (a bench under the `paper` profile gives GraphFedSeg the authors' options;
+#: alpha 0.08 K for the 3 built-in sites, a snap above every cosine)
+GFS_SUITE_METHOD = ("alpha=0.24,gamma=0.4,similarity=update,similarity_snap=1.0,prior=samples,graph_in_aggregation=current,"
+                    "initial_graph=uniform,regulariser=paper,uncertainty_pass=after_training,uncertainty_loss_weight=0")
+#: its local-protocol differences, one bench each (FedAvg and GraphFedSeg trained alike), then all of them
+GFS_PROTOCOL_BENCHES = (
+    ("base", "fedavg graphfedseg " + " ".join(f"{k}=graphfedseg:{v}" for k, v in GFS_AUTHORS_METHOD.items()), ""),
+    ("network", "fedavg graphfedseg", " --set network_variant=three_conv_nearest"),
+    ("optimiser", "fedavg graphfedseg", " --set learning_rate=5e-4 adam_betas=[0.9,0.99] weight_decay=1e-5"),
+    ("batch", "fedavg graphfedseg", " --set drop_last=true"),
+    ("augment", "fedavg graphfedseg", " --set augment_level=flip"),
+    ("intensity", "fedavg graphfedseg", " --set intensity=image_max"),
+    ("loss", "fedavg graphfedseg", " --set seg_loss=logit_dice lambda_ce=0.0"),
+    ("authors", f"fedavg fedavg_dicece=fedavg:seg_loss=dice_ce,lambda_ce=1.0 graphfedseg gfs_suite=graphfedseg:{GFS_SUITE_METHOD}",
+     " --profile paper --protocol graphfedseg --rounds 10 --local-epochs 1 --set image_size=64"),
+)
+GFS_ROWS = [(f"graphfedseg-protocol-{bench}", base, method, setting, metric, model) for bench, base, method, setting, metric, model in (
+    ("base", "fedavg", "graphfedseg", "suite default", "dice", "global"),
+    ("base", "fedavg", "gfs_term", "+ similarity term: 0.01 (1 - weighted cosine to the top-3 graph entries, itself included)", "dice", "global"),
+    ("base", "fedavg", "gfs_uncertainty", "+ uncertainty: U = mean vacuity over the training batches, p ∝ n / U, no U penalty", "dice", "global"),
+    ("base", "fedavg", "gfs_previous", "+ aggregation with last round's graph (initial 1/(K-1) off the diagonal)", "dice", "global"),
+    ("base", "fedavg", "gfs_graph", "... and cosines against the new global model, alpha 1/0.7, cosines > 0.9 as 1", "dice", "global"),
+    ("base", "fedavg", "gfs_authors", "the authors' method (all four), the suite's protocol", "dice", "global"),
+    ("network", "fedavg", "graphfedseg", "+ network: three-conv U-Net, nearest upsampling, Kaiming fan-out", "dice", "global"),
+    ("optimiser", "fedavg", "graphfedseg", "+ optimiser: Adam lr 5e-4, betas (0.9, 0.99), weight decay 1e-5", "dice", "global"),
+    ("batch", "fedavg", "graphfedseg", "+ last incomplete batch dropped", "dice", "global"),
+    ("augment", "fedavg", "graphfedseg", "+ augmentation: one flip along a random axis (p 0.5)", "dice", "global"),
+    ("intensity", "fedavg", "graphfedseg", "+ intensity: each image / its maximum", "dice", "global"),
+    ("loss", "fedavg", "graphfedseg", "+ loss: Dice on the raw logits, both classes", "dice", "global"),
+    ("authors", "fedavg", "graphfedseg", "the authors' code (`paper` profile: their protocol and method)", "dice", "global"),
+    ("authors", "fedavg_dicece", "graphfedseg", "... against FedAvg with the suite's Dice + CE loss", "dice", "global"),
+    ("authors", "fedavg", "gfs_suite", "the suite's GraphFedSeg under the authors' protocol", "dice", "global"),
+    ("authors", "fedavg", "graphfedseg", "the authors' code, each site's local model", "dice", "local"),
+    ("authors", "fedavg", "graphfedseg", "the authors' code, local models after largest-component post-processing", "dice_lcc", "local"),
+)]
+RUNS.update({
+    **{f"graphfedseg-protocol-{name}": {"out": f"graphfedseg_protocol/{name}", "commands": [
+        f"fedseg bench --family polyp --references --seeds 0 1 2 --methods {methods}{sets} --out {{out}}"]}
+       for name, methods, sets in GFS_PROTOCOL_BENCHES},
+    # the authors' code on the real retina federation; its suite default is the server-step bench's FedAvg and GraphFedSeg
+    "graphfedseg-protocol-retina-authors": real_bench(
+        "retina", "graphfedseg_protocol/retina_authors",
+        "--methods fedavg graphfedseg --references --seeds 0 1 2 --rounds 20 --profile paper --protocol graphfedseg"),
+})
+#: the authors' code's numbers the page sets beside ours (Kvasir-SEG + CVC-ClinicDB, 128 px, seed 0, one local epoch)
+GFS_PUBLISHED = ("the authors' code on Kvasir-SEG + CVC-ClinicDB (128 px, seed 0, 1 local epoch): their GraphFedSeg's locally "
+                 "trained models 0.695 / 0.483 test Dice (largest component) at round 17 of 30; FedAvg under GraphFedSeg's "
+                 "`paper` profile (this suite) 0.779 at 30 rounds; paper (4 polyp sites, 250 rounds): FedAvg 82.99, "
+                 "GraphFedSeg 87.10")
+TABLES.update({
+    "graphfedseg-protocol": {
+        "run": [f"graphfedseg-protocol-{b[0]}" for b in GFS_PROTOCOL_BENCHES], "render": "protocol-ablation",
+        "rows": GFS_ROWS, "reference": ("graphfedseg-protocol-base", "fedavg", "graphfedseg"), "method_name": "GraphFedSeg",
+        "paper": GFS_PUBLISHED,
+        "title": "What moves GraphFedSeg against FedAvg: the suite's GraphFedSeg and local protocol, one difference from the "
+                 "authors' code at a time, and all of them (built-in polyp)"},
+    "graphfedseg-protocol-retina": {
+        "run": ["retina-server-step", "graphfedseg-protocol-retina-authors"], "render": "protocol-ablation",
+        "reference": ("retina-server-step", "fedavg", "graphfedseg"), "method_name": "GraphFedSeg", "missing_ok": True,
+        "rows": [("retina-server-step", "fedavg", "graphfedseg", "suite default", "dice", "global"),
+                 ("graphfedseg-protocol-retina-authors", "fedavg", "graphfedseg",
+                  "the authors' code (`paper` profile: their protocol and method)", "dice", "global"),
+                 ("graphfedseg-protocol-retina-authors", "fedavg", "graphfedseg", "... each site's local model", "dice", "local"),
+                 ("graphfedseg-protocol-retina-authors", "fedavg", "graphfedseg",
+                  "... local models after largest-component post-processing", "dice_lcc", "local")],
+        "title": "GraphFedSeg against FedAvg under the suite's default and the authors' code, real retina federation "
+                 "(native resolution, 20 rounds)"},
+})
+
 # ------------------------------------------------------------------------------------------- errors
 class ReproduceError(ValueError):
     """A bad table id, registry entry, stored output or failed command; the message names it."""
