@@ -168,35 +168,59 @@ class FedEviObjective(ClientObjective):
                 f"site {ctx.site}: kept local model is from round {local['round']}, "
                 f"surrogate is for round {expected_round}"
             )
-        sample = None  # whole images, or this round's windows for both models
-        if self.surrogate_windows is not None and engine.window_sample_available:
-            sample = engine.window_sample("validation", self.surrogate_windows, int(expected_round), SAMPLE_PURPOSE)
-        grid = self.uncertainty_grid == "network" and not getattr(engine, "volumes", False)
-        epistemic = functools.partial(epistemic_uncertainty, clamp=self.clamp_epistemic)
-        gap = float(self._per_image(engine, model, epistemic, sample, grid).mean())
-
         local_model = copy.deepcopy(model)
         local_model.load_state_dict(local["state_dict"])
-        aleatoric = self._per_image(engine, local_model, aleatoric_uncertainty, sample, grid)
-        return {
-            "G": gap,
-            "A": float(aleatoric.mean()),
-            "R_paper": float((1.0 / aleatoric.clamp_min(MIN_ALEATORIC)).mean()),
-        }
+        return self.surrogate_statistics(engine, model, local_model, int(expected_round))
 
-    @staticmethod
-    def _per_image(engine: "SegEngine", model: nn.Module, uncertainty, sample: Optional[List] = None,
-                   network_grid: bool = False) -> torch.Tensor:
-        """Pixel-mean uncertainty of every validation image, ``(N_val,)`` float64 on the CPU (at the image's own
-        size, or on the network's grid with ``network_grid``); with a window ``sample`` (``engine.window_sample``),
-        of every sampled image over its sampled cells' pixels."""
-        values = []
-        if sample is None:
-            for _inputs, _labels, logits, _features in engine.iterate_logits(model, "validation", network_grid=network_grid):
-                values.append(_per_image_mean(uncertainty(dirichlet_alpha(logits.float()))).cpu())
-        else:
-            for _entry, logits, masks in engine.iterate_window_logits(model, "validation", sample):
-                values.append(masked_mean(uncertainty(dirichlet_alpha(logits.float())), masks).reshape(1).cpu())
-        if not values:
-            raise RuntimeError("the validation split is empty: FedEvi needs validation images")
-        return torch.cat(values)
+    def surrogate_statistics(self, engine: "SegEngine", surrogate: nn.Module, local_model: nn.Module,
+                             round_: int) -> Dict[str, float]:
+        """``{"G", "A", "R_paper"}`` of round ``round_`` with this objective's options (grid, clamp, window
+        sample): :func:`surrogate_statistics`. Independent of which task runs it: the surrogate task, or any placement
+        that holds the surrogate and this round's local model."""
+        sample = None  # whole images, or this round's windows for both models
+        if self.surrogate_windows is not None and engine.window_sample_available:
+            sample = engine.window_sample("validation", self.surrogate_windows, int(round_), SAMPLE_PURPOSE)
+        grid = self.uncertainty_grid == "network" and not getattr(engine, "volumes", False)
+        return surrogate_statistics(engine, surrogate, local_model, sample=sample, network_grid=grid,
+                                    clamp_epistemic=self.clamp_epistemic)
+
+
+def surrogate_statistics(engine: "SegEngine", surrogate: nn.Module, local_model: nn.Module, sample: Optional[List] = None,
+                         network_grid: bool = False, clamp_epistemic: bool = True) -> Dict[str, float]:
+    """FedEvi's three site statistics on the validation split, as the authors' code computes them:
+
+        G       = mean over validation images of the pixel-mean epistemic uncertainty of ``surrogate``
+                  (sum_k beta_k^{r-1} theta_k^r: last round's weights over this round's local models)
+        A       = the same mean of the aleatoric uncertainty of ``local_model`` (theta_k^r, the site's model right
+                  after this round's local training, before it receives any other model)
+        R_paper = mean over the same images of 1 / (pixel-mean aleatoric uncertainty)
+
+    Both models in eval mode without gradients, one whole validation image at a time through the evaluation
+    pipeline (no augmentation); ``network_grid``: on the grid the network predicts on (the reference code's), else at
+    each image's own size; with a window ``sample`` (``engine.window_sample``) on its cells. Returns floats.
+    """
+    epistemic = functools.partial(epistemic_uncertainty, clamp=clamp_epistemic)
+    gap = float(_per_image(engine, surrogate, epistemic, sample, network_grid).mean())
+    aleatoric = _per_image(engine, local_model, aleatoric_uncertainty, sample, network_grid)
+    return {
+        "G": gap,
+        "A": float(aleatoric.mean()),
+        "R_paper": float((1.0 / aleatoric.clamp_min(MIN_ALEATORIC)).mean()),
+    }
+
+
+def _per_image(engine: "SegEngine", model: nn.Module, uncertainty, sample: Optional[List] = None,
+               network_grid: bool = False) -> torch.Tensor:
+    """Pixel-mean uncertainty of every validation image, ``(N_val,)`` float64 on the CPU (at the image's own
+    size, or on the network's grid with ``network_grid``); with a window ``sample`` (``engine.window_sample``),
+    of every sampled image over its sampled cells' pixels."""
+    values = []
+    if sample is None:
+        for _inputs, _labels, logits, _features in engine.iterate_logits(model, "validation", network_grid=network_grid):
+            values.append(_per_image_mean(uncertainty(dirichlet_alpha(logits.float()))).cpu())
+    else:
+        for _entry, logits, masks in engine.iterate_window_logits(model, "validation", sample):
+            values.append(masked_mean(uncertainty(dirichlet_alpha(logits.float())), masks).reshape(1).cpu())
+    if not values:
+        raise RuntimeError("the validation split is empty: FedEvi needs validation images")
+    return torch.cat(values)
