@@ -261,82 +261,6 @@ TABLES: Dict[str, Dict[str, Any]] = {
 }
 
 
-# ------------------------------------------------------------------- GraphFedSeg's local protocol (its authors' code)
-#: GraphFedSeg's `paper` profile is its authors' code (docs/methods.md, GraphFedSeg); its method differences, one at a
-#: time under the suite's local protocol (variants of GraphFedSeg in the base bench; alpha 1/0.7 written out)
-GFS_AUTHORS_METHOD = {
-    "gfs_term": "regulariser=top_k",
-    "gfs_uncertainty": "uncertainty_pass=training_batches,prior=samples_over_uncertainty,gamma=0,uncertainty_loss_weight=0.4",
-    "gfs_previous": "graph_in_aggregation=previous,initial_graph=uniform_others",
-    "gfs_graph": "graph_in_aggregation=previous,initial_graph=uniform_others,similarity=update_global,"
-                 "alpha=1.4285714285714286,similarity_snap=0.9",
-}
-GFS_AUTHORS_METHOD["gfs_authors"] = ",".join(GFS_AUTHORS_METHOD[k] for k in ("gfs_term", "gfs_uncertainty", "gfs_graph"))
-#: the suite's GraphFedSeg spelt out (a bench under the `paper` profile gives GraphFedSeg the authors' options;
-#: alpha 0.08 K for the 3 built-in sites, a snap above every cosine)
-GFS_SUITE_METHOD = ("alpha=0.24,gamma=0.4,similarity=update,similarity_snap=1.0,prior=samples,graph_in_aggregation=current,"
-                    "initial_graph=uniform,regulariser=paper,uncertainty_pass=after_training,uncertainty_loss_weight=0")
-#: its local-protocol differences, one bench each (FedAvg and GraphFedSeg trained alike), then all of them. Not benched
-#: alone: the flip, the per-image maximum (FedEvi's ablation: no effect on FedAvg at this budget, +0.005 / +0.001) and
-#: dropping the last incomplete batch of 4 (at most 3 of a site's ~20 images an epoch); they are in the `authors` bench
-GFS_PROTOCOL_BENCHES = (
-    ("base", "fedavg graphfedseg " + " ".join(f"{k}=graphfedseg:{v}" for k, v in GFS_AUTHORS_METHOD.items()), ""),
-    ("network", "fedavg graphfedseg", " --set network_variant=three_conv_nearest"),
-    ("optimiser", "fedavg graphfedseg", " --set learning_rate=5e-4 adam_betas=[0.9,0.99] weight_decay=1e-5"),
-    ("loss", "fedavg graphfedseg", " --set seg_loss=logit_dice lambda_ce=0.0"),
-    ("authors", f"fedavg fedavg_dicece=fedavg:seg_loss=dice_ce,lambda_ce=1.0 graphfedseg gfs_suite=graphfedseg:{GFS_SUITE_METHOD}",
-     " --profile paper --protocol graphfedseg --rounds 10 --local-epochs 1 --set image_size=64"),
-)
-GFS_ROWS = [(f"graphfedseg-protocol-{bench}", base, method, setting, metric, model) for bench, base, method, setting, metric, model in (
-    ("base", "fedavg", "graphfedseg", "suite default", "dice", "global"),
-    ("base", "fedavg", "gfs_term", "+ similarity term: 0.01 (1 - weighted cosine to the top-3 graph entries, itself included)", "dice", "global"),
-    ("base", "fedavg", "gfs_uncertainty", "+ uncertainty: U = mean vacuity over the training batches, p ∝ n / U, no U penalty", "dice", "global"),
-    ("base", "fedavg", "gfs_previous", "+ aggregation with last round's graph (initial 1/(K-1) off the diagonal)", "dice", "global"),
-    ("base", "fedavg", "gfs_graph", "... and cosines against the new global model, alpha 1/0.7, cosines > 0.9 as 1", "dice", "global"),
-    ("base", "fedavg", "gfs_authors", "the authors' method (all four), the suite's protocol", "dice", "global"),
-    ("network", "fedavg", "graphfedseg", "+ network: three-conv U-Net, nearest upsampling, Kaiming fan-out", "dice", "global"),
-    ("optimiser", "fedavg", "graphfedseg", "+ optimiser: Adam lr 5e-4, betas (0.9, 0.99), weight decay 1e-5", "dice", "global"),
-    ("loss", "fedavg", "graphfedseg", "+ loss: Dice on the raw logits, both classes", "dice", "global"),
-    ("authors", "fedavg", "graphfedseg", "the authors' code (`paper` profile: their protocol and method)", "dice", "global"),
-    ("authors", "fedavg_dicece", "graphfedseg", "... against FedAvg with the suite's Dice + CE loss", "dice", "global"),
-    ("authors", "fedavg", "gfs_suite", "the suite's GraphFedSeg under the authors' protocol", "dice", "global"),
-    ("authors", "fedavg", "graphfedseg", "the authors' code, each site's local model", "dice", "local"),
-    ("authors", "fedavg", "graphfedseg", "the authors' code, local models after largest-component post-processing", "dice_lcc", "local"),
-)]
-RUNS.update({
-    **{f"graphfedseg-protocol-{name}": {"out": f"graphfedseg_protocol/{name}", "commands": [
-        f"fedseg bench --family polyp --references --seeds 0 1 2 --methods {methods}{sets} --out {{out}}"]}
-       for name, methods, sets in GFS_PROTOCOL_BENCHES},
-    # the authors' code on the real retina federation; its suite default is the server-step bench's FedAvg and GraphFedSeg
-    "graphfedseg-protocol-retina-authors": real_bench(
-        "retina", "graphfedseg_protocol/retina_authors",
-        "--methods fedavg graphfedseg --references --seeds 0 1 2 --rounds 20 --profile paper --protocol graphfedseg"),
-})
-#: the authors' code's numbers the page sets beside ours (Kvasir-SEG + CVC-ClinicDB, 128 px, seed 0, one local epoch)
-GFS_PUBLISHED = ("the authors' code on Kvasir-SEG + CVC-ClinicDB (128 px, seed 0, 1 local epoch): their GraphFedSeg's locally "
-                 "trained models 0.695 / 0.483 test Dice (largest component) at round 17 of 30; FedAvg under GraphFedSeg's "
-                 "`paper` profile (this suite) 0.779 at 30 rounds; paper (4 polyp sites, 250 rounds): FedAvg 82.99, "
-                 "GraphFedSeg 87.10")
-TABLES.update({
-    "graphfedseg-protocol": {
-        "run": [f"graphfedseg-protocol-{b[0]}" for b in GFS_PROTOCOL_BENCHES], "render": "protocol-ablation",
-        "rows": GFS_ROWS, "reference": ("graphfedseg-protocol-base", "fedavg", "graphfedseg"), "method_name": "GraphFedSeg",
-        "paper": GFS_PUBLISHED,
-        "title": "What moves GraphFedSeg against FedAvg: the suite's GraphFedSeg and local protocol, one difference from the "
-                 "authors' code at a time, and all of them (built-in polyp)"},
-    "graphfedseg-protocol-retina": {
-        "run": ["retina-server-step", "graphfedseg-protocol-retina-authors"], "render": "protocol-ablation",
-        "reference": ("retina-server-step", "fedavg", "graphfedseg"), "method_name": "GraphFedSeg", "missing_ok": True,
-        "rows": [("retina-server-step", "fedavg", "graphfedseg", "suite default", "dice", "global"),
-                 ("graphfedseg-protocol-retina-authors", "fedavg", "graphfedseg",
-                  "the authors' code (`paper` profile: their protocol and method)", "dice", "global"),
-                 ("graphfedseg-protocol-retina-authors", "fedavg", "graphfedseg", "... each site's local model", "dice", "local"),
-                 ("graphfedseg-protocol-retina-authors", "fedavg", "graphfedseg",
-                  "... local models after largest-component post-processing", "dice_lcc", "local")],
-        "title": "GraphFedSeg against FedAvg under the suite's default and the authors' code, real retina federation "
-                 "(native resolution, 20 rounds)"},
-})
-
 # ------------------------------------------------------------------------------------------- errors
 class ReproduceError(ValueError):
     """A bad table id, registry entry, stored output or failed command; the message names it."""
@@ -1039,16 +963,18 @@ def render_protocol_ablation(table_id: str, table: Mapping[str, Any], outputs: S
         return "-" if t.get("mean_diff") is None else f"{t['mean_diff']:+.3f} ({format_p(t.get('wilcoxon_p'))})"
 
     ref_bench, ref_base, ref_method = table["reference"]
-    head = ["local protocol (FedAvg / FedEvi trained alike)", "score", "FedAvg", "FedEvi",
-            "FedEvi − FedAvg per seed", "FedEvi − FedAvg per image (Wilcoxon p)",
-            "FedAvg vs suite default (p)", "FedEvi vs suite default (p)"]
+    name = table.get("method_name", "FedEvi")
+    head = [f"local protocol (FedAvg / {name} trained alike)", "score", "FedAvg", name,
+            f"{name} − FedAvg per seed", f"{name} − FedAvg per image (Wilcoxon p)",
+            "FedAvg vs suite default (p)", f"{name} vs suite default (p)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for bench, base, method, setting, metric, model in table["rows"]:
         if bench not in runs or base not in runs[bench] or method not in runs[bench]:
             continue
         a, b = runs[bench][method], runs[bench][base]
         per_seed = seed_differences(finals(a, model), finals(b, model), sites, metric)
-        label = column_header(first, metric) + ("" if model == "global" else ", best val round")
+        label = column_header(first, metric) + {"global": "", "global_best_val": ", best val round",
+                                                 "local": ", local models"}[model]
         cells = [setting, label, score(b, metric, model), score(a, metric, model), format_seed_difference(per_seed),
                  paired(a, b, metric, model, model)]
         same_reading = metric == "dice" and model == "global" and (bench, base, method) != tuple(table["reference"])
@@ -1062,8 +988,8 @@ def render_protocol_ablation(table_id: str, table: Mapping[str, Any], outputs: S
     dates = sorted(str(o.get("date", ""))[:16].replace("T", " ") for o in present.values())
     note = ("One bench per setting (the same federation, seeds, rounds and epochs; the caption's budget is the first "
             "bench's, each bench's command is in the registry: `python benchmarks/reproduce.py --list`); in each, FedAvg "
-            "and FedEvi train with the same local protocol. Score cells: mean over sites, mean ± std over seeds. Per seed: each seed's mean over "
-            "sites, FedEvi minus FedAvg (seeds ahead). Per image: mean per-image difference, same seed, pooled over seeds "
+            f"and {name} train with the same local protocol. Score cells: mean over sites, mean ± std over seeds. Per seed: each seed's mean over "
+            f"sites, {name} minus FedAvg (seeds ahead). Per image: mean per-image difference, same seed, pooled over seeds "
             "and sites, two-sided Wilcoxon. 'vs suite default': the same method's per-image difference to its run under the "
             f"suite default (first row). Benches dated {dates[0]} to {dates[-1]}."
             + (f" Not run yet: {', '.join(absent)}." if absent else "")
@@ -1080,6 +1006,133 @@ RENDERERS: Dict[str, Callable[..., List[str]]] = {
     "fullsize-ct": render_fullsize_ct,
 }
 
+
+# ------------------------------------------------------------------- GraphFedSeg's local protocol (its authors' code)
+#: GraphFedSeg's `paper` profile is its authors' code (docs/methods.md, GraphFedSeg); its method differences, one at a
+#: time under the suite's local protocol (variants of GraphFedSeg in the base bench; alpha 1/0.7 written out)
+GFS_AUTHORS_METHOD = {
+    "gfs_term": "regulariser=top_k",
+    "gfs_uncertainty": "uncertainty_pass=training_batches,prior=samples_over_uncertainty,gamma=0,uncertainty_loss_weight=0.4",
+    "gfs_previous": "graph_in_aggregation=previous,initial_graph=uniform_others",
+    "gfs_graph": "graph_in_aggregation=previous,initial_graph=uniform_others,similarity=update_global,"
+                 "alpha=1.4285714285714286,similarity_snap=0.9",
+}
+GFS_AUTHORS_METHOD["gfs_authors"] = ",".join(GFS_AUTHORS_METHOD[k] for k in ("gfs_term", "gfs_uncertainty", "gfs_graph"))
+#: the suite's GraphFedSeg spelt out (a bench under the `paper` profile gives GraphFedSeg the authors' options;
+#: alpha 0.08 K for the 3 built-in sites, a snap above every cosine)
+GFS_SUITE_METHOD = ("alpha=0.24,gamma=0.4,similarity=update,similarity_snap=1.0,prior=samples,graph_in_aggregation=current,"
+                    "initial_graph=uniform,regulariser=paper,uncertainty_pass=after_training,uncertainty_loss_weight=0")
+#: its local-protocol differences, one bench each (FedAvg and GraphFedSeg trained alike), then all of them. Not benched
+#: alone: the flip, the per-image maximum (FedEvi's ablation: no effect on FedAvg at this budget, +0.005 / +0.001) and
+#: dropping the last incomplete batch of 4 (at most 3 of a site's ~20 images an epoch); they are in the `authors` bench
+GFS_PROTOCOL_BENCHES = (
+    ("base", "fedavg graphfedseg " + " ".join(f"{k}=graphfedseg:{v}" for k, v in GFS_AUTHORS_METHOD.items()), ""),
+    ("network", "fedavg graphfedseg", " --set network_variant=three_conv_nearest"),
+    ("optimiser", "fedavg graphfedseg", " --set learning_rate=5e-4 adam_betas=[0.9,0.99] weight_decay=1e-5"),
+    ("loss", "fedavg graphfedseg", " --set seg_loss=logit_dice lambda_ce=0.0"),
+    ("authors", f"fedavg fedavg_dicece=fedavg:seg_loss=dice_ce,lambda_ce=1.0 graphfedseg gfs_suite=graphfedseg:{GFS_SUITE_METHOD}",
+     " --profile paper --protocol graphfedseg --rounds 10 --local-epochs 1 --set image_size=64"),
+)
+GFS_ROWS = [(f"graphfedseg-protocol-{bench}", base, method, setting, metric, model) for bench, base, method, setting, metric, model in (
+    ("base", "fedavg", "graphfedseg", "suite default", "dice", "global"),
+    ("base", "fedavg", "gfs_term", "+ similarity term: 0.01 (1 - weighted cosine to the top-3 graph entries, itself included)", "dice", "global"),
+    ("base", "fedavg", "gfs_uncertainty", "+ uncertainty: U = mean vacuity over the training batches, p ∝ n / U, no U penalty", "dice", "global"),
+    ("base", "fedavg", "gfs_previous", "+ aggregation with last round's graph (initial 1/(K-1) off the diagonal)", "dice", "global"),
+    ("base", "fedavg", "gfs_graph", "... and cosines against the new global model, alpha 1/0.7, cosines > 0.9 as 1", "dice", "global"),
+    ("base", "fedavg", "gfs_authors", "the authors' method (all four), the suite's protocol", "dice", "global"),
+    ("network", "fedavg", "graphfedseg", "+ network: three-conv U-Net, nearest upsampling, Kaiming fan-out", "dice", "global"),
+    ("optimiser", "fedavg", "graphfedseg", "+ optimiser: Adam lr 5e-4, betas (0.9, 0.99), weight decay 1e-5", "dice", "global"),
+    ("loss", "fedavg", "graphfedseg", "+ loss: Dice on the raw logits, both classes", "dice", "global"),
+    ("authors", "fedavg", "graphfedseg", "the authors' code (`paper` profile: their protocol and method)", "dice", "global"),
+    ("authors", "fedavg_dicece", "graphfedseg", "... against FedAvg with the suite's Dice + CE loss", "dice", "global"),
+    ("authors", "fedavg", "gfs_suite", "the suite's GraphFedSeg under the authors' protocol", "dice", "global"),
+    ("authors", "fedavg", "graphfedseg", "the authors' code, each site's local model", "dice", "local"),
+    ("authors", "fedavg", "graphfedseg", "the authors' code, local models after largest-component post-processing", "dice_lcc", "local"),
+)]
+RUNS.update({
+    **{f"graphfedseg-protocol-{name}": {"out": f"graphfedseg_protocol/{name}", "commands": [
+        f"fedseg bench --family polyp --references --seeds 0 1 2 --methods {methods}{sets} --out {{out}}"]}
+       for name, methods, sets in GFS_PROTOCOL_BENCHES},
+    # the authors' code on the real retina federation; its suite default is the server-step bench's FedAvg and GraphFedSeg
+    "graphfedseg-protocol-retina-authors": real_bench(
+        "retina", "graphfedseg_protocol/retina_authors",
+        "--methods fedavg graphfedseg --references --seeds 0 1 2 --rounds 20 --profile paper --protocol graphfedseg"),
+})
+#: the authors' code's numbers the page sets beside ours (Kvasir-SEG + CVC-ClinicDB, 128 px, seed 0, one local epoch)
+GFS_PUBLISHED = ("the authors' code on Kvasir-SEG + CVC-ClinicDB (128 px, seed 0, 1 local epoch): their GraphFedSeg's locally "
+                 "trained models 0.695 / 0.483 test Dice (largest component) at round 17 of 30; FedAvg under GraphFedSeg's "
+                 "`paper` profile (this suite) 0.779 at 30 rounds; paper (4 polyp sites, 250 rounds): FedAvg 82.99, "
+                 "GraphFedSeg 87.10")
+# FedEvi's weights round by round: the suite's federated run against the authors' round loop on the same data
+RUNS["fedevi-weights-trace"] = {"out": "fedevi_weights_trace", "result": "fedevi_weights_trace.json", "commands": [
+    "python benchmarks/fedevi_weights_trace.py --out {out} --seeds 0 1 2 --rounds 30 --loop-seeds 0"]}
+#: the rounds the trace table shows
+TRACE_ROUNDS = (1, 2, 5, 10, 20, 30)
+
+
+def render_fedevi_weights_trace(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
+    """One row per round of :data:`TRACE_ROUNDS`: G, A and beta of each site (``first / second``) in the suite's run and
+    in the authors' loop with the same seed, then the suite's A and first-site beta over all its seeds (mean ± std)."""
+    import numpy as np
+
+    data = outputs[0]
+    sites = list(data["sites"])
+    suite, loop = data["runs"]["suite"], data["runs"]["loop"]
+    paired = sorted(set(suite) & set(loop), key=int)
+    seed = paired[0] if paired else None
+
+    def pair(trace, key, r):
+        return " / ".join(f"{trace[key][r - 1][s]:.3f}" for s in sites)
+
+    def spread(values):
+        return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
+
+    head = ["round", f"suite seed {seed}: G", "A", "beta", f"authors' loop seed {seed}: G", "A", "beta",
+            f"suite, {len(suite)} seeds: A {sites[0]}", f"A {sites[1]}", f"beta {sites[0]}"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in [r for r in TRACE_ROUNDS if r <= data["rounds"]]:
+        cells = [str(r)]
+        for trace in (suite.get(seed), loop.get(seed)):
+            cells += [pair(trace, k, r) for k in ("G", "A", "beta")] if trace else ["-"] * 3
+        cells += [spread([suite[x]["A"][r - 1][s] for x in suite]) for s in sites]
+        cells.append(spread([suite[x]["beta"][r - 1][sites[0]] for x in suite]))
+        lines.append("| " + " | ".join(cells) + " |")
+    gaps = {k: max(abs(suite[seed][k][r][s] - loop[seed][k][r][s]) for r in range(data["rounds"]) for s in sites)
+            for k in ("G", "A", "beta")} if seed is not None else {}
+    n = ", ".join(f"{s} {data['sites'][s]['n_train']}" for s in sites)
+    cfg = data["train_config"]
+    note = (f"Two built-in polyp sites (training images: {n}), FedEvi's `paper` profile at {data['image_size']} px, "
+            f"{cfg['local_epochs']} local epoch, batch {cfg['batch_size']}, {data['rounds']} rounds; cells `{sites[0]} / {sites[1]}`. "
+            f"Largest difference suite − loop over every round and site, seed {seed}: "
+            + ", ".join(f"{k} {v:.1e}" for k, v in gaps.items())
+            + f". Machine: {data['machine'].get('cpu_count', '?')} CPUs; {str(data.get('date', ''))[:16].replace('T', ' ')}; "
+            f"code {data['code_version'].get('commit')}{'+dirty' if data['code_version'].get('dirty') else ''}. {_remake(table_id)}")
+    return [f"**{table['title']}.** {note}", "", *lines]
+
+
+RENDERERS["fedevi-weights-trace"] = render_fedevi_weights_trace
+TABLES.update({
+    "fedevi-weights-trace": {"run": "fedevi-weights-trace", "render": "fedevi-weights-trace",
+                             "title": "FedEvi's G, A and weights round by round: the suite's federated run and the "
+                                      "authors' round loop on the same data"},
+    "graphfedseg-protocol": {
+        "run": [f"graphfedseg-protocol-{b[0]}" for b in GFS_PROTOCOL_BENCHES], "render": "protocol-ablation",
+        "rows": GFS_ROWS, "reference": ("graphfedseg-protocol-base", "fedavg", "graphfedseg"), "method_name": "GraphFedSeg",
+        "paper": GFS_PUBLISHED,
+        "title": "What moves GraphFedSeg against FedAvg: the suite's GraphFedSeg and local protocol, one difference from the "
+                 "authors' code at a time, and all of them (built-in polyp)"},
+    "graphfedseg-protocol-retina": {
+        "run": ["retina-server-step", "graphfedseg-protocol-retina-authors"], "render": "protocol-ablation",
+        "reference": ("retina-server-step", "fedavg", "graphfedseg"), "method_name": "GraphFedSeg", "missing_ok": True,
+        "rows": [("retina-server-step", "fedavg", "graphfedseg", "suite default", "dice", "global"),
+                 ("graphfedseg-protocol-retina-authors", "fedavg", "graphfedseg",
+                  "the authors' code (`paper` profile: their protocol and method)", "dice", "global"),
+                 ("graphfedseg-protocol-retina-authors", "fedavg", "graphfedseg", "... each site's local model", "dice", "local"),
+                 ("graphfedseg-protocol-retina-authors", "fedavg", "graphfedseg",
+                  "... local models after largest-component post-processing", "dice_lcc", "local")],
+        "title": "GraphFedSeg against FedAvg under the suite's default and the authors' code, real retina federation "
+                 "(native resolution, 20 rounds)"},
+})
 
 def render(table_id: str, root: Path = Path(DEFAULT_ROOT), run: bool = False, link: Optional[str] = None,
            ignore_command: bool = False, runs: Mapping[str, Mapping[str, Any]] = RUNS,

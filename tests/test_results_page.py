@@ -42,16 +42,19 @@ def records():
     return _module("records")
 
 
+#: the results pages: the overview, the README's glance and one page per question under docs/results/
+PAGES = [REPO / "docs" / "benchmarks.md", REPO / "README.md", *sorted((REPO / "docs" / "results").glob("*.md"))]
+
+
 def test_the_page_and_the_readme_equal_their_render_from_the_records(reproduce, page):
-    problems = page.check_pages([REPO / "docs" / "benchmarks.md", REPO / "README.md"], reproduce.DEFAULT_ROOT,
-                                reproduce.RUNS, reproduce.TABLES)
+    problems = page.check_pages(PAGES, reproduce.DEFAULT_ROOT, reproduce.RUNS, reproduce.TABLES)
     assert problems == [], "\n".join(problems)
 
 
 def test_every_registered_table_and_figure_renders_from_the_records(reproduce):
     from figures import FIGURES
 
-    on_page = (REPO / "docs" / "benchmarks.md").read_text() + (REPO / "README.md").read_text()
+    on_page = "".join(p.read_text() for p in PAGES)
     for table_id in reproduce.TABLES:
         reproduce.render(table_id)  # raises where a record is missing or stale
         assert f'<a id="{table_id}"></a>' in on_page, f"table {table_id} is registered but on no page"
