@@ -967,8 +967,11 @@ def render_protocol_ablation(table_id: str, table: Mapping[str, Any], outputs: S
     head = [f"local protocol (FedAvg / {name} trained alike)", "score", "FedAvg", name,
             f"{name} − FedAvg per seed", f"{name} − FedAvg per image (Wilcoxon p)",
             "FedAvg vs suite default (p)", f"{name} vs suite default (p)"]
+    published = table.get("published")  # (column header, {row index: published number})
+    if published:
+        head.append(published[0])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for bench, base, method, setting, metric, model in table["rows"]:
+    for index, (bench, base, method, setting, metric, model) in enumerate(table["rows"]):
         if bench not in runs or base not in runs[bench] or method not in runs[bench]:
             continue
         a, b = runs[bench][method], runs[bench][base]
@@ -983,8 +986,10 @@ def render_protocol_ablation(table_id: str, table: Mapping[str, Any], outputs: S
                       paired(a, runs[ref_bench][ref_method], "dice", "global") if (bench, method) != (ref_bench, ref_method) else ""]
         else:
             cells += ["", ""]
+        if published:
+            cells.append(published[1].get(index, ""))
         lines.append("| " + " | ".join(cells) + " |")
-    absent = [f"`{name}`" for name, o in benches.items() if o is None]
+    absent = [f"`{bench}`" for bench, o in benches.items() if o is None]
     dates = sorted(str(o.get("date", ""))[:16].replace("T", " ") for o in present.values())
     note = ("One bench per setting (the same federation, seeds, rounds and epochs; the caption's budget is the first "
             "bench's, each bench's command is in the registry: `python benchmarks/reproduce.py --list`); in each, FedAvg "
@@ -1058,11 +1063,13 @@ RUNS.update({
         "retina", "graphfedseg_protocol/retina_authors",
         "--methods fedavg graphfedseg --references --seeds 0 1 2 --rounds 20 --profile paper --protocol graphfedseg"),
 })
-#: the authors' code's numbers the page sets beside ours (Kvasir-SEG + CVC-ClinicDB, 128 px, seed 0, one local epoch)
-GFS_PUBLISHED = ("the authors' code on Kvasir-SEG + CVC-ClinicDB (128 px, seed 0, 1 local epoch): their GraphFedSeg's locally "
-                 "trained models 0.695 / 0.483 test Dice (largest component) at round 17 of 30; FedAvg under GraphFedSeg's "
-                 "`paper` profile (this suite) 0.779 at 30 rounds; paper (4 polyp sites, 250 rounds): FedAvg 82.99, "
-                 "GraphFedSeg 87.10")
+#: published numbers beside the rows they match (row index in GFS_ROWS): the paper's, and the independent side-by-side
+#: on Kvasir-SEG + CVC-ClinicDB (128 px, seed 0, one local epoch, the same lists for both codes)
+GFS_PUBLISHED = ("published / real polyp", {
+    0: "paper: FedAvg 82.99 → GraphFedSeg 87.10 Dice (4 polyp sites, 250 rounds, 384 px)",
+    9: "Kvasir-SEG + CVC-ClinicDB, 128 px: this suite's FedAvg under this profile 0.779 (30 rounds)",
+    13: "the authors' code there: their local models 0.695 / 0.483 (Kvasir / ClinicDB test, round 17 of 30)",
+})
 # FedEvi's weights round by round: the suite's federated run against the authors' round loop on the same data
 RUNS["fedevi-weights-trace"] = {"out": "fedevi_weights_trace", "result": "fedevi_weights_trace.json", "commands": [
     "python benchmarks/fedevi_weights_trace.py --out {out} --seeds 0 1 2 --rounds 30 --loop-seeds 0"]}
@@ -1089,6 +1096,9 @@ def render_fedevi_weights_trace(table_id: str, table: Mapping[str, Any], outputs
 
     head = ["round", f"suite seed {seed}: G", "A", "beta", f"authors' loop seed {seed}: G", "A", "beta",
             f"suite, {len(suite)} seeds: A {sites[0]}", f"A {sites[1]}", f"beta {sites[0]}"]
+    published = table.get("published")  # (column headers, {round: cells}): numbers of real runs
+    if published:
+        head += list(published[0])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in [r for r in TRACE_ROUNDS if r <= data["rounds"]]:
         cells = [str(r)]
@@ -1096,6 +1106,8 @@ def render_fedevi_weights_trace(table_id: str, table: Mapping[str, Any], outputs
             cells += [pair(trace, k, r) for k in ("G", "A", "beta")] if trace else ["-"] * 3
         cells += [spread([suite[x]["A"][r - 1][s] for x in suite]) for s in sites]
         cells.append(spread([suite[x]["beta"][r - 1][sites[0]] for x in suite]))
+        if published:
+            cells += list(published[1].get(r, [""] * len(published[0])))
         lines.append("| " + " | ".join(cells) + " |")
     gaps = {k: max(abs(suite[seed][k][r][s] - loop[seed][k][r][s]) for r in range(data["rounds"]) for s in sites)
             for k in ("G", "A", "beta")} if seed is not None else {}
@@ -1113,12 +1125,20 @@ def render_fedevi_weights_trace(table_id: str, table: Mapping[str, Any], outputs
 RENDERERS["fedevi-weights-trace"] = render_fedevi_weights_trace
 TABLES.update({
     "fedevi-weights-trace": {"run": "fedevi-weights-trace", "render": "fedevi-weights-trace",
+                             # the independent side-by-side on Kvasir-SEG / CVC-ClinicDB (128 px, seed 0, 1 local epoch)
+                             "published": (("Kvasir / ClinicDB, authors' code: u_dis", "u_data", "weights",
+                                            "this suite (`paper`): G", "A", "beta"),
+                                           {1: ("0.058 / 0.057", "0.246 / 0.239", "", "0.033 / 0.033", "0.215 / 0.203", ""),
+                                            10: ("0.024 / 0.017", "0.193 / 0.112", "0.48 / 0.52", "0.016 / 0.014",
+                                                 "0.166 / 0.092", ""),
+                                            30: ("0.011 / 0.007", "0.095 / 0.068", "0.48 / 0.52", "0.011 / 0.010",
+                                                 "0.170 / 0.061", "0.37 / 0.63")}),
                              "title": "FedEvi's G, A and weights round by round: the suite's federated run and the "
                                       "authors' round loop on the same data"},
     "graphfedseg-protocol": {
         "run": [f"graphfedseg-protocol-{b[0]}" for b in GFS_PROTOCOL_BENCHES], "render": "protocol-ablation",
         "rows": GFS_ROWS, "reference": ("graphfedseg-protocol-base", "fedavg", "graphfedseg"), "method_name": "GraphFedSeg",
-        "paper": GFS_PUBLISHED,
+        "published": GFS_PUBLISHED,
         "title": "What moves GraphFedSeg against FedAvg: the suite's GraphFedSeg and local protocol, one difference from the "
                  "authors' code at a time, and all of them (built-in polyp)"},
     "graphfedseg-protocol-retina": {
