@@ -971,15 +971,21 @@ def render_protocol_ablation(table_id: str, table: Mapping[str, Any], outputs: S
     if published:
         head.append(published[0])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for index, (bench, base, method, setting, metric, model) in enumerate(table["rows"]):
+    labels = {"global": "", "global_best_val": ", best val round", "local": ", local models",
+              "personalized": ", personalised"}
+    for index, row in enumerate(table["rows"]):
+        # a 7th entry: the baseline's model where it differs from the method's (a personalised model against the
+        # baseline's global model)
+        bench, base, method, setting, metric, model = row[:6]
+        base_model = row[6] if len(row) > 6 else model
         if bench not in runs or base not in runs[bench] or method not in runs[bench]:
             continue
         a, b = runs[bench][method], runs[bench][base]
-        per_seed = seed_differences(finals(a, model), finals(b, model), sites, metric)
-        label = column_header(first, metric) + {"global": "", "global_best_val": ", best val round",
-                                                 "local": ", local models"}[model]
-        cells = [setting, label, score(b, metric, model), score(a, metric, model), format_seed_difference(per_seed),
-                 paired(a, b, metric, model, model)]
+        per_seed = seed_differences(finals(a, model), finals(b, base_model), sites, metric)
+        label = column_header(first, metric) + labels[model] + (f" vs {labels[base_model][2:] or 'global'}"
+                                                                 if base_model != model else "")
+        cells = [setting, label, score(b, metric, base_model), score(a, metric, model), format_seed_difference(per_seed),
+                 paired(a, b, metric, model, base_model)]
         same_reading = metric == "dice" and model == "global" and (bench, base, method) != tuple(table["reference"])
         if same_reading and ref_bench in runs:
             cells += [paired(b, runs[ref_bench][ref_base], "dice", "global") if (bench, base) != (ref_bench, ref_base) else "",
@@ -1038,13 +1044,17 @@ GFS_PROTOCOL_BENCHES = (
     ("authors", f"fedavg fedavg_dicece=fedavg:seg_loss=dice_ce,lambda_ce=1.0 graphfedseg gfs_suite=graphfedseg:{GFS_SUITE_METHOD}",
      " --profile paper --protocol graphfedseg --rounds 10 --local-epochs 1 --set image_size=64"),
 )
-GFS_ROWS = [(f"graphfedseg-protocol-{bench}", base, method, setting, metric, model) for bench, base, method, setting, metric, model in (
+GFS_ROWS = [(f"graphfedseg-protocol-{row[0]}", *row[1:]) for row in (
     ("base", "fedavg", "graphfedseg", "suite default", "dice", "global"),
     ("base", "fedavg", "gfs_term", "+ similarity term: 0.01 (1 - weighted cosine to the top-3 graph entries, itself included)", "dice", "global"),
     ("base", "fedavg", "gfs_uncertainty", "+ uncertainty: U = mean vacuity over the training batches, p ∝ n / U, no U penalty", "dice", "global"),
     ("base", "fedavg", "gfs_previous", "+ aggregation with last round's graph (initial 1/(K-1) off the diagonal)", "dice", "global"),
     ("base", "fedavg", "gfs_graph", "... and cosines against the new global model, alpha 1/0.7, cosines > 0.9 as 1", "dice", "global"),
     ("base", "fedavg", "gfs_authors", "the authors' method (all four), the suite's protocol", "dice", "global"),
+    ("base", "fedavg", "graphfedseg", "the suite's GraphFedSeg, personalised models", "dice", "personalized", "global"),
+    ("base", "fedavg", "gfs_graph", "... with the authors' graph (W ≈ I: each site's own last model)", "dice", "personalized",
+     "global"),
+    ("base", "fedavg", "gfs_authors", "the authors' method, personalised models", "dice", "personalized", "global"),
     ("network", "fedavg", "graphfedseg", "+ network: three-conv U-Net, nearest upsampling, Kaiming fan-out", "dice", "global"),
     ("optimiser", "fedavg", "graphfedseg", "+ optimiser: Adam lr 5e-4, betas (0.9, 0.99), weight decay 1e-5", "dice", "global"),
     ("loss", "fedavg", "graphfedseg", "+ loss: Dice on the raw logits, both classes", "dice", "global"),
@@ -1053,6 +1063,9 @@ GFS_ROWS = [(f"graphfedseg-protocol-{bench}", base, method, setting, metric, mod
     ("authors", "fedavg", "gfs_suite", "the suite's GraphFedSeg under the authors' protocol", "dice", "global"),
     ("authors", "fedavg", "graphfedseg", "the authors' code, each site's local model", "dice", "local"),
     ("authors", "fedavg", "graphfedseg", "the authors' code, local models after largest-component post-processing", "dice_lcc", "local"),
+    ("authors", "fedavg", "graphfedseg", "the authors' code's local models against FedAvg's global model", "dice", "local", "global"),
+    ("authors", "fedavg", "fedavg", "(FedAvg's own local models against its global model, in the GraphFedSeg column)", "dice",
+     "local", "global"),
 )]
 RUNS.update({
     **{f"graphfedseg-protocol-{name}": {"out": f"graphfedseg_protocol/{name}", "commands": [
@@ -1067,8 +1080,8 @@ RUNS.update({
 #: on Kvasir-SEG + CVC-ClinicDB (128 px, seed 0, one local epoch, the same lists for both codes)
 GFS_PUBLISHED = ("published / real polyp", {
     0: "paper: FedAvg 82.99 → GraphFedSeg 87.10 Dice (4 polyp sites, 250 rounds, 384 px)",
-    9: "Kvasir-SEG + CVC-ClinicDB, 128 px: this suite's FedAvg under this profile 0.779 (30 rounds)",
-    13: "the authors' code there: their local models 0.695 / 0.483 (Kvasir / ClinicDB test, round 17 of 30)",
+    12: "Kvasir-SEG + CVC-ClinicDB, 128 px: this suite's FedAvg under this profile 0.779 (30 rounds)",
+    16: "the authors' code there: their local models 0.695 / 0.483 (Kvasir / ClinicDB test, round 17 of 30)",
 })
 # FedEvi's weights round by round: the suite's federated run against the authors' round loop on the same data
 RUNS["fedevi-weights-trace"] = {"out": "fedevi_weights_trace", "result": "fedevi_weights_trace.json", "commands": [
@@ -1149,7 +1162,12 @@ TABLES.update({
                   "the authors' code (`paper` profile: their protocol and method)", "dice", "global"),
                  ("graphfedseg-protocol-retina-authors", "fedavg", "graphfedseg", "... each site's local model", "dice", "local"),
                  ("graphfedseg-protocol-retina-authors", "fedavg", "graphfedseg",
-                  "... local models after largest-component post-processing", "dice_lcc", "local")],
+                  "... local models after largest-component post-processing", "dice_lcc", "local"),
+                 ("graphfedseg-protocol-retina-authors", "fedavg", "graphfedseg",
+                  "... GraphFedSeg's local models against FedAvg's global model", "dice", "local", "global"),
+                 ("graphfedseg-protocol-retina-authors", "fedavg", "fedavg",
+                  "(FedAvg's own local models against its global model, in the GraphFedSeg column)", "dice", "local",
+                  "global")],
         "title": "GraphFedSeg against FedAvg under the suite's default and the authors' code, real retina federation "
                  "(native resolution, 20 rounds)"},
 })
