@@ -1074,7 +1074,8 @@ RUNS.update({
     # the authors' code on the real retina federation; its suite default is the server-step bench's FedAvg and GraphFedSeg
     "graphfedseg-protocol-retina-authors": real_bench(
         "retina", "graphfedseg_protocol/retina_authors",
-        "--methods fedavg graphfedseg --references --seeds 0 1 2 --rounds 20 --profile paper --protocol graphfedseg"),
+        "--methods fedavg graphfedseg --references --seeds 0 1 2 --rounds 20 --profile paper --protocol graphfedseg "
+        "--simulator-timeout 14400"),
 })
 #: published numbers beside the rows they match (row index in GFS_ROWS): the paper's, and the independent side-by-side
 #: on Kvasir-SEG + CVC-ClinicDB (128 px, seed 0, one local epoch, the same lists for both codes)
