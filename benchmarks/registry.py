@@ -19,12 +19,13 @@ from benchmarks.cost import registry as cost
 from benchmarks.fedefm import registry as fedefm
 from benchmarks.fedevi_protocol import registry as fedevi_protocol
 from benchmarks.fullsize import registry as fullsize
+from benchmarks.graphfedseg_protocol import registry as graphfedseg_protocol
 from benchmarks.gpu import registry as gpu
 from benchmarks.overview import registry as overview
 from benchmarks.server_step import registry as server_step
 
 #: the results pages' registries, in the order of the overview's questions
-PAGES: Sequence[ModuleType] = (overview, accuracy, fedevi_protocol, server_step, cost, fullsize, gpu, fedefm)
+PAGES: Sequence[ModuleType] = (overview, accuracy, fedevi_protocol, graphfedseg_protocol, server_step, cost, fullsize, gpu, fedefm)
 
 
 def gather(pages: Sequence[ModuleType]):

@@ -142,6 +142,26 @@ def test_a_paper_bench_of_two_published_methods_needs_its_protocol_named(tmp_pat
     assert not (tmp_path / "b").exists()
 
 
+def test_simulator_timeout_reaches_every_method_run_and_is_not_part_of_the_run_config(tmp_path, monkeypatch):
+    from fedseg.bench import runs
+    from fedseg.cli import main
+
+    seen = []
+
+    def fake_simulator(job, workspace, sites, **kwargs):
+        seen.append(kwargs["timeout"])
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(runs, "run_simulator", fake_simulator)
+    with pytest.raises(RuntimeError, match="stop here"):
+        main(["bench", "--out", str(tmp_path / "b"), "--family", "polyp", "--data-profile", "tiny", "--methods", "fedavg",
+              "--references", "--rounds", "1", "--simulator-timeout", "7200"])
+    assert seen == [7200]
+    assert "simulator_timeout" not in runs.Budget().to_dict()
+    with pytest.raises(SystemExit, match="simulator_timeout"):
+        main(["bench", "--out", str(tmp_path / "c"), "--methods", "fedavg", "--references", "--simulator-timeout", "0"])
+
+
 def test_evaluate_per_image_rows_match_summary(tiny_engine):
     model = tiny_engine.build_network()
     summary, rows = tiny_engine.evaluate(model, "test", per_image=True)

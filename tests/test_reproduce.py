@@ -537,7 +537,7 @@ def test_bench_runs_method_jobs_in_parallel_and_keeps_the_bench_order(tmp_path, 
     state = {"running": 0, "most": 0}
     lock = threading.Lock()
 
-    def fake_method(spec, budget, mapping, root, site_map_file):
+    def fake_method(spec, budget, mapping, root, site_map_file, timeout=None):
         with lock:
             state["running"] += 1
             state["most"] = max(state["most"], state["running"])
@@ -848,7 +848,7 @@ def test_bench_reuse_copies_runs_of_the_same_configuration_only(tmp_path, tiny_d
     trained = []
 
     def fake_run(kind):
-        def run(spec, budget, *_):
+        def run(spec, budget, *_, **__):
             trained.append((spec.label, spec.seed, budget.rounds))
             rows = [{"id": "a.png", "dice": 0.5 + 0.01 * spec.seed, "hd95": 1.0, "assd": 0.5}]
             return {"kind": kind, "label": spec.label, "method": spec.method, "seed": spec.seed, "task": "segmentation",

@@ -48,6 +48,7 @@ MOVED_SCRIPTS = {
     "benchmarks/gpu_check.py": "benchmarks/gpu/gpu_check.py",
     "benchmarks/foundation_confusion.py": "benchmarks/fedefm/foundation_confusion.py",
     "benchmarks/vit_from_scratch.py": "benchmarks/fedefm/vit_from_scratch.py",
+    "benchmarks/fedevi_weights_trace.py": "benchmarks/fedevi_protocol/fedevi_weights_trace.py",
 }
 
 

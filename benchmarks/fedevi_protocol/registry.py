@@ -1,6 +1,7 @@
 """What carries FedEvi's gain (``docs/results/fedevi-protocol.md``): FedAvg and FedEvi under the suite's local
 protocol, one difference from the authors' protocol at a time, and all of them, on the built-in polyp family and the
-real retina federation.
+real retina federation; and FedEvi's weights round by round, the suite's run against the authors' loop written out
+(``fedevi_weights_trace.py`` beside this module).
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from benchmarks.core.registry import real_bench
-from benchmarks.fedevi_protocol.render import render_protocol_ablation
+from benchmarks.fedevi_protocol.render import render_fedevi_weights_trace, render_protocol_ablation
 
 PAGE = "docs/results/fedevi-protocol.md"
 
@@ -65,6 +66,9 @@ RUNS: Dict[str, Dict[str, Any]] = {
     "fedevi-protocol-authors-30": {"out": "fedevi_protocol/authors_30", "commands": [
         "fedseg bench --family polyp --references --seeds 0 1 2 --methods fedavg fedavg_dicece=fedavg:lambda_ce=1.0 fedevi "
         "--profile paper --rounds 30 --local-epochs 1 --set image_size=64 --out {out}"]},
+    # FedEvi's G, A and weights round by round: the suite's federated run against the authors' loop, same data
+    "fedevi-weights-trace": {"out": "fedevi_weights_trace", "result": "fedevi_weights_trace.json", "commands": [
+        "python benchmarks/fedevi_protocol/fedevi_weights_trace.py --out {out} --seeds 0 1 2 --rounds 30 --loop-seeds 0"]},
 }
 
 TABLES: Dict[str, Dict[str, Any]] = {
@@ -101,4 +105,14 @@ TABLES: Dict[str, Dict[str, Any]] = {
                            "title": "Cost with the reference U-Net's layout on the real retina federation (20 rounds)"},
 }
 
-RENDERERS = {"protocol-ablation": render_protocol_ablation}
+TABLES["fedevi-weights-trace"] = {
+    "run": "fedevi-weights-trace", "render": "fedevi-weights-trace",
+    # the independent side-by-side on Kvasir-SEG / CVC-ClinicDB (128 px, seed 0, 1 local epoch)
+    "published": (("Kvasir / ClinicDB, authors' code: u_dis", "u_data", "weights", "this suite (`paper`): G", "A", "beta"),
+                  {1: ("0.058 / 0.057", "0.246 / 0.239", "", "0.033 / 0.033", "0.215 / 0.203", ""),
+                   10: ("0.024 / 0.017", "0.193 / 0.112", "0.48 / 0.52", "0.016 / 0.014", "0.166 / 0.092", ""),
+                   30: ("0.011 / 0.007", "0.095 / 0.068", "0.48 / 0.52", "0.011 / 0.010", "0.170 / 0.061", "0.37 / 0.63")}),
+    "title": "FedEvi's G, A and weights round by round: the suite's federated run and the authors' round loop on the "
+             "same data"}
+
+RENDERERS = {"protocol-ablation": render_protocol_ablation, "fedevi-weights-trace": render_fedevi_weights_trace}

@@ -1,5 +1,5 @@
-"""Renderer of FedEvi's protocol ablation: one bench per local-protocol setting, each method against the
-reference bench's runs."""
+"""Renderers of a method's protocol ablation (FedEvi's, GraphFedSeg's: one bench per local-protocol setting, the method
+against FedAvg and each against the reference bench's runs) and of FedEvi's weights traced round by round."""
 
 from __future__ import annotations
 
@@ -48,33 +48,102 @@ def render_protocol_ablation(table_id: str, table: Mapping[str, Any], outputs: S
         return "-" if t.get("mean_diff") is None else f"{t['mean_diff']:+.3f} ({format_p(t.get('wilcoxon_p'))})"
 
     ref_bench, ref_base, ref_method = table["reference"]
-    head = ["local protocol (FedAvg / FedEvi trained alike)", "score", "FedAvg", "FedEvi",
-            "FedEvi − FedAvg per seed", "FedEvi − FedAvg per image (Wilcoxon p)",
-            "FedAvg vs suite default (p)", "FedEvi vs suite default (p)"]
+    name = table.get("method_name", "FedEvi")
+    head = [f"local protocol (FedAvg / {name} trained alike)", "score", "FedAvg", name,
+            f"{name} − FedAvg per seed", f"{name} − FedAvg per image (Wilcoxon p)",
+            "FedAvg vs suite default (p)", f"{name} vs suite default (p)"]
+    published = table.get("published")  # (column header, {row index: published number})
+    if published:
+        head.append(published[0])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for bench, base, method, setting, metric, model in table["rows"]:
+    labels = {"global": "", "global_best_val": ", best val round", "local": ", local models",
+              "personalized": ", personalised"}
+    for index, row in enumerate(table["rows"]):
+        # a 7th entry: the baseline's model where it differs from the method's (a personalised model against the
+        # baseline's global model)
+        bench, base, method, setting, metric, model = row[:6]
+        base_model = row[6] if len(row) > 6 else model
         if bench not in runs or base not in runs[bench] or method not in runs[bench]:
             continue
         a, b = runs[bench][method], runs[bench][base]
-        per_seed = seed_differences(finals(a, model), finals(b, model), sites, metric)
-        label = column_header(first, metric) + ("" if model == "global" else ", best val round")
-        cells = [setting, label, score(b, metric, model), score(a, metric, model), format_seed_difference(per_seed),
-                 paired(a, b, metric, model, model)]
+        per_seed = seed_differences(finals(a, model), finals(b, base_model), sites, metric)
+        label = column_header(first, metric) + labels[model] + (f" vs {labels[base_model][2:] or 'global'}"
+                                                                 if base_model != model else "")
+        cells = [setting, label, score(b, metric, base_model), score(a, metric, model), format_seed_difference(per_seed),
+                 paired(a, b, metric, model, base_model)]
         same_reading = metric == "dice" and model == "global" and (bench, base, method) != tuple(table["reference"])
         if same_reading and ref_bench in runs:
             cells += [paired(b, runs[ref_bench][ref_base], "dice", "global") if (bench, base) != (ref_bench, ref_base) else "",
                       paired(a, runs[ref_bench][ref_method], "dice", "global") if (bench, method) != (ref_bench, ref_method) else ""]
         else:
             cells += ["", ""]
+        if published:
+            cells.append(published[1].get(index, ""))
         lines.append("| " + " | ".join(cells) + " |")
-    absent = [f"`{name}`" for name, o in benches.items() if o is None]
+    absent = [f"`{bench}`" for bench, o in benches.items() if o is None]
     dates = sorted(str(o.get("date", ""))[:16].replace("T", " ") for o in present.values())
     note = ("One bench per setting (the same federation, seeds, rounds and epochs; the caption's budget is the first "
             "bench's, each bench's command is in the registry: `python benchmarks/reproduce.py --list`); in each, FedAvg "
-            "and FedEvi train with the same local protocol. Score cells: mean over sites, mean ± std over seeds. Per seed: each seed's mean over "
-            "sites, FedEvi minus FedAvg (seeds ahead). Per image: mean per-image difference, same seed, pooled over seeds "
+            f"and {name} train with the same local protocol. Score cells: mean over sites, mean ± std over seeds. Per seed: each seed's mean over "
+            f"sites, {name} minus FedAvg (seeds ahead). Per image: mean per-image difference, same seed, pooled over seeds "
             "and sites, two-sided Wilcoxon. 'vs suite default': the same method's per-image difference to its run under the "
             f"suite default (first row). Benches dated {dates[0]} to {dates[-1]}."
             + (f" Not run yet: {', '.join(absent)}." if absent else "")
             + (f" Published: {table['paper']}." if table.get("paper") else "") + f" {remake(table_id)}{stale(first)}")
     return [caption(first, table["title"], note), "", *lines]
+
+
+#: the rounds the FedEvi weights trace shows
+TRACE_ROUNDS = (1, 2, 5, 10, 20, 30)
+
+
+def render_fedevi_weights_trace(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
+    """One row per round of :data:`TRACE_ROUNDS`: G, A and beta of each site (``first / second``) in the suite's run and
+    in the authors' loop with the same seed, then the suite's A and first-site beta over all its seeds (mean ± std);
+    ``published``: (column headers, {round: cells}) of real runs beside them."""
+    import numpy as np
+
+    data = outputs[0]
+    sites = list(data["sites"])
+    suite, loop = data["runs"]["suite"], data["runs"]["loop"]
+    paired = sorted(set(suite) & set(loop), key=int)
+    seed = paired[0] if paired else None
+
+    def pair(trace, key, r):
+        return " / ".join(f"{trace[key][r - 1][s]:.3f}" for s in sites)
+
+    def spread(values):
+        return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
+
+    head = ["round", f"suite seed {seed}: G", "A", "beta", f"authors' loop seed {seed}: G", "A", "beta",
+            f"suite, {len(suite)} seeds: A {sites[0]}", f"A {sites[1]}", f"beta {sites[0]}"]
+    published = table.get("published")
+    if published:
+        head += list(published[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in [r for r in TRACE_ROUNDS if r <= data["rounds"]]:
+        cells = [str(r)]
+        for trace in (suite.get(seed), loop.get(seed)):
+            cells += [pair(trace, k, r) for k in ("G", "A", "beta")] if trace else ["-"] * 3
+        cells += [spread([suite[x]["A"][r - 1][s] for x in suite]) for s in sites]
+        cells.append(spread([suite[x]["beta"][r - 1][sites[0]] for x in suite]))
+        if published:
+            cells += list(published[1].get(r, [""] * len(published[0])))
+        lines.append("| " + " | ".join(cells) + " |")
+    gaps = {k: max(abs(suite[seed][k][r][s] - loop[seed][k][r][s]) for r in range(data["rounds"]) for s in sites)
+            for k in ("G", "A", "beta")} if seed is not None else {}
+    first_gaps = {k: max(abs(suite[seed][k][0][s] - loop[seed][k][0][s]) for s in sites)
+                  for k in ("G", "A", "beta")} if seed is not None else {}
+    missing = [s for s in map(str, data["seeds"]) if s not in suite]
+    n = ", ".join(f"{s} {data['sites'][s]['n_train']}" for s in sites)
+    cfg = data["train_config"]
+    version = data["code_version"]
+    note = (f"Two built-in polyp sites (training images: {n}), FedEvi's `paper` profile at {data['image_size']} px, "
+            f"{cfg['local_epochs']} local epoch, batch {cfg['batch_size']}, {data['rounds']} rounds; cells `{sites[0]} / {sites[1]}`. "
+            f"Largest difference suite − loop, seed {seed}: round 1 "
+            + ", ".join(f"{k} {v:.1e}" for k, v in first_gaps.items()) + "; every round "
+            + ", ".join(f"{k} {v:.1e}" for k, v in gaps.items())
+            + (f". Seed(s) {', '.join(missing)} of the command did not finish" if missing else "")
+            + f". Machine: {data['machine'].get('cpu_count', '?')} CPUs; {str(data.get('date', ''))[:16].replace('T', ' ')}; "
+            f"code {version.get('commit')}{'+dirty' if version.get('dirty') else ''}. {remake(table_id)}")
+    return [f"**{table['title']}.** {note}", "", *lines]

@@ -339,7 +339,7 @@ def _cmd_bench(args: argparse.Namespace) -> None:
                   site_datalists=args.site_datalists, family=args.family, sites=args.sites,
                   data_profile=args.data_profile, data_seed=args.data_seed, budget=budget,
                   command="fedseg " + " ".join(args.argv or []), baseline=args.baseline, refresh=args.refresh,
-                  reuse=args.reuse, parallel=args.parallel)
+                  reuse=args.reuse, parallel=args.parallel, simulator_timeout=args.simulator_timeout)
     except ValueError as e:
         raise SystemExit(f"fedseg bench: {e}") from None
 
@@ -544,6 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--image-size", type=int, default=None, help="shorthand for --set image_size=N")
     bench.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="any train_config key")
     bench.add_argument("--task-check-period", type=float, default=0.5, help="controller task_check_period (s)")
+    bench.add_argument("--simulator-timeout", type=int, default=3600, metavar="SECONDS",
+                       help="seconds one method run may take before it is stopped (default 3600; a slow or shared "
+                            "machine may need more)")
     bench.add_argument("--task-request-interval", type=float, default=None,
                        help="NVFlare server task_request_interval (s); default: the recipe's")
     bench.add_argument("--task-timeout", type=int, default=None, metavar="S",

@@ -195,6 +195,7 @@ def run_bench(
     refresh: bool = False,
     reuse: Sequence[str] = (),
     parallel: int = 1,
+    simulator_timeout: int = 3600,
 ) -> Dict[str, Any]:
     """Run (or resume) a bench and write ``results.json``, ``results.md`` and ``plots/`` under ``out``.
 
@@ -220,6 +221,8 @@ def run_bench(
         parallel: method runs (simulator jobs) at once, for a machine with cores and GPU memory to spare; their
             round times then include each other's load (``parallel_runs`` in ``results.json``). References run
             one at a time first.
+        simulator_timeout: seconds one method run (its simulator) may take before it is stopped and the bench fails;
+            not part of a run's configuration (a finished run is the same run whatever its allowance).
 
     Returns:
         The ``results.json`` dict. Besides :func:`fedseg.bench.report.build_results`'s fields its header records
@@ -230,6 +233,8 @@ def run_bench(
     budget = budget or Budget()
     if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
         raise ValueError(f"parallel must be a positive number of runs, got {parallel!r}")
+    if not isinstance(simulator_timeout, int) or isinstance(simulator_timeout, bool) or simulator_timeout < 1:
+        raise ValueError(f"simulator_timeout must be a positive number of seconds, got {simulator_timeout!r}")
     if not site_datalists:
         budget.data_family = budget.data_family or family or "polyp"
     started = time.perf_counter()
@@ -271,7 +276,7 @@ def run_bench(
         print(f"[{_dt.datetime.now():%H:%M:%S}] [{i + 1}/{len(specs)}] {spec.label} seed {spec.seed} ...", flush=True)
         run_started = time.perf_counter()
         if spec.kind == "method":
-            record = run_method(spec, budget, mapping, root, site_map_file)
+            record = run_method(spec, budget, mapping, root, site_map_file, timeout=simulator_timeout)
         else:
             record = run_reference(spec, budget, mapping, root)
         record.update(id=spec.id, run_config=spec.run_config(budget, mapping), code_version=version)

@@ -309,9 +309,10 @@ _EXPORT_LOCK = threading.Lock()
 
 
 def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: Path,
-               site_map_file: Path) -> Dict[str, Any]:
+               site_map_file: Path, timeout: int = 3600) -> Dict[str, Any]:
     """Export ``spec.method`` with the budget and ``spec.seed``, run it in the simulator (threads == sites,
-    one torch thread per site process), and collect the report's results and the sites' per-image rows."""
+    one torch thread per site process; stopped after ``timeout`` seconds), and collect the report's results and the
+    sites' per-image rows."""
     from fedseg.recipes.export import export_job
 
     sites = list(mapping)
@@ -327,7 +328,7 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
     patch_job(job, budget.task_request_interval)
     workspace = out / "workspaces" / spec.id
     res = run_simulator(job, workspace, sites, threads=len(sites), omp_threads=budget.omp_threads,
-                        fedseg_threads=budget.omp_threads, log_path=out / "logs" / f"{spec.id}.log")
+                        fedseg_threads=budget.omp_threads, timeout=timeout, log_path=out / "logs" / f"{spec.id}.log")
     return method_record(spec, mapping, workspace, res["report"], res["command"], res["report_path"], res["total_wall_s"])
 
 
