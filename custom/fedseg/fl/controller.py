@@ -28,6 +28,7 @@ from fedseg.fl.protocol import (BASE_STATISTICS, EVALUATE_TASK, META_KEY, RECEIV
                                 SUBMIT_MODEL_TASK, TRAIN_TASK, VALIDATE_RECEIVED_KEY, unpack_models)
 from fedseg.fl.report import RunReport
 from fedseg.fl.task_clock import TaskClock
+from fedseg.fl.task_hold import hold_task_requests
 from fedseg.fl.screening import (
     BASE_STATISTIC_RANGES,
     MAIN_MODEL,
@@ -92,6 +93,9 @@ class FedSegController(ModelController):
         cross_site_evaluation: for methods with personalised models, after the final evaluation evaluate
             every site's personalised model on every other site's test split (NVFlare's cross-site
             evaluation convention; ``final.cross_site`` in the report: only the mean metrics leave a site).
+        task_request_hold: seconds a site's task request waits on the server for its next task when none is
+            there yet (``fedseg.fl.task_hold``); 0 = answered at once with "try again", as NVFlare does (the
+            site then asks again after its fetch interval: a fixed 0.5 s in the simulator).
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class FedSegController(ModelController):
         screening: Optional[Dict[str, Any]] = None,
         checkpoint_dir: Optional[str] = None,
         cross_site_evaluation: bool = True,
+        task_request_hold: float = 0.5,
     ):
         super().__init__(persistor_id=persistor_id, ignore_result_error=True, task_check_period=task_check_period)
         self.task_check_period = float(task_check_period)
@@ -132,6 +137,10 @@ class FedSegController(ModelController):
             raise ValueError(f"checkpoint_dir must be an absolute path, got {checkpoint_dir!r}")
         self.checkpoint_dir = checkpoint_dir
         self.cross_site_evaluation = bool(cross_site_evaluation)
+        if not (isinstance(task_request_hold, (int, float)) and 0 <= task_request_hold <= 60):
+            raise ValueError(f"task_request_hold must be in [0, 60] seconds, got {task_request_hold!r}")
+        # a site asking for its next task before the server has sent it waits for it on the server (fl.task_hold)
+        self.task_request_hold = float(task_request_hold)
         # fail at job start, not after an hour of training, if a name or an option is wrong
         self._strategy = build_strategy(self.strategy, **self.strategy_args)
         self.server_step = None if server_step is None else dict(server_step)  # None: no entry in the exported job
@@ -168,6 +177,14 @@ class FedSegController(ModelController):
 
     # ---------------------------------------------------------------------------------- workflow
     def run(self) -> None:
+        hold = hold_task_requests(self.fl_ctx, self.task_request_hold, stop=lambda: self.abort_signal.triggered)
+        try:
+            self._run()
+        finally:
+            if hold is not None:
+                hold.release()
+
+    def _run(self) -> None:
         initial = self.load_model()
         self._attach_train_config()
         self._reference = {k: v.clone() for k, v in to_tensor_params(initial.params).items()}
