@@ -14,7 +14,7 @@ PAGE = "docs/benchmarks.md"
 RUNS: Dict[str, Dict[str, Any]] = {}
 
 #: the accuracy tables whose rows make the glance, one per federation
-GLANCE_SOURCES = ["polyp-accuracy", "fundus-accuracy", "retina-server-step", "nuclei-server-step"]
+GLANCE_SOURCES = ["polyp-accuracy", "fundus-accuracy", "retina-server-step", "nuclei-server-step", "fedefm-downstream"]
 
 TABLES: Dict[str, Dict[str, Any]] = {
     "glance": {"render": "glance", "title": "Results at a glance", "from": GLANCE_SOURCES},
