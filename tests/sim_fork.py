@@ -166,18 +166,7 @@ class Launched:
     def kill(self) -> None:
         """SIGKILL the process and every process below it (a simulator's server, its site processes in their own
         sessions)."""
-        import psutil
-
-        try:
-            root = psutil.Process(self.pid)
-            family = root.children(recursive=True) + [root]
-        except psutil.NoSuchProcess:
-            family = []
-        for p in family:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+        kill_tree(self.pid)
         self.wait()
 
     def output(self) -> str:
@@ -237,3 +226,20 @@ def run(command: str, argv: Sequence[str], log: Path, env: Mapping[str, str], ti
         proc.kill()
         raise subprocess.TimeoutExpired(proc.command, timeout, proc.output())
     return proc.poll()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL process ``pid`` and every process below it, whatever session they started (NVFlare starts its
+    simulator and its sites in sessions of their own)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        family = root.children(recursive=True) + [root]
+    except psutil.NoSuchProcess:
+        family = []
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass

@@ -236,21 +236,10 @@ def run_fresh(cmd: Sequence[str], workspace: Path, log: Path, cwd: Path, timeout
     import subprocess
     import time
 
-    import psutil
-
     from fedseg.bench.simulator import SITE_START_FAILURE, failed_site_start
 
     def kill(proc: subprocess.Popen) -> None:
-        # the command and every process below it (NVFlare starts its simulator in a session of its own)
-        try:
-            family = psutil.Process(proc.pid).children(recursive=True) + [psutil.Process(proc.pid)]
-        except psutil.NoSuchProcess:
-            family = []
-        for p in family:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+        sim_fork.kill_tree(proc.pid)
         proc.wait()
 
     env = {**SESSION_ENV, **SIMULATOR_ENV, "PYTHONDONTWRITEBYTECODE": "1"}
