@@ -75,6 +75,22 @@ def test_versus_pairs_every_row_with_every_comparator_by_scipy(reproduce, tmp_pa
     assert _row(lines, "Ditto")[-1] == f"{median_wall('ditto') / median_wall('fedavg'):.2f}x"
 
 
+def test_versus_without_round_time_keeps_the_pairs_and_drops_the_timing(reproduce, tmp_path):
+    records = _bench_records()
+    command = "fedseg bench --out {out}"
+    _store_bench(tmp_path, "toy", records, command)
+    runs = {"toy": {"out": "toy", "commands": [command]}}
+    table = {"run": "toy", "render": "versus", "labels": ["fedavgm", "ditto"], "against": ["fedavg"], "title": "Toy"}
+    timed = reproduce.render("toy-versus", tmp_path, runs=runs, tables={"toy-versus": table})
+    untimed = reproduce.render("toy-versus", tmp_path, runs=runs, tables={"toy-versus": {**table, "round_time": False}})
+    rows = {t: [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("|")]
+            for t, text in (("timed", timed), ("untimed", untimed))}
+    assert rows["timed"][0][-1].strip() == "round time vs FedAvg" and "Round time" in timed
+    assert "round time" not in untimed.lower()
+    # the same rows and cells, less the last column
+    assert [r[:-1] for r in rows["timed"]][2:] == rows["untimed"][2:]
+
+
 def test_versus_refuses_a_label_the_bench_did_not_run(reproduce, tmp_path):
     command = "fedseg bench --out {out}"
     _store_bench(tmp_path, "toy", _bench_records(), command)

@@ -11,7 +11,8 @@ stored output. A table entry (``TABLES[id]``) names its renderer and options:
 * ``cost``, ``ranking`` (which approach to use, by the rule), ``overview`` (several benches, one row each),
   ``pairs`` (two approaches of one bench; ``[A, B, published]`` and ``"paper_note"``: a paper column),
   ``budget`` (one column per bench of more rounds), ``versus`` (the approaches of ``"labels"`` against each of
-  ``"against"``, per seed and per image);
+  ``"against"``, per seed and per image; ``"round_time": false`` drops its round-time column, for a bench whose
+  runs were timed on different days and loads);
 * ``glance`` and ``verdicts``: rows of other accuracy tables (``"from"``; ``"baselines_from"``: more benches whose
   baselines compete for the "best baseline" row).
 
@@ -302,7 +303,8 @@ def render_versus(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
     label of ``against``: the Dice difference to that approach's global model per seed (mean ± std over seeds, seeds
     ahead) and per test image (same seed, pooled over seeds and sites, Wilcoxon p), the bench re-aggregated from its
     run records with that label as the baseline (:func:`benchmarks.core.outputs.select_seeds`); then Dice and the
-    round time over FedAvg's."""
+    round time over FedAvg's, unless ``"round_time"`` is false (a bench whose runs were timed on different days and
+    loads: its ratios would not be a cost measurement)."""
     from fedseg.bench.report import format_seed_difference
     from fedseg.bench.tables import (
         _diff_cell, _label_entry, approach_title, caption, column_spread, paired_test, seed_cell, seed_difference,
@@ -316,9 +318,10 @@ def render_versus(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
         raise ReproduceError(f"table {table_id!r}: {missing} are not approaches of the bench ({sorted(present)})")
     versus = {c: select_seeds(results, results.get("seeds") or [], baseline=c) for c in against}
     titles = {c: approach_title(_label_entry(results, c)) for c in against}
+    timed = table.get("round_time", True)
     head = ["approach", "Dice"] + [f"Δ Dice vs {titles[c]}: {what}" for c in against
-                                   for what in ("per seed (seeds ahead)", "per image (Wilcoxon p)")] + [
-        "round time vs FedAvg"]
+                                   for what in ("per seed (seeds ahead)", "per image (Wilcoxon p)")] + (
+        ["round time vs FedAvg"] if timed else [])
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     names = sorted((n for n, e in results["approaches"].items() if e.get("label") in labels),
                    key=lambda n: labels.index(results["approaches"][n]["label"]))  # the registry's order, stable per label
@@ -332,14 +335,16 @@ def render_versus(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
             comparison = (versus[c].get("comparisons") or {}).get(name)
             cells += [format_seed_difference(seed_difference(versus[c], comparison)),
                       _diff_cell(paired_test(comparison, "dice"), "wilcoxon_p")]
-        ratio = ((results.get("timing") or {}).get(entry["label"]) or {}).get("round_wall_ratio_to_fedavg")
-        cells.append("-" if ratio is None else f"{ratio:.2f}x")
+        if timed:
+            ratio = ((results.get("timing") or {}).get(entry["label"]) or {}).get("round_wall_ratio_to_fedavg")
+            cells.append("-" if ratio is None else f"{ratio:.2f}x")
         lines.append("| " + " | ".join(cells) + " |")
     note = ("Dice: unweighted mean over sites of each site's test mean, mean ± std over seeds. Δ per seed: each seed's "
             "mean over sites minus the other approach's of the same seed, mean ± std over seeds (seeds ahead); per "
             "image: mean per-image difference to its global model, same seed, pooled over seeds and sites, two-sided "
-            "Wilcoxon signed-rank p. Round time: median round wall over FedAvg's in the same bench. "
-            f"{remake(table_id)}{stale(results)}")
+            "Wilcoxon signed-rank p. "
+            + ("Round time: median round wall over FedAvg's in the same bench. " if timed else "")
+            + f"{remake(table_id)}{stale(results)}")
     return [caption(results, table["title"], note), "", *lines]
 
 
