@@ -24,9 +24,6 @@ PAGE = "docs/results/fedefm.md"
 PRETRAIN = ("fedseg bench --family xray_foundation --sites site-1 site-2 site-3 --set data_unseen=1.0 --methods "
             "fedavg_cfl=fedefm:overseas=false fedefm dfl_ring=fedefm:mode=dfl,overseas=false fedefm_dfl=fedefm:mode=dfl "
             "fedefm_dfl_full=fedefm:mode=dfl,topology=full --references pooled --seeds 0 1 2 --out {out}")
-#: the foundations the downstream starts from: FedEFM (CFL) pre-trained at each downstream seed
-FOUNDATIONS = ("fedseg bench --family xray_foundation --sites site-1 site-2 site-3 --set data_unseen=1.0 --methods fedefm "
-               "--references --seeds 0 1 2 --out {root}/fedefm/pretrain")
 #: the downstream task on real DCA1 (2 sites): the suite's U-Net (FedAvg), the UNETR from scratch and from FedEFM's
 #: foundation; ``{seed}`` (``{{seed}}`` here, past ``str.format``): downstream seed s starts from pre-training seed s
 DOWNSTREAM = (
@@ -37,10 +34,10 @@ DOWNSTREAM = (
 
 RUNS: Dict[str, Dict[str, Any]] = {
     "fedefm-pretrain": {"out": "fedefm/pretrain", "commands": [PRETRAIN]},
-    # the foundations are the pre-training's checkpoints, in its workspaces and not in the records: re-making the
-    # downstream bench makes (or resumes) them first
+    # the foundations are the pre-training's FedEFM (CFL) checkpoints, in its workspaces and not in the records:
+    # re-making the downstream bench makes (or resumes) the pre-training first, with its own command and folder
     "fedefm-downstream": {"out": "fedefm/downstream", "commands": [
-        FOUNDATIONS,
+        PRETRAIN.replace("{out}", "{root}/fedefm/pretrain"),
         "fedseg data dca1 --src {data}/xray_angio --out {root}/fedefm/dca1_data --sites dca1-a dca1-b",
         DOWNSTREAM]},
 }
