@@ -38,6 +38,12 @@ def build_parser(method: str = None) -> argparse.ArgumentParser:
     parser.add_argument("--profile", default="default", help="default | tiny | paper (the method's paper settings)")
     parser.add_argument("--site-datalists", default=None, metavar="FILE",
                         help="JSON map site -> datalist (real data; sim: the sites are its keys); default built-in data")
+    parser.add_argument("--bundle", default=None, metavar="DIR",
+                        help="any MONAI bundle folder (a user's: its network, data, loss, optimiser, inferers), read "
+                             "through MONAI's ConfigWorkflow at every site")
+    parser.add_argument("--site-overrides", default=None, metavar="FILE",
+                        help="with --bundle: JSON map site -> {bundle config id: value} (each site's dataset_dir, ...); "
+                             "sim: the sites are its keys")
     parser.add_argument("--family", default=None, help="built-in data family (polyp, vessel, nuclei, fundus, prostate3d)")
     parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                         help="any train_config key, value read as JSON where possible, e.g. --set local_epochs=2")
@@ -103,6 +109,17 @@ def build_recipe(args, options, mapping=None):
     from fedseg.recipes import get_recipe_class
     from fedseg.recipes.job_options import data_fields, profile_data
 
+    if args.bundle:  # a user's bundle: --set items are its config ids or train_config keys
+        from fedseg.bench.runs import parse_value
+        from fedseg.recipes.job_options import bundle_options
+
+        sets = {k.strip(): parse_value(v) for k, _, v in (item.partition("=") for item in args.set)}
+        overrides, script_args, _ = bundle_options(args.bundle, args.site_overrides, sets)
+        if script_args:
+            options["script_args"] = script_args
+        if args.min_clients is not None:
+            options["min_clients"] = args.min_clients
+        return get_recipe_class(args.method)(profile=args.profile, num_rounds=args.rounds, **options, **overrides)
     overrides = parse_sets(args.set)
     if args.family:
         overrides["data_family"] = args.family
@@ -127,6 +144,10 @@ def build_env(args, mapping=None):
 
     login = {"login_timeout": args.login_timeout} if args.login_timeout else {}
     if args.env == "sim":
+        if args.bundle and args.site_overrides and not mapping:
+            import json
+
+            mapping = dict.fromkeys(json.loads(Path(args.site_overrides).read_text()))  # the sites are its keys
         sites = sorted(mapping) if mapping else (args.sites or [f"site-{i}" for i in range(1, args.num_sites + 1)])
         return envs.sim_env(sites, args.workspace), sites
     if args.env == "poc":

@@ -481,6 +481,10 @@ SHARED_RUNS: Dict[str, "RunSpec | JobSpec"] = {
     # (tests/test_volume_runs.py). Run by the README's `python jobs/job.py graphfedseg --env sim ...` line with this
     # configuration's options added (the recipe in NVFlare's SimEnv, a fresh folder and workspace: tests/test_job_py.py)
     "graphfedseg_patch3d": JobSpec("test_job_py:readme_sim_run", cost=1.5),
+    # a MONAI bundle as NVFlare runs one: NVFlare's FedAvgRecipe with MONAI's MonaiAlgo at each site (the site script
+    # fedseg/fl/monai_bundle_client.py), unet2d_seg at 32 px, 2 sites x 2 rounds (round 1 scores the averaged model), in
+    # SimEnv from `python -m fedseg.recipes.monai_bundle` in a fresh folder (tests/test_bundle_monai_rules.py)
+    "monai_bundle_fedavg": JobSpec("test_bundle_monai_rules:monai_algo_sim_run", cost=1.5),
     # NVFlare started other ways than one `nvflare simulator` run, each by a test module's function: FedEvi's simulator
     # killed after a checkpointed round and run again (tests/test_simulator_resume.py); one site training as two ranks
     # under torchrun (tests/test_site_ranks.py); the tiny FedAvg recipe in NVFlare's PocEnv, the one POC of the suite

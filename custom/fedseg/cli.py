@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -72,7 +73,17 @@ def _check_data(args: argparse.Namespace) -> None:
 
 
 def _import_data(args: argparse.Namespace) -> None:
-    if args.data_cmd == "synth":
+    if args.data_cmd == "synth" and args.layout != "datalist":
+        from fedseg.data.synthetic.layouts import write_layout_federation
+
+        if args.participants:  # participants are datalists over shared files; a bundle layout is one folder per site
+            raise ValueError("--participants needs --layout datalist")
+        # each site folder also gets a datalist of its files, so the folders serve --site-datalists as well
+        paths = write_layout_federation(args.family, args.sites, args.out, layout=args.layout, seed=args.seed,
+                                        profile=args.profile)
+        print(f"site -> bundle overrides: {Path(args.out) / 'site_overrides.json'} "
+              "(pass it to `fedseg run --bundle DIR --site-overrides`)")
+    elif args.data_cmd == "synth":
         from fedseg.data.synthetic import generate_federation
 
         paths = generate_federation(args.family, args.sites, args.out, seed=args.seed, profile=args.profile)
@@ -144,7 +155,12 @@ def _cmd_export(args: argparse.Namespace) -> None:
     if args.server_optimizer != "none":
         job_options.update(server_optimizer=args.server_optimizer, server_lr=args.server_lr,
                            server_momentum=args.server_momentum)
-    overrides = _train_sets(args.set)
+    if args.bundle:
+        overrides, script_args, _ = _bundle_sets(args, "export")
+        if script_args:
+            job_options["script_args"] = script_args
+    else:
+        overrides = _train_sets(args.set)
     if args.family:
         overrides["data_family"] = args.family
     if args.labels_from:
@@ -184,6 +200,8 @@ def _train_sets(items: Optional[List[str]]) -> dict:
 def _cmd_run(args: argparse.Namespace) -> None:
     from fedseg.fl.component_policy import prepare_simulator_workspace
 
+    if args.bundle:
+        return _run_bundle(args)
     sets = _train_sets(args.set)  # before anything is exported or started
     workspace = Path(args.workspace or Path("workspaces") / args.method).resolve()
     overrides = dict(sets)
@@ -228,6 +246,58 @@ def _cmd_run(args: argparse.Namespace) -> None:
     reports = find_reports(workspace)
     if not reports:
         sys.exit(f"simulator finished but wrote no report.json under {workspace}")
+    _print_summary(reports[-1])
+
+
+def _bundle_sets(args: argparse.Namespace, command: str) -> tuple:
+    """``--bundle DIR --site-overrides FILE --set ID=VALUE``: ``(train overrides, sites' script arguments, sites)``,
+    checked before anything starts (``fedseg.recipes.job_options.bundle_options``); exits with one line."""
+    from fedseg.bench.runs import parse_value
+    from fedseg.recipes.job_options import bundle_options
+
+    sets = {}
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"fedseg {command}: --set expects ID=VALUE, got {item!r}")
+        sets[key.strip()] = parse_value(value)
+    try:
+        return bundle_options(args.bundle, getattr(args, "site_overrides", None), sets)
+    except (ValueError, KeyError) as e:
+        raise SystemExit(f"fedseg {command}: {e}") from None
+
+
+def _run_bundle(args: argparse.Namespace) -> None:
+    """``fedseg run METHOD --bundle DIR``: the method on a user's MONAI bundle in NVFlare's simulator; the sites are
+    ``--site-overrides``' keys (else ``-n``). A run that fails leaves no workspace a retry would take for a finished
+    one (the simulator's own workspace is written afresh; a report is only written by a finished job)."""
+    from fedseg.fl.component_policy import prepare_simulator_workspace
+
+    overrides, script_args, sites = _bundle_sets(args, "run")
+    for key, value in (("local_epochs", args.local_epochs), ("seed", args.seed)):
+        if value is not None:
+            overrides[key] = value
+    workspace = Path(args.workspace or Path("workspaces") / args.method).resolve()
+    n_sites = len(sites) if sites else args.n_clients
+    with tempfile.TemporaryDirectory(prefix="fedseg_job_") as tmp:
+        try:
+            job = export_job(args.method, tmp, args.profile, num_rounds=args.rounds, script_args=script_args,
+                             min_clients=n_sites, **overrides)
+        except ValueError as e:
+            raise SystemExit(f"fedseg run: {e}") from None
+        shutil.rmtree(workspace, ignore_errors=True)  # nothing of an earlier run is taken for this one's
+        prepare_simulator_workspace(workspace)
+        cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-t", str(n_sites)]
+        cmd += ["-c", ",".join(sites)] if sites else ["-n", str(n_sites)]
+        print(" ".join(cmd), flush=True)
+        env = {**os.environ}
+        env.setdefault("FEDSEG_NUM_THREADS", "1")
+        env.setdefault("OMP_NUM_THREADS", env["FEDSEG_NUM_THREADS"])
+        rc = subprocess.call(cmd, env=env)
+    reports = find_reports(workspace)
+    if rc != 0 or not reports:
+        sys.exit(f"fedseg run: the simulator {'failed (exit ' + str(rc) + ')' if rc else 'wrote no report.json'}; the sites' "
+                 f"logs under {workspace} say why")
     _print_summary(reports[-1])
 
 
@@ -290,7 +360,9 @@ def _print_summary(report_path: Path) -> None:
     task = (data.get("config") or {}).get("train_config", {}).get("task")
     if models["global"] is not None and task != "classification":
         bundle = (data.get("config") or {}).get("train_config", {}).get("bundle")
-        extra = f" --bundle bundles/{bundle}" if bundle else ""
+        from fedseg.bundle import is_bundle_path
+
+        extra = f" --bundle {bundle}" if is_bundle_path(bundle) else f" --bundle bundles/{bundle}" if bundle else ""
         print(f"segment new scans with it:\n  fedseg infer --checkpoint {models['global']} --input NEW_SCANS/ --output MASKS/{extra}")
 
 
@@ -373,6 +445,16 @@ def _cmd_infer(args: argparse.Namespace) -> None:
     print(f"wrote {len(written)} masks to {args.output}")
 
 
+def _bundle_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bundle", default=None, metavar="DIR",
+                        help="any MONAI bundle (a model-zoo bundle or your own), read through MONAI's ConfigWorkflow at every "
+                             "site: its network, data, loss, optimiser, inferers and postprocessing; --set ID=VALUE then "
+                             "overrides its config ids (e.g. train#dataloader#batch_size=2) or train_config keys")
+    parser.add_argument("--site-overrides", default=None, metavar="FILE",
+                        help="with --bundle: JSON map site -> {bundle config id: value} (each site's dataset_dir, ...); "
+                             "the sites are its keys")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedseg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -385,6 +467,10 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--out", required=True)
     synth.add_argument("--profile", default="default")
     synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--layout", default="datalist", choices=["datalist", "images-labels", "decathlon"],
+                       help="datalist: <out>/<family>/<site>/datalist.json; images-labels (2-D) / decathlon (3-D): "
+                            "<out>/<site>/images|imagesTr, labels|labelsTr (class-index masks) for a MONAI bundle "
+                            "globbing dataset_dir, and <out>/site_overrides.json")
     retina = data_sub.add_parser("retina", help="DRIVE / STARE / CHASE_DB1 as three sites (read in place)")
     retina.add_argument("--src", default=None, help=_src_help("retina_vessels"))
     retina.add_argument("--out", required=True)
@@ -495,6 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="put the label space this datalist declares (num_classes, labels, regions, label_values) and, for "
                              "volumes, its volume settings (target_spacing, modality, ...) into the job")
     export.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="any train_config key")
+    _bundle_arguments(export)
     export.set_defaults(func=_cmd_export)
 
     run = sub.add_parser("run", help="run a method in the NVFlare simulator and summarise it")
@@ -510,6 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=None, help="training seed (initial weights, shuffling, augmentation)")
     run.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                      help="any train_config key, value parsed as JSON where possible, e.g. --set batch_size=8 learning_rate=3e-4")
+    _bundle_arguments(run)
     run.set_defaults(func=_cmd_run)
 
     bench = sub.add_parser(

@@ -29,7 +29,13 @@ BASE_TRAIN_CONFIG: Dict[str, Any] = {
     # MONAI bundle under bundles/ that defines the network (None = the task's: unet2d_seg / vit_foundation);
     # "unetr_seg" = FedEFM's downstream UNETR, whose ViT encoder starts from foundation_ckpt (the server reads
     # it into the initial global model; sites receive the weights and never need the file)
+    # or a folder: any MONAI bundle (a user's, read through MONAI's ConfigWorkflow: fedseg.engine.bundle_engine), with
+    # bundle_overrides {config id: value} at every site (each site adds its own from --site-overrides); feature_layer /
+    # head_layer name the module path a feature-level method reads / FedRep keeps local (defaults for MONAI's networks)
     "bundle": None,
+    "bundle_overrides": None,
+    "feature_layer": None,
+    "head_layer": None,
     "foundation_ckpt": None,
     "partial_depth": False,
     # test metrics of the final evaluation (None = dice, hd95, assd; fedseg.metrics.AVAILABLE_METRICS)

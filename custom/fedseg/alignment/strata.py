@@ -49,3 +49,65 @@ def stratum_outputs(model: nn.Module, inputs: torch.Tensor) -> Dict[str, torch.T
     outputs = {name: feats[name] for name in stratum_names(model.depth) if name != "head"}
     outputs["head"] = logits
     return outputs
+
+
+# ------------------------------------------------------------------------------------------ any network
+# A user's network has no named blocks: each layer with parameters or buffers of its own is a stratum (its entries
+# are that layer's), its output read by a forward hook. Finer than FeatureUNet's blocks, the same rule for any net.
+def layer_strata(model: nn.Module) -> List[str]:
+    """Module paths of ``model``'s layers that own parameters or buffers, in ``named_modules()`` order (PathFL's
+    alignment layer, whose moments the server sets, excluded)."""
+    from fedseg.networks.feature_taps import ALIGNMENT_MODULE
+
+    return [name for name, m in model.named_modules()
+            if name and not name.startswith(ALIGNMENT_MODULE)
+            and (any(True for _ in m.parameters(recurse=False)) or any(True for _ in m.buffers(recurse=False)))]
+
+
+def network_strata(model: nn.Module) -> List[str]:
+    """The strata of ``model`` in order: FeatureUNet's blocks (:func:`stratum_names`), else :func:`layer_strata`."""
+    from fedseg.networks.feature_taps import has_native_features
+
+    return stratum_names(model.depth) if has_native_features(model) else layer_strata(model)
+
+
+def entry_stratum(model: nn.Module):
+    """``state_dict name -> stratum`` of ``model`` (None: the alignment moments, which the server sets)."""
+    from fedseg.networks.feature_taps import ALIGNMENT_MODULE, has_native_features
+
+    if has_native_features(model):
+        depth = model.depth
+        return lambda name: stratum_of(name, depth)
+    layers = set(layer_strata(model))
+
+    def of(name: str) -> Optional[str]:
+        if name.startswith(ALIGNMENT_MODULE + "."):
+            return None
+        owner = name.rsplit(".", 1)[0] if "." in name else ""
+        if owner not in layers:
+            raise ValueError(f"{name!r} is not an entry of a layer of {type(model).__name__}")
+        return owner
+
+    return of
+
+
+def network_stratum_outputs(model: nn.Module, inputs: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """``{stratum: output}`` of any network on ``inputs`` ``(B, C_in, *spatial)`` (:func:`stratum_outputs` for
+    FeatureUNet; forward hooks on every layer of :func:`layer_strata` otherwise, its last output when called twice)."""
+    from fedseg.networks.feature_taps import has_native_features
+
+    if has_native_features(model):
+        return stratum_outputs(model, inputs)
+    outputs: Dict[str, torch.Tensor] = {}
+    modules = dict(model.named_modules())
+    handles = []
+    for name in layer_strata(model):
+        def grab(module, args, out, name=name):
+            outputs[name] = out[-1] if isinstance(out, (list, tuple)) else out
+        handles.append(modules[name].register_forward_hook(grab))
+    try:
+        model(inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return outputs

@@ -59,6 +59,23 @@ def adain_restyle(
     ) + style_mean.view(*mean.shape, *extra)
 
 
+def half_space_mask(shape: Tuple[int, ...], generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Binary mask of ``shape`` (a volume's ``(X, Y, Z)``), exactly half ones: the lower half along a random axis,
+    flipped at random -- the 3-D counterpart of the 8 half-plane orientations (2 x 3 here).
+
+    Raises:
+        ValueError: an odd side along the drawn axis (no exact half).
+    """
+    axis = int(torch.randint(len(shape), (1,), generator=generator))
+    if shape[axis] % 2:
+        raise ValueError(f"a half-space mask needs an even side along axis {axis}, got {shape}")
+    mask = torch.zeros(shape)
+    index = [slice(None)] * len(shape)
+    index[axis] = slice(0, shape[axis] // 2)
+    mask[tuple(index)] = 1.0
+    return torch.flip(mask, dims=(axis,)) if bool(torch.randint(2, (1,), generator=generator)) else mask
+
+
 def half_plane_mask(height: int, width: int, quarter_turns: int = 0, flip: bool = False) -> torch.Tensor:
     """Binary ``(height, width)`` mask, exactly half ones: the top half, rotated by ``quarter_turns`` x 90
     degrees and optionally flipped left-right (the 8 orientations are :data:`ORIENTATIONS`).
@@ -88,20 +105,24 @@ def hybrid_images(
     shape). Labels are unchanged.
 
     Args:
-        images: ``(B, C, H, W)``.
+        images: ``(B, C, H, W)``; volumes ``(B, C, X, Y, Z)`` get half-space masks (:func:`half_space_mask`).
         style_means, style_stds: the style pool, ``(M, C)`` each.
         source: whole-image ``(mean, std)`` of each patch, ``(B, C)`` each (:func:`adain_restyle`); ``None`` =
             each image's own statistics.
     Returns:
         ``(hybrids (B, C, H, W), restyled (B, C, H, W))``.
     """
-    b, _, h, w = images.shape
     means = torch.as_tensor(style_means, dtype=images.dtype)
     stds = torch.as_tensor(style_stds, dtype=images.dtype)
     if means.dim() != 2 or means.shape != stds.shape or means.shape[1] != images.shape[1]:
         raise ValueError(f"style pool must be (M, {images.shape[1]}) means and stds, got {tuple(means.shape)} / {tuple(stds.shape)}")
+    b = images.shape[0]
     pick = torch.randint(len(means), (b,), generator=generator)
     restyled = adain_restyle(images, means[pick].to(images.device), stds[pick].to(images.device), source=source)
+    if images.dim() == 5:  # volumes (a user's 3-D network): the half-space analogue of the half-plane masks
+        masks = torch.stack([half_space_mask(tuple(images.shape[2:]), generator) for _ in range(b)]).to(images)[:, None]
+        return masks * images + (1 - masks) * restyled, restyled
+    h, w = images.shape[2:]
     allowed = ORIENTATIONS if h == w else tuple(o for o in ORIENTATIONS if o[0] % 2 == 0)
     orient = torch.randint(len(allowed), (b,), generator=generator)
     masks = torch.stack([half_plane_mask(h, w, *allowed[int(i)]) for i in orient]).to(images)

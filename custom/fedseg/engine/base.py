@@ -71,7 +71,8 @@ class LocalEngine(ABC):
 
     Args:
         site: site name (for messages and state files).
-        datalist: path of the site's datalist JSON (or the folder holding ``datalist.json``).
+        datalist: path of the site's datalist JSON (or the folder holding ``datalist.json``); None where the data come
+            from a user's bundle (``BundleEngine``).
         train_config: effective hyper-parameters sent by the server (copied; engines add resolved keys).
         device: defaults to CUDA when available, else CPU.
         dp_seed: seeds DP-SGD's generators (tests only; engines with a DP path use it).
@@ -86,7 +87,7 @@ class LocalEngine(ABC):
     def __init__(
         self,
         site: str,
-        datalist: os.PathLike,
+        datalist: Optional[os.PathLike],
         train_config: Dict[str, Any],
         device: Optional[torch.device] = None,
         dp_seed: Optional[int] = None,
@@ -96,7 +97,8 @@ class LocalEngine(ABC):
         self.device = device or default_device()
         self.seed = int(self.train_config.get("seed", 0))
         set_determinism(seed=self.seed)
-        self.datalist_path, self.datalist_info = read_datalist_json(datalist)
+        # a user's bundle reads its own data (dataset_dir): no datalist
+        self.datalist_path, self.datalist_info = read_datalist_json(datalist) if datalist is not None else (None, {})
         self.n_train = 0
         self._optimizers: Dict[int, torch.optim.Optimizer] = {}
         self._shuffle_generator = torch.Generator().manual_seed(self.seed)

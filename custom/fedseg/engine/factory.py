@@ -35,13 +35,21 @@ def resolve_task(datalist: os.PathLike, train_config: Dict[str, Any]) -> str:
 
 def build_engine(
     site: str,
-    datalist: os.PathLike,
+    datalist: Optional[os.PathLike],
     train_config: Dict[str, Any],
     bundle_dir: Optional[os.PathLike] = None,
     device: Optional[torch.device] = None,
 ) -> LocalEngine:
     """``SegEngine`` (with the MONAI bundle ``bundle_dir``) or ``ClassificationEngine`` (network from
-    ``vit_profile``; ``bundle_dir`` does not apply) for ``site``'s ``datalist``."""
+    ``vit_profile``; ``bundle_dir`` does not apply) for ``site``'s ``datalist``; a user's bundle
+    (``train_config["bundle"]`` a folder: ``fedseg.bundle.is_bundle_path``) gets ``BundleEngine``, which reads its data
+    from the bundle (``datalist`` unused; ``bundle_dir``: where the bundle is at this site, default the job's path)."""
+    from fedseg.bundle import is_bundle_path
+
+    if is_bundle_path(train_config.get("bundle")):
+        from fedseg.engine.bundle_engine import BundleEngine
+
+        return BundleEngine(site, train_config, bundle_dir=bundle_dir, device=device)
     task = resolve_task(datalist, train_config)
     if task == "classification":
         from fedseg.engine.classification import ClassificationEngine

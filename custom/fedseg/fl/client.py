@@ -30,6 +30,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from fedseg.bundle import is_bundle_path
 from fedseg.config import validation_due
 from fedseg.data.checks import check_datalist
 from fedseg.engine.base import LocalEngine
@@ -76,6 +77,9 @@ class SiteRunner:
         if key == self._setup_key:
             return
         cfg = job["train_config"]
+        if is_bundle_path(cfg.get("bundle")):
+            self._setup_bundle(job, key)
+            return
         datalist = resolve_site_datalist(
             self.site, cfg, self.args.datalist, self.args.site_datalists, self.args.data_root, str(self.workspace),
             clients=job.get("clients"),
@@ -100,6 +104,25 @@ class SiteRunner:
             if self.ranks.world_size > 1:  # the datalist is resolved (built-in data generated) here, then read there
                 self.ranks.send(ENGINE, (self.site, str(datalist), site_cfg, self.args.bundle_dir))
             self.engine.ranks = self.ranks
+        self.model = self.engine.build_network()
+        logger.info("%s: engine on device %s", self.site, self.engine.device)
+        self.objective = build_objective(job["objective"], **job["objective_args"])
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.site_state = SiteState(self.state_dir, job_key(job["objective"], job["objective_args"], cfg))
+        self._trained = False
+        self._setup_key = key
+
+    def _setup_bundle(self, job: Dict[str, Any], key: str) -> None:
+        """A user's MONAI bundle: its data come from the bundle (``dataset_dir``), with this site's overrides
+        (``--site_overrides FILE``: ``{site: {config id: value}}``) over the job's; the bundle's writers point into this
+        site's workspace. The overrides stay here: they name local folders."""
+        cfg = job["train_config"]
+        site_cfg = {**cfg, "bundle_overrides": {**(cfg.get("bundle_overrides") or {}), **site_overrides(self.args.site_overrides, self.site)},
+                    "bundle_writers_dir": str(self.output_dir / "bundle")}
+        logger.info("%s: training on the MONAI bundle %s", self.site, self.args.bundle_dir or cfg["bundle"])
+        if self.ranks is not None:
+            raise ValueError(f"{self.site}: a user's bundle trains in one process per site (site_ranks 1)")
+        self.engine = build_engine(self.site, None, site_cfg, bundle_dir=self.args.bundle_dir)
         self.model = self.engine.build_network()
         logger.info("%s: engine on device %s", self.site, self.engine.device)
         self.objective = build_objective(job["objective"], **job["objective_args"])
@@ -250,12 +273,32 @@ class SiteRunner:
         return statistics
 
 
+def site_overrides(path: Optional[str], site: str) -> Dict[str, Any]:
+    """This site's ``{bundle config id: value}`` from a ``--site_overrides`` file (``{}`` without one).
+
+    Raises:
+        KeyError: the file has no entry for ``site``.
+        ValueError: an entry that is not a JSON object.
+    """
+    if not path:
+        return {}
+    mapping = json.loads(Path(path).read_text())
+    if site not in mapping:
+        raise KeyError(f"{path} has no overrides for site {site!r} (sites: {sorted(mapping)})")
+    if not isinstance(mapping[site], dict):
+        raise ValueError(f"{path}: the overrides of {site!r} must be a JSON object {{config id: value}}")
+    return dict(mapping[site])
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="fedseg site client (run by NVFlare)")
     parser.add_argument("--datalist", default=None, help="this site's datalist JSON")
     parser.add_argument("--site_datalists", default=None, help="JSON file mapping site name -> datalist JSON")
     parser.add_argument("--data_root", default=None, help="where built-in synthetic data is generated")
-    parser.add_argument("--bundle_dir", default=None, help="MONAI bundle folder (default bundles/unet2d_seg)")
+    parser.add_argument("--bundle_dir", default=None, help="MONAI bundle folder (default bundles/unet2d_seg; with a user's "
+                        "bundle: where it is at this site, default the job's path)")
+    parser.add_argument("--site_overrides", default=None,
+                        help="a user's bundle: JSON file mapping site name -> {bundle config id: value} (dataset_dir, ...)")
     return parser.parse_args(argv)
 
 

@@ -37,7 +37,8 @@ def normalisation_state_keys(model: nn.Module) -> List[str]:
 
 
 def head_state_keys(model: nn.Module, head: str = "conv1x1") -> List[str]:
-    """FedRep's local head of a FeatureUNet (``head``: one of :data:`HEADS`, see the module notes).
+    """FedRep's local head of a FeatureUNet (``head``: one of :data:`HEADS`, see the module notes); of any other
+    network, the layer that produces its logits (``fedseg.networks.feature_taps.head_layer_name``).
 
     Raises:
         ValueError: an unknown ``head``, or a network without FeatureUNet's ``head`` / ``decoders``.
@@ -45,6 +46,12 @@ def head_state_keys(model: nn.Module, head: str = "conv1x1") -> List[str]:
     if head not in HEADS:
         raise ValueError(f"head must be one of {HEADS}, got {head!r}")
     if not isinstance(getattr(model, "head", None), nn.Module) or not isinstance(getattr(model, "decoders", None), nn.ModuleList):
-        raise ValueError(f"FedRep's head needs a FeatureUNet (modules 'head' and 'decoders'); got {type(model).__name__}")
+        # a user's network: the layer that produces the logits, found or named with head_layer (feature_taps)
+        if head != "conv1x1":
+            raise ValueError(f"FedRep head={head!r} names FeatureUNet's blocks; on {type(model).__name__} the head is the "
+                             "layer that produces the logits (head='conv1x1', or name it with head_layer)")
+        from fedseg.networks.feature_taps import head_layer_name
+
+        return module_state_keys(model, [head_layer_name(model)])
     modules = ["head"] if head == "conv1x1" else [f"decoders.{len(model.decoders) - 1}", "head"]
     return module_state_keys(model, modules)

@@ -107,6 +107,12 @@ class ClientObjective:
     name: str = "fedavg"
     #: ask the engine for ``forward_features`` instead of ``forward``
     needs_features: bool = False
+    #: the feature maps read during training, by role (``fedseg.networks.feature_taps.FEATURE_ROLES``; a user's
+    #: network gives them through forward hooks)
+    feature_roles: Tuple[str, ...] = ()
+    #: the method reads softmax class probabilities of the logits against class-index labels (a user's bundle whose
+    #: head is sigmoid / multi-label is refused)
+    needs_class_logits: bool = False
     #: meta keys this objective may send to the server
     declared_statistics: Tuple[str, ...] = ()
     #: extra tasks whose answer is weights (``handle_weight_task``), validated like trained models

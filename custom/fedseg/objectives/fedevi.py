@@ -78,6 +78,7 @@ class FedEviObjective(ClientObjective):
     """
 
     name = "fedevi"
+    needs_class_logits = True
     declared_statistics = ("G", "A", "R_paper")
     statistic_tasks = (SURROGATE_TASK,)
     # mean epistemic / aleatoric uncertainties and a mean of 1/aleatoric: none is negative

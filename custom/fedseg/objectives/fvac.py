@@ -20,6 +20,8 @@ from torch import nn
 
 from fedseg.uncertainty.morphology import as_class_index, pixel_uncertainty, pixel_weight_map
 
+from fedseg.networks.feature_taps import network_features
+
 from .base import BatchOutput, ClientObjective, RoundContext
 from .fvac_losses import FVDA_FOREGROUND, fmug_loss, fvda_loss
 
@@ -54,6 +56,7 @@ class FVACObjective(ClientObjective):
 
     name = "fvac"
     needs_features = True
+    needs_class_logits = True
     declared_statistics: Tuple[str, ...] = ()
 
     def __init__(
@@ -82,6 +85,8 @@ class FVACObjective(ClientObjective):
         self.use_fmug = bool(use_fmug)
         self.use_fvda = bool(use_fvda)
         self.feature_layer = str(feature_layer)
+        #: FVDA reads this map of the local and the frozen global model (none when FVDA is off)
+        self.feature_roles = (self.feature_layer,) if self.use_fvda and self.beta > 0 else ()
         self.mix = float(mix)
         self._global: Optional[nn.Module] = None
         self._weight_maps: Deque[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = deque(maxlen=int(keep_weight_maps))
@@ -94,8 +99,6 @@ class FVACObjective(ClientObjective):
 
     def begin_round(self, ctx: RoundContext, model: nn.Module) -> None:
         """Freeze a deep copy of ``model``, which holds the just-received global weights."""
-        if not hasattr(model, "forward_features"):
-            raise TypeError(f"FVAC needs a network with forward_features (FeatureUNet), got {type(model).__name__}")
         frozen = copy.deepcopy(model)
         frozen.eval()
         for p in frozen.parameters():
@@ -133,7 +136,7 @@ class FVACObjective(ClientObjective):
             if self._global is None:
                 raise RuntimeError("FVACObjective.loss called before begin_round: no frozen global model")
             with torch.no_grad():
-                logits_g, feats_g = self._global.forward_features(out.inputs)
+                logits_g, feats_g = network_features(self._global, out.inputs, self.feature_roles)
 
         if self.use_fmug:
             alpha = self._weight_map(logits, logits_g, labels)

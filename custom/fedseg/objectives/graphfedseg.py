@@ -91,6 +91,7 @@ class GraphFedSegObjective(ClientObjective):
     """
 
     name = "graphfedseg"
+    needs_class_logits = True
     declared_statistics = ("uncertainty",)
     statistic_ranges = {"uncertainty": (0.0, math.inf)}  # U is a mean of per-image uncertainties
 

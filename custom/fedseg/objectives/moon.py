@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedseg.networks.feature_taps import network_features
+
 from .base import BatchOutput, ClientObjective, RoundContext
 from .site_records import KeepsRoundRecords, cpu_copy, frozen_copy
 
@@ -58,6 +60,7 @@ class MOONObjective(KeepsRoundRecords, ClientObjective):
         self.mu = float(mu)
         self.temperature = float(temperature)
         self.representation = representation
+        self.feature_roles = (representation,)
         self._global: Optional[nn.Module] = None
         self._previous: Optional[nn.Module] = None
 
@@ -72,7 +75,7 @@ class MOONObjective(KeepsRoundRecords, ClientObjective):
             self._previous.load_state_dict(kept[1]["model"])
 
     def _represent(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-        return pooled_representation(model.forward_features(inputs)[1][self.representation])
+        return pooled_representation(network_features(model, inputs, self.feature_roles)[1][self.representation])
 
     def loss(self, out: BatchOutput) -> torch.Tensor:
         if self._global is None:

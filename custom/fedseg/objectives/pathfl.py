@@ -29,6 +29,8 @@ from torch import nn
 
 from fedseg.alignment.style import channel_statistics, hybrid_images
 
+from fedseg.networks.feature_taps import feature_module, has_native_features
+
 from .base import ClientObjective, RoundContext
 
 #: ``cse_statistics`` values: a patch is restyled with its own or its whole image's channel statistics
@@ -89,6 +91,7 @@ class PathFLObjective(ClientObjective):
         self._moments = [0.0, 0.0, 0]  # sum Z, sum Z^2, count, of this round's raw bottleneck elements
         self._hooked: Optional[int] = None
         self._hook = None
+        self._spatial_dims = 2
         self._training_stats: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         self._examples: Deque[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = deque(maxlen=int(keep_examples))
 
@@ -96,13 +99,18 @@ class PathFLObjective(ClientObjective):
         if not self.use_ssa:
             return {}
         channels = int(train_config.get("in_channels", 3))
-        return {"ssa_noise": (self.ssa_noise_batch, channels, self.ssa_noise_size, self.ssa_noise_size)}
+        # volumes of a user's 3-D bundle: noise volumes (the recipe refuses the suite's own 3-D network)
+        dims = int(train_config.get("spatial_dims") or 2)
+        return {"ssa_noise": (self.ssa_noise_batch, channels) + (self.ssa_noise_size,) * dims}
 
     # ------------------------------------------------------------------------------------- round
     def begin_round(self, ctx: RoundContext, model: nn.Module) -> None:
-        if getattr(model, "spatial_dims", 2) != 2:
-            # a volume job reached a site with PathFL (the recipe refuses it; a hand-written job may not)
+        if getattr(model, "spatial_dims", 2) != 2 and has_native_features(model):
+            # a volume job of the suite's network reached a site with PathFL (the recipe refuses it; a hand-written job
+            # may not); a user's 3-D network is read through hooks (fedseg.networks.feature_taps)
             raise ValueError("PathFL is 2-D only: run volumes with spatial_mode='slices'")
+        # the noise's dimensions: the job's (a user's 3-D bundle sends noise volumes, as declared_arrays says)
+        self._spatial_dims = int(ctx.train_config.get("spatial_dims") or 2)
         if self._generator is None:
             seed = int(ctx.train_config.get("seed", 0)) * 1_000_003 + zlib.crc32(ctx.site.encode())
             self._generator = torch.Generator().manual_seed(seed)
@@ -138,8 +146,6 @@ class PathFLObjective(ClientObjective):
         """Record the raw bottleneck (before alignment) of every training forward pass."""
         if self._hooked == id(model):
             return
-        if not hasattr(model, "bottleneck"):
-            raise TypeError("AFA needs a network with a `bottleneck` block (the bundle's FeatureUNet)")
 
         def record(module: nn.Module, args: Any, out: torch.Tensor) -> None:
             if module.training:
@@ -150,7 +156,8 @@ class PathFLObjective(ClientObjective):
 
         if self._hook is not None:
             self._hook.remove()
-        self._hook = model.bottleneck.register_forward_hook(record)
+        # before the alignment a user's network applies by a hook on the same module (feature_taps)
+        self._hook = feature_module(model, "bottleneck").register_forward_hook(record, prepend=True)
         self._hooked = id(model)
 
     def prepare_inputs(
@@ -194,8 +201,10 @@ class PathFLObjective(ClientObjective):
             self._training_stats = engine.intensity_statistics("training")
         mean, std = self._training_stats
         generator = torch.Generator().manual_seed(int(self._generator.initial_seed()) + 7919 * (int(round_) + 1))
-        shape = (self.ssa_noise_batch, mean.numel(), self.ssa_noise_size, self.ssa_noise_size)
-        noise = torch.randn(shape, generator=generator) * std.view(1, -1, 1, 1) + mean.view(1, -1, 1, 1)
+        dims = self._spatial_dims
+        shape = (self.ssa_noise_batch, mean.numel()) + (self.ssa_noise_size,) * dims
+        extra = (1,) * dims
+        noise = torch.randn(shape, generator=generator) * std.view(1, -1, *extra) + mean.view(1, -1, *extra)
         return noise.numpy().astype(np.float32)
 
     # ------------------------------------------------------------------------------------ figure

@@ -5,12 +5,13 @@ A method's recipe module only picks the strategy, the objective, their options a
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
 from nvflare.app_opt.pt.job_config.base_fed_job import BaseFedJob
 from nvflare.recipe.spec import ExecEnv, Recipe
 
-from fedseg.bundle import build_network
+from fedseg.bundle import build_network, bundle_network_fields, is_bundle_path
 from fedseg.config import default_task_timeout
 from fedseg.fl.audit import ResultAuditFilter
 from fedseg.fl.controller import FedSegController
@@ -147,11 +148,18 @@ class FedSegRecipe(Recipe):
         self.name = name
         self.method = method
         self.train_config = dict(train_config)
+        initial_network = build_initial_network(self.train_config)
+        if is_bundle_path(self.train_config.get("bundle")):
+            # a user's bundle: one absolute path in the job, and what the server checks of its network
+            self.train_config["bundle"] = str(Path(self.train_config["bundle"]).resolve())
+            self.train_config.update(bundle_network_fields(self.train_config, initial_network))
         step_options = {"server_optimizer": server_optimizer, "server_lr": server_lr, "server_momentum": server_momentum,
                         "server_betas": list(server_betas), "server_eps": server_eps}
         step = server_step_config(**step_options)  # fails here on a wrong name or value
+        user_bundle = is_bundle_path(self.train_config.get("bundle"))
         job = BaseFedJob(
-            initial_model=build_initial_network(self.train_config),
+            # a user's network is described by its bundle, which NVFlare's persistor builds (networks/bundle_network.py)
+            initial_model=None if user_bundle else initial_network,
             name=name,
             min_clients=min_clients,
             key_metric=None,
@@ -172,6 +180,12 @@ class FedSegRecipe(Recipe):
             screening=screening,
             checkpoint_dir=checkpoint_dir,
         )
+        if user_bundle:
+            from nvflare.app_opt.pt.job_config.model import PTModel
+
+            from fedseg.networks.bundle_network import bundle_network_component
+
+            job.comp_ids.update(job.to_server(PTModel(model=bundle_network_component(self.train_config))))
         # sites ask for their next task every task_request_interval seconds (NVFlare default 2 s): the
         # largest cut in per-round framework overhead we measured (benchmarks/cost/framework_overhead.py)
         job.to_server({"server": {"task_request_interval": float(task_request_interval)}})

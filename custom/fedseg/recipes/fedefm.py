@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from fedseg.bundle import refuse_user_bundle
 from fedseg.config import BASE_TRAIN_CONFIG, resolve_profile
 from fedseg.data.synthetic.xray import DEVICES
 from fedseg.fl.site_data import FOUNDATION_FAMILY
@@ -97,6 +98,7 @@ class FedEFMRecipe(FedSegRecipe):
         if train_overrides["data_family"] == FOUNDATION_FAMILY and "num_classes" not in train_overrides:
             # the built-in label space: 4 device classes per scanner style
             train_overrides["num_classes"] = len(DEVICES) * int(train_overrides.get("data_scanners") or BASE_TRAIN_CONFIG["data_scanners"])
+        refuse_user_bundle(train_overrides, "FedEFM's pre-training trains its own classification ViT over silos' class labels; a segmentation bundle cannot stand in for it")
         resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
         super().__init__(
             name=name,

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+from fedseg.bundle import refuse_user_bundle
 from fedseg.config import resolve_profile
 from fedseg.recipes.base import FedSegRecipe, split_options
 
@@ -74,6 +75,7 @@ class FedEFMDownstreamRecipe(FedSegRecipe):
                 raise FileNotFoundError(f"foundation_ckpt must be an existing absolute path, got {foundation_ckpt!r}")
             train_overrides["foundation_ckpt"] = str(path)
         train_overrides["partial_depth"] = bool(partial_depth)
+        refuse_user_bundle(train_overrides, "FedEFM's downstream fine-tunes the UNETR of bundles/unetr_seg from the foundation's ViT encoder; another bundle's network has no such encoder")
         resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
         if int(resolved["train_config"].get("spatial_dims") or 2) == 3:
             # the foundation is a 2-D ViT over 2-D patches; a 3-D UNETR (or slices through this 2-D one) is not offered

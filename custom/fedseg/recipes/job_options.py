@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 #: recipe parameters every method shares, set by job.py's own options (not offered again as method options)
 SHARED_PARAMETERS = ("self", "name", "profile", "num_rounds")
@@ -81,3 +81,30 @@ def profile_data(profile: str) -> Optional[str]:
     from fedseg.config import PROFILES
 
     return (PROFILES.get(profile) or {}).get("train_config", {}).get("data_profile")
+
+
+def bundle_options(bundle: str, site_overrides: Optional[str], sets: Dict[str, Any]) -> Tuple[Dict[str, Any], str, Optional[list]]:
+    """A run on a user's MONAI bundle, checked before anything starts: ``(train overrides, the sites' script
+    arguments, the sites)``. ``sets`` (``--set`` items, parsed) split into the bundle's config ids (every site) and
+    ``train_config`` keys (``fedseg.bundle.split_bundle_sets``); ``site_overrides``: a JSON file ``{site: {config id:
+    value}}`` whose keys are the sites, each checked to name ids the bundle has and to give it training images.
+
+    Raises:
+        fedseg.bundle.BundleError: the bundle lacks a MONAI property, an id it does not have, a site without images.
+    """
+    from fedseg.bundle import check_site_overrides, read_bundle, split_bundle_sets
+
+    root = Path(bundle).resolve()
+    bundle_sets, train = split_bundle_sets(root, sets)
+    read_bundle(root, bundle_sets)  # the required properties, before any site starts
+    sites = None
+    script_args = ""
+    if site_overrides:
+        path = Path(site_overrides).resolve()
+        mapping = json.loads(path.read_text())
+        if not isinstance(mapping, dict) or not mapping:
+            raise ValueError(f"{path}: expected a JSON object {{site: {{config id: value}}}} with at least one site")
+        check_site_overrides(root, mapping, bundle_sets)
+        sites = sorted(mapping)
+        script_args = f"--site_overrides {path}"
+    return {**train, "bundle": str(root), "bundle_overrides": bundle_sets or None}, script_args, sites

@@ -35,6 +35,10 @@ def check_two_dimensional(train_config: Dict[str, Any]) -> None:
     Raises:
         ValueError: a 3-D network (``spatial_dims`` 3 without ``spatial_mode`` "slices").
     """
+    from fedseg.bundle import is_bundle_path
+
+    if is_bundle_path(train_config.get("bundle")):
+        return  # a user's network is read through hooks in 2-D and 3-D alike (style mixing: half-space masks)
     if int(train_config.get("spatial_dims") or 2) == 3 and train_config.get("spatial_mode") != "slices":
         raise ValueError("PathFL is 2-D only (style mixing, feature alignment and SSA's noise batches are defined on 2-D "
                          "images): run volumes with spatial_mode='slices'")

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from fedseg.alignment.moments import global_feature_moments
-from fedseg.alignment.strata import stratum_names, stratum_of, stratum_outputs
+from fedseg.alignment.strata import entry_stratum, network_stratum_outputs, network_strata
 from fedseg.alignment.stratified import similarity_matrix, ssa_mixing_matrix, stratified_average
 
 from .aggregation import site_weights, weighted_average
@@ -94,8 +94,7 @@ class PathFLStrategy(ServerStrategy):
         fields: Dict[str, Any] = {}
         if self.use_ssa:
             weights, ssa_fields = self._ssa_weights(sites, updates)
-            depth = self._depth()
-            self._global = stratified_average(models, weights, lambda name: stratum_of(name, depth))
+            self._global = stratified_average(models, weights, entry_stratum(self._network))
             fields.update(ssa_fields)
         else:
             w = site_weights(self.weighting, {s: updates[s].n_samples for s in sites}, sites)
@@ -126,9 +125,6 @@ class PathFLStrategy(ServerStrategy):
         return {"afa_global_mean": mu, "afa_global_std": sigma}
 
     # ------------------------------------------------------------------------------------------ SSA
-    def _depth(self) -> int:
-        return 1 + max(int(k.split(".")[1]) for k in self._global if k.startswith("encoders."))
-
     @torch.no_grad()
     def _ssa_weights(self, sites: List[str], updates: Dict[str, ClientUpdate]):
         """Per-stratum aggregation weights from the stratum outputs of model m on noise batch m."""
@@ -141,9 +137,9 @@ class PathFLStrategy(ServerStrategy):
         for s in sites:
             self._network.load_state_dict(updates[s].params)
             noise = torch.as_tensor(updates[s].meta["ssa_noise"], dtype=torch.float32)
-            outputs.append({k: v.detach().clone() for k, v in stratum_outputs(self._network, noise).items()})
+            outputs.append({k: v.detach().clone() for k, v in network_stratum_outputs(self._network, noise).items()})
         weights, similarity, coefficients = {}, {}, {}
-        for stratum in stratum_names(self._depth()):
+        for stratum in network_strata(self._network):
             sim = similarity_matrix([o[stratum] for o in outputs])
             mixing = ssa_mixing_matrix(sim)
             weights[stratum] = mixing.mean(0).tolist()
