@@ -485,6 +485,10 @@ SHARED_RUNS: Dict[str, "RunSpec | JobSpec"] = {
     # fedseg/fl/monai_bundle_client.py), unet2d_seg at 32 px, 2 sites x 2 rounds (round 1 scores the averaged model), in
     # SimEnv from `python -m fedseg.recipes.monai_bundle` in a fresh folder (tests/test_bundle_monai_rules.py)
     "monai_bundle_fedavg": JobSpec("test_bundle_monai_rules:monai_algo_sim_run", cost=1.5),
+    # a model-zoo style bundle (tests/bundles, not ours) under the suite's methods: `fedseg run fedavg --bundle ...
+    # --site-overrides ...` in 2-D, `fedseg bench --bundle ... --methods fedavg fvac` in 3-D (tests/test_bundle_path.py)
+    "bundle_zoo2d_fedavg": JobSpec("test_bundle_path:bundle_2d_sim_run", cost=1.0),
+    "bundle_zoo3d_bench": JobSpec("test_bundle_path:bundle_3d_bench_run", cost=2.0),
     # NVFlare started other ways than one `nvflare simulator` run, each by a test module's function: FedEvi's simulator
     # killed after a checkpointed round and run again (tests/test_simulator_resume.py); one site training as two ranks
     # under torchrun (tests/test_site_ranks.py); the tiny FedAvg recipe in NVFlare's PocEnv, the one POC of the suite

@@ -187,8 +187,7 @@ def test_monai_algo_evaluates_and_trains_each_bundle(tmp_path, sites, bundle):
     from fedseg.fl.monai_bundle_client import EVALUATION_LOG, BundleSite, resolve_bundle_root, site_overrides
 
     dataset_dir, overrides = sites[bundle]
-    root = resolve_bundle_root(bundle)
-    assert root == REPO / "bundles" / bundle
+    root = resolve_bundle_root(str(REPO / "bundles" / bundle))  # a folder: this checkout's bundle
     workdir = tmp_path / "site-1"
     values = site_overrides(root, ["configs/train.json"], overrides, {"dataset_dir": str(dataset_dir)}, workdir)
     assert values["ckpt_dir"] == str(workdir / "models") and values["output_dir"] == str(workdir / "eval")
@@ -218,7 +217,7 @@ def test_monai_algo_sends_the_weight_difference_when_asked(tmp_path, sites):
     from fedseg.fl.monai_bundle_client import BundleSite, resolve_bundle_root, site_overrides
 
     dataset_dir, overrides = sites["unet2d_seg"]
-    root = resolve_bundle_root("unet2d_seg")
+    root = resolve_bundle_root(str(REPO / "bundles" / "unet2d_seg"))
     values = site_overrides(root, ["configs/train.json"], overrides, {"dataset_dir": str(dataset_dir)}, tmp_path)
     site = BundleSite("site-1", root, values, send_weight_diff=True)
     try:
@@ -234,9 +233,11 @@ def test_monai_algo_sends_the_weight_difference_when_asked(tmp_path, sites):
 
 
 def test_site_script_refuses_unknown_ids_and_a_site_left_out(tmp_path):
+    from fedseg.bundle import default_bundle_dir
     from fedseg.fl.monai_bundle_client import parse_sets, read_site_overrides, resolve_bundle_root, site_overrides
 
-    root = resolve_bundle_root("unet2d_seg")
+    root = resolve_bundle_root("unet2d_seg")  # a name: the installed package's bundle, as at a site
+    assert root == default_bundle_dir("unet2d_seg").resolve()
     assert parse_sets(["image_size=64", "channels=[8,16,32,64,128]", "dataset_dir=/data/a"]) == {
         "image_size": 64, "channels": [8, 16, 32, 64, 128], "dataset_dir": "/data/a"}
     with pytest.raises(ValueError, match="no config id.*imagesize"):

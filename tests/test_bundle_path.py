@@ -239,3 +239,106 @@ def test_only_parameters_and_declared_statistics_leave_a_bundle_site(polyp, tmp_
     text = json.dumps({"metrics": out["metrics"], "meta": out["meta"]}, default=str)
     assert str(polyp) not in text and ".png" not in text
     assert not any((ZOO_2D / d).exists() for d in ("models", "eval"))  # nothing written into the user's bundle
+
+
+# ------------------------------------------------------------------------------------------- NVFlare runs
+def bundle_2d_sim_run(root: Path):
+    """Shared run ``bundle_zoo2d_fedavg``: ``fedseg run fedavg --bundle tests/bundles/zoo_2d --site-overrides FILE``
+    on built-in polyp data written in the bundle's layout, 2 sites x 2 rounds, the bundle's configs unchanged."""
+    from sim_utils import run_cli
+
+    write_layout_federation("polyp", ["site-1", "site-2"], root / "data", layout="images-labels", profile="tiny")
+    workspace = root / "ws"
+
+    def simulate() -> dict:
+        run_cli(["run", "fedavg", "--bundle", ZOO_2D, "--site-overrides", root / "data" / "site_overrides.json",
+                 "--set", "num_workers=0", "--rounds", "2", "-w", workspace], root / "run.log")
+        return {"workspace": workspace, "data": root / "data", "log": (root / "run.log").read_text()}
+
+    return simulate
+
+
+def bundle_3d_bench_run(root: Path):
+    """Shared run ``bundle_zoo3d_bench``: ``fedseg bench --bundle tests/bundles/zoo_3d --site-overrides FILE --methods
+    fedavg fvac`` on built-in prostate volumes in the decathlon layout, 1 round, one seed."""
+    from sim_utils import run_cli
+
+    write_layout_federation("prostate3d", ["site-1", "site-2"], root / "data", profile="tiny", num_images=4)
+
+    def bench() -> dict:
+        run_cli(["bench", "--bundle", ZOO_3D, "--site-overrides", root / "data" / "site_overrides.json",
+                 "--set", "num_workers=0", "--methods", "fedavg", "fvac", "--rounds", "1", "--out", root / "bench"],
+                root / "bench.log")
+        return {"out": root / "bench"}
+
+    return bench
+
+
+@pytest.mark.shared_runs("bundle_zoo2d_fedavg")
+def test_a_zoo_bundle_trains_under_fedavg_and_its_checkpoint_runs_its_own_inference(shared_runs, tmp_path):
+    """The report has Dice / HD95 / ASSD per site; the global model loads in the bundle's own inference.json
+    (MONAI's ConfigWorkflow, ``fedseg infer --bundle``), which writes a mask per image; nothing entered the bundle."""
+    from fedseg.cli import find_reports, main
+
+    run = shared_runs("bundle_zoo2d_fedavg")
+    report = json.loads(find_reports(run["workspace"])[-1].read_text())
+    final = report["final"]["global"]
+    assert set(final) == {"site-1", "site-2"} and all({"dice", "hd95", "assd"} <= set(m) for m in final.values())
+    assert report["config"]["train_config"]["bundle"] == str(ZOO_2D.resolve())
+    checkpoint = next(Path(run["workspace"]).rglob("FL_global_model.pt"))
+    images = run["data"] / "site-2" / "images"
+    main(["infer", "--checkpoint", str(checkpoint), "--input", str(run["data"] / "site-2"), "--output", str(tmp_path / "masks"),
+          "--set", "num_workers=0"])
+    masks = sorted((tmp_path / "masks").rglob("*.png"))
+    assert len(masks) == len(list(images.glob("*.png")))
+    assert not any((ZOO_2D / d).exists() for d in ("models", "eval"))
+
+
+@pytest.mark.shared_runs("bundle_zoo3d_bench")
+def test_fedseg_bench_compares_methods_on_a_zoo_3d_bundle_per_image(shared_runs):
+    out = shared_runs("bundle_zoo3d_bench")["out"]
+    results = json.loads((out / "results.json").read_text())
+    assert {"fedavg", "fvac"} <= set(results["approaches"])
+    rows = json.loads(next((out / "runs").glob("method-fvac-seed0.json")).read_text())["per_image"]["global"]
+    assert set(rows) == {"site-1", "site-2"} and all(r and r[0]["id"].endswith(".nii.gz") for r in rows.values())
+
+
+def test_cli_refuses_bad_bundle_input_with_one_line(polyp, tmp_path, capsys):
+    from fedseg.cli import main
+
+    overrides = tmp_path / "sites.json"
+    overrides.write_text(json.dumps({"site-1": {"dataset_dir": str(tmp_path / "nothing_here")}}))
+    with pytest.raises(SystemExit, match="site-1: no training images under dataset_dir"):
+        main(["run", "fedavg", "--bundle", str(ZOO_2D), "--site-overrides", str(overrides), "-w", str(tmp_path / "ws")])
+    overrides.write_text(json.dumps({"site-1": {"dataset_dir": str(polyp / "site-1"), "no_such_id": 1}}))
+    with pytest.raises(SystemExit, match="has no config id 'no_such_id'"):
+        main(["run", "fedavg", "--bundle", str(ZOO_2D), "--site-overrides", str(overrides), "-w", str(tmp_path / "ws")])
+    with pytest.raises(SystemExit, match="bogus: neither a config id of the bundle .* nor a train_config key"):
+        main(["export", "--method", "fedavg", "--bundle", str(ZOO_2D), "--set", "bogus=1", "--out", str(tmp_path / "jobs")])
+    assert not (tmp_path / "ws").exists()  # nothing that looks like a run
+
+
+# ------------------------------------------------------------------------------------------- one path
+def test_our_bundle_through_the_bundle_path_trains_as_todays_path_without_resident_batches(tmp_path):
+    """``bundles/unet2d_seg`` read as a user's bundle (MONAI's ConfigWorkflow, ``BundleEngine``) builds the same initial
+    network, scores the same validation Dice, and trains to the same per-round ``train_loss`` / ``val_dice`` as today's
+    ``SegEngine`` with the per-sample loader (``resident_data=False``). Today's default holds the batches on the device
+    and augments them there from another random stream, so its numbers differ (docs/guide/bundles.md)."""
+    from fedseg.bundle import default_bundle_dir
+    from fedseg.data.synthetic import generate_site_data
+    from fedseg.engine.engine import SegEngine
+    from fedseg.objectives.base import ClientObjective
+
+    datalist = generate_site_data("polyp", "site-1", tmp_path, profile="tiny")
+    bundle = BundleEngine("site-1", {"bundle": str(default_bundle_dir("unet2d_seg")), "local_epochs": 1, "seed": 0,
+                                     "bundle_overrides": {"dataset_dir": str(datalist.parent), "image_size": 32}})
+    today = SegEngine("site-1", datalist, {"local_epochs": 1, "seed": 0, "image_size": 32, "resident_data": False})
+    curves = []
+    for engine in (bundle, today):
+        model = engine.build_network()
+        curve = [engine.validation_metrics(model)["val_dice"]]
+        for round_ in range(2):
+            loss = engine.train(model, ClientObjective(), RoundContext("site-1", round_, 2, train_config=engine.train_config))
+            curve += [loss["train_loss"], engine.validation_metrics(model)["val_dice"]]
+        curves.append(curve)
+    assert curves[0] == pytest.approx(curves[1], abs=1e-6)

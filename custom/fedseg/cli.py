@@ -385,12 +385,21 @@ def _cmd_bench(args: argparse.Namespace) -> None:
     from fedseg.bench.bench import run_bench
     from fedseg.bench.runs import Budget
 
-    sets = _train_sets(args.set)
+    if args.bundle:  # a user's bundle: its sites are --site-overrides' keys; methods only
+        if not args.site_overrides:
+            raise SystemExit("fedseg bench: --bundle needs --site-overrides FILE (site -> {config id: value})")
+        if args.site_datalists or args.family:
+            raise SystemExit("fedseg bench: --bundle reads its data from the bundle; drop --site-datalists / --family")
+        sets, _, _ = _bundle_sets(args, "bench")
+        if args.references == ["local", "pooled"]:  # the default: references train on datalists
+            args.references = []
+    else:
+        sets = _train_sets(args.set)
     if args.image_size:
         sets["image_size"] = args.image_size
-    if not args.site_datalists and not args.family:
+    if not args.bundle and not args.site_datalists and not args.family:
         args.family = "polyp"
-    if args.site_datalists or args.family != "xray_foundation":
+    if not args.bundle and (args.site_datalists or args.family != "xray_foundation"):
         from fedseg.bench.bench import read_site_datalists
 
         mapping = read_site_datalists(args.site_datalists) if args.site_datalists else None
@@ -411,7 +420,8 @@ def _cmd_bench(args: argparse.Namespace) -> None:
                   site_datalists=args.site_datalists, family=args.family, sites=args.sites,
                   data_profile=args.data_profile, data_seed=args.data_seed, budget=budget,
                   command="fedseg " + " ".join(args.argv or []), baseline=args.baseline, refresh=args.refresh,
-                  reuse=args.reuse, parallel=args.parallel, simulator_timeout=args.simulator_timeout)
+                  reuse=args.reuse, parallel=args.parallel, simulator_timeout=args.simulator_timeout,
+                  site_overrides=str(Path(args.site_overrides).resolve()) if args.bundle else None)
     except ValueError as e:
         raise SystemExit(f"fedseg bench: {e}") from None
 
@@ -430,6 +440,20 @@ def _cmd_summarise(args: argparse.Namespace) -> None:
 def _cmd_infer(args: argparse.Namespace) -> None:
     from fedseg.inference import run_inference
 
+    if _user_bundle_checkpoint(args):  # a user's bundle: its own inference.json, through MONAI's ConfigWorkflow
+        from fedseg.bench.runs import parse_value
+        from fedseg.bundle import BundleError
+        from fedseg.inference import run_bundle_inference
+
+        sets = {k.strip(): parse_value(v) for k, _, v in (item.partition("=") for item in args.set or [])}
+        try:
+            written = run_bundle_inference(args.checkpoint, args.output, bundle_dir=args.bundle, input_dir=args.input,
+                                           overrides={**(json.loads(args.overrides) if args.overrides else {}), **sets})
+        except BundleError as e:
+            raise SystemExit(f"fedseg infer: {e}") from None
+        print(f"wrote {len(written)} files to {args.output}")
+        return
+
     from fedseg.data.labels import LabelSpaceError, parse_label_values_option
 
     overrides = json.loads(args.overrides) if args.overrides else None
@@ -443,6 +467,23 @@ def _cmd_infer(args: argparse.Namespace) -> None:
         largest_component=args.largest_component, stitch_device=args.stitch_device,
     )
     print(f"wrote {len(written)} masks to {args.output}")
+
+
+def _user_bundle_checkpoint(args: argparse.Namespace) -> bool:
+    """``fedseg infer`` on a user's bundle: the checkpoint's job trained one (its ``train_config["bundle"]`` is a
+    folder); for weights without a job, ``--bundle`` names a folder outside the suite's ``bundles/``."""
+    import torch
+
+    from fedseg.bundle import default_bundle_dir, is_bundle_path
+
+    try:
+        state = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError):
+        state = None
+    job = state.get("train_config") if isinstance(state, dict) else None
+    if isinstance(job, dict) and job.get("bundle") is not None:
+        return is_bundle_path(job["bundle"])
+    return bool(args.bundle) and Path(args.bundle).resolve().parent != default_bundle_dir().parent
 
 
 def _bundle_arguments(parser: argparse.ArgumentParser) -> None:
@@ -652,6 +693,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--reuse", nargs="+", default=[], metavar="BENCH_OUT",
                        help="other bench outputs: a run finished there with the same run configuration (method, seed, "
                             "budget, data) is copied into --out instead of trained again")
+    _bundle_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
 
     summ = sub.add_parser("summarise", aliases=["summarize"], help="table + plots from report.json")
@@ -675,6 +717,8 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--stitch-device", default=None,
                        help="assemble the sliding window's output on this device (e.g. cpu) while the windows run on the "
                             "network's device: a whole scan's scores in host memory, not GPU memory (patch mode)")
+    infer.add_argument("--set", nargs="+", action="extend", default=[], metavar="ID=VALUE",
+                       help="a user's bundle: config ids of its inference.json (--input sets its dataset_dir)")
     infer.add_argument("--largest-component", action="store_true",
                        help="keep only each class's largest connected component in every mask")
     infer.add_argument(

@@ -450,3 +450,67 @@ def evaluate_checkpoint(
         metrics = {k: float(v) for k, v in evaluator.state.metrics.items()}
         workflow.finalize()
     return metrics
+
+
+def run_bundle_inference(
+    checkpoint: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    bundle_dir: Optional[str | os.PathLike] = None,
+    input_dir: Optional[str | os.PathLike] = None,
+    overrides: Optional[Mapping[str, Any]] = None,
+) -> List[Path]:
+    """Segment new images with a federated checkpoint of a user's bundle through that bundle's own
+    ``configs/inference.json``, run by MONAI's ``ConfigWorkflow`` (infer type): its preprocessing, inferer,
+    postprocessing and writers.
+
+    Args:
+        checkpoint: the run's ``FL_global_model.pt`` (``{"model": state_dict, "train_config": ...}``).
+        output_dir: set as the bundle's ``output_dir``.
+        bundle_dir: the bundle folder; default the one the checkpoint's job trained (``train_config["bundle"]``).
+        input_dir: the images to segment, set as the bundle's ``dataset_dir`` (MONAI's required infer property).
+        overrides: more ``{config id: value}`` of the inference config. The job's ``bundle_overrides`` (the network's
+            ids a run set with ``--set``) apply first where the inference config has those ids.
+
+    Returns:
+        The files the bundle wrote under ``output_dir``.
+
+    Raises:
+        fedseg.bundle.BundleError: no inference config, a missing MONAI infer property, no ``ckpt_path`` id, an
+            override naming an id the config does not have.
+    """
+    import torch
+    from monai.bundle import ConfigWorkflow
+
+    from fedseg.bundle import BundleError, bundle_config_file, missing_properties
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    job = (state.get("train_config") or {}) if isinstance(state, dict) else {}
+    root = Path(bundle_dir or job.get("bundle") or "")
+    if not str(root) or not root.is_dir():
+        raise BundleError(f"name the bundle folder with --bundle (the checkpoint {checkpoint} records none that exists here)")
+    config = bundle_config_file(root, "inference")
+    meta = root / "configs" / "metadata.json"
+    workflow = ConfigWorkflow(config_file=str(config), meta_file=str(meta) if meta.is_file() else None, logging_file=False,
+                              workflow_type="infer")
+    missing = missing_properties(workflow, "infer")
+    if missing:
+        raise BundleError(f"bundle {root} lacks MONAI's required infer properties: {', '.join(missing)}")
+    if "ckpt_path" not in workflow.parser:
+        raise BundleError(f"bundle {root}'s inference config has no ckpt_path id to load the federated checkpoint from")
+    explicit = dict(overrides or {})
+    unknown = sorted(k for k in explicit if k not in workflow.parser)
+    if unknown:
+        raise BundleError(f"bundle {root}'s inference config has no config id {', '.join(map(repr, unknown))}")
+    pairs = {k: v for k, v in (job.get("bundle_overrides") or {}).items() if k in workflow.parser}
+    pairs.update(bundle_root=str(root.resolve()), ckpt_path=str(Path(checkpoint).resolve()), **explicit)
+    if "output_dir" in workflow.parser:
+        pairs["output_dir"] = str(Path(output_dir).resolve())
+    if input_dir is not None:
+        pairs["dataset_dir"] = str(Path(input_dir).resolve())
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    before = set(Path(output_dir).rglob("*"))
+    workflow.parser.update(pairs=pairs)
+    workflow.initialize()
+    workflow.run()
+    workflow.finalize()
+    return sorted(p for p in set(Path(output_dir).rglob("*")) - before if p.is_file())

@@ -16,9 +16,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from fedseg.bench.ranking import recommendation_lines
+from fedseg.bundle import is_bundle_path
 from fedseg.bench.report import budget_text, build_results, markdown, plot_results
 from fedseg.bench.runs import (
     REFERENCES, Budget, RunSpec, federation_task, load_finished, parse_variant, record_task, refresh_method, run_method, run_reference,
@@ -26,6 +27,11 @@ from fedseg.bench.runs import (
 )
 from fedseg.bench.simulator import machine_info
 from fedseg.fl.site_data import FOUNDATION_FAMILY  # FedEFM's phase-1 classification silos (fedseg.data.synthetic.xray_builtin)
+
+
+def is_bundle_federation(mapping: Mapping[str, Any]) -> bool:
+    """The sites are a user's bundle's: ``{site: {config id: value}}`` rather than ``{site: datalist path}``."""
+    return any(isinstance(v, dict) for v in mapping.values())
 
 
 def prepare_federation(out: Path, site_datalists: Optional[str] = None, family: Optional[str] = None,
@@ -70,10 +76,14 @@ def read_site_datalists(path: str) -> Dict[str, str]:
     return {s: str((src.parent / p).resolve()) for s, p in raw.items()}
 
 
-def data_summary(mapping: Dict[str, str]) -> Dict[str, Dict[str, Any]]:
-    """Images per split of every site (segmentation or classification datalists)."""
+def data_summary(mapping: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """Images per split of every site (segmentation or classification datalists); a user's bundle: each site's
+    overrides (its data are the bundle's to find)."""
     from fedseg.data.classification import load_classification_datalist
     from fedseg.data.datalist import load_datalist
+
+    if is_bundle_federation(mapping):
+        return {site: {"bundle_overrides": values} for site, values in mapping.items()}
 
     load = load_classification_datalist if federation_task(mapping) == "classification" else load_datalist
     return {site: {s: len(v) for s, v in load(p, check_files=False).items()} for site, p in mapping.items()}
@@ -160,7 +170,7 @@ def spatial_settings(records: Sequence[Dict[str, Any]], mapping: Dict[str, str])
     from fedseg.engine.spatial import resolve_spatial_settings
 
     train_config = next((r["train_config"] for r in records if r.get("train_config")), None)
-    if train_config is None:
+    if train_config is None or is_bundle_federation(mapping):  # a user's bundle: its own transforms decide
         return {}
     out: Dict[str, Dict[str, Any]] = {}
     for site, path in mapping.items():
@@ -196,6 +206,7 @@ def run_bench(
     reuse: Sequence[str] = (),
     parallel: int = 1,
     simulator_timeout: int = 3600,
+    site_overrides: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Run (or resume) a bench and write ``results.json``, ``results.md`` and ``plots/`` under ``out``.
 
@@ -223,6 +234,9 @@ def run_bench(
             one at a time first.
         simulator_timeout: seconds one method run (its simulator) may take before it is stopped and the bench fails;
             not part of a run's configuration (a finished run is the same run whatever its allowance).
+        site_overrides: a user's MONAI bundle (``budget.sets["bundle"]``): the JSON map ``{site: {config id: value}}``
+            whose keys are the sites; methods only (no references). Each site's validation images are scored one by
+            one, so the paired tests are per image, as with datalists.
 
     Returns:
         The ``results.json`` dict. Besides :func:`fedseg.bench.report.build_results`'s fields its header records
@@ -235,7 +249,14 @@ def run_bench(
         raise ValueError(f"parallel must be a positive number of runs, got {parallel!r}")
     if not isinstance(simulator_timeout, int) or isinstance(simulator_timeout, bool) or simulator_timeout < 1:
         raise ValueError(f"simulator_timeout must be a positive number of seconds, got {simulator_timeout!r}")
-    if not site_datalists:
+    bundle = site_overrides is not None or is_bundle_path(budget.sets.get("bundle"))
+    if bundle:
+        if not is_bundle_path(budget.sets.get("bundle")) or not site_overrides:
+            raise ValueError("a bench on a user's bundle needs both the bundle (budget sets 'bundle') and --site-overrides")
+        if references:
+            raise ValueError(f"references {list(references)} train on datalists in this process; a bench on a user's "
+                             "bundle compares federated methods only (--references with nothing after it)")
+    elif not site_datalists:
         budget.data_family = budget.data_family or family or "polyp"
     started = time.perf_counter()
     version, machine = code_version(), machine_info()  # before the runs: the load they start under
@@ -243,9 +264,15 @@ def run_bench(
     specs = plan(methods, references, seeds)  # fail on a bad spec before any data or job
     if baseline is not None and baseline not in {s.label for s in specs}:
         raise ValueError(f"--baseline {baseline!r} is not one of the bench's labels {sorted({s.label for s in specs})}")
-    mapping = prepare_federation(root, site_datalists, family, sites, data_profile, data_seed, budget.sets)
+    if bundle:  # {site: its bundle overrides}, copied where the simulated sites read it
+        mapping = json.loads(Path(site_overrides).read_text())
+        root.mkdir(parents=True, exist_ok=True)
+        site_map_file = root / "site_overrides.json"
+        site_map_file.write_text(json.dumps(mapping, indent=1))
+    else:
+        mapping = prepare_federation(root, site_datalists, family, sites, data_profile, data_seed, budget.sets)
+        site_map_file = root / "site_datalists.json"
     site_names = list(mapping)
-    site_map_file = root / "site_datalists.json"
     records: List[Optional[Dict[str, Any]]] = [None] * len(specs)
     todo: List[int] = []
     for i, spec in enumerate(specs):

@@ -69,6 +69,8 @@ def federation_task(mapping: Mapping[str, str]) -> str:
     from fedseg.data.classification import datalist_task
     from fedseg.data.datalist import read_datalist_json
 
+    if any(isinstance(p, dict) for p in mapping.values()):  # a user's bundle's sites (their overrides): segmentation
+        return "segmentation"
     tasks = {site: datalist_task(read_datalist_json(p)[1]) for site, p in mapping.items()}
     if len(set(tasks.values())) > 1:
         raise ValueError(f"the sites' datalists declare different tasks: {tasks}")
@@ -321,7 +323,8 @@ def run_method(spec: RunSpec, budget: Budget, mapping: Mapping[str, str], out: P
     with _EXPORT_LOCK:
         job = export_job(
             spec.method, out / "jobs" / spec.id, budget.profile, num_rounds=budget.num_rounds(),
-            script_args=f"--site_datalists {Path(site_map_file).resolve()}", min_clients=len(sites),
+            script_args=f"--{'site_overrides' if Path(site_map_file).name == 'site_overrides.json' else 'site_datalists'} "
+                        f"{Path(site_map_file).resolve()}", min_clients=len(sites),
             task_check_period=budget.task_check_period, **{**budget.overrides(spec.seed), **spec.variant_args},
             **({"task_timeout": budget.task_timeout} if budget.task_timeout is not None else {}),
         )

@@ -142,6 +142,7 @@ class BundleEngine(LocalEngine):
         first = self.val_dataset[0]
         first = first[0] if isinstance(first, list) else first
         self._check_labels(torch.as_tensor(first["label"])[None], "validation")
+        self._label_channels = int(torch.as_tensor(first["label"]).shape[0])
         self.train_config["spatial_dims"] = int(torch.as_tensor(first["image"]).ndim - 1)
         self.volumes = self.train_config["spatial_dims"] == 3
         self.train_config["num_classes"] = self.num_classes
@@ -216,9 +217,7 @@ class BundleEngine(LocalEngine):
     @property
     def class_index_labels(self) -> bool:
         """Whether the bundle's labels are class indices (one channel), which softmax-based methods need."""
-        first = self.val_dataset[0]
-        first = first[0] if isinstance(first, list) else first
-        return torch.as_tensor(first["label"]).shape[0] == 1
+        return self._label_channels == 1
 
     def check_objective(self, objective: ClientObjective, model: nn.Module) -> None:
         """Refuse, with one line, a method this bundle cannot serve: softmax class logits (FedEvi's evidence) on a

@@ -39,6 +39,15 @@ CSE_STATISTICS = ("patch", "image")
 STYLE_POOL_KEY = "cse_style_pool"
 
 
+def noise_dims(train_config: Dict[str, Any]) -> int:
+    """Spatial dimensions of SSA's noise batch: those of the network. 3 for a user's 3-D network (noise volumes); 2
+    otherwise, volumes in slice mode included (the suite's network there is 2-D; its 3-D network is refused)."""
+    from fedseg.bundle import is_bundle_path
+
+    three_d = is_bundle_path(train_config.get("bundle")) and int(train_config.get("spatial_dims") or 2) == 3
+    return 3 if three_d else 2
+
+
 class PathFLObjective(ClientObjective):
     """Segmentation loss on CSE hybrids; AFA moments and the SSA noise batch as declared statistics.
 
@@ -99,8 +108,7 @@ class PathFLObjective(ClientObjective):
         if not self.use_ssa:
             return {}
         channels = int(train_config.get("in_channels", 3))
-        # volumes of a user's 3-D bundle: noise volumes (the recipe refuses the suite's own 3-D network)
-        dims = int(train_config.get("spatial_dims") or 2)
+        dims = noise_dims(train_config)
         return {"ssa_noise": (self.ssa_noise_batch, channels) + (self.ssa_noise_size,) * dims}
 
     # ------------------------------------------------------------------------------------- round
@@ -109,8 +117,7 @@ class PathFLObjective(ClientObjective):
             # a volume job of the suite's network reached a site with PathFL (the recipe refuses it; a hand-written job
             # may not); a user's 3-D network is read through hooks (fedseg.networks.feature_taps)
             raise ValueError("PathFL is 2-D only: run volumes with spatial_mode='slices'")
-        # the noise's dimensions: the job's (a user's 3-D bundle sends noise volumes, as declared_arrays says)
-        self._spatial_dims = int(ctx.train_config.get("spatial_dims") or 2)
+        self._spatial_dims = noise_dims(ctx.train_config)
         if self._generator is None:
             seed = int(ctx.train_config.get("seed", 0)) * 1_000_003 + zlib.crc32(ctx.site.encode())
             self._generator = torch.Generator().manual_seed(seed)
