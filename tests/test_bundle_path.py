@@ -342,3 +342,17 @@ def test_our_bundle_through_the_bundle_path_trains_as_todays_path_without_reside
             curve += [loss["train_loss"], engine.validation_metrics(model)["val_dice"]]
         curves.append(curve)
     assert curves[0] == pytest.approx(curves[1], abs=1e-6)
+
+
+def test_pathfl_writes_its_site_figure_for_a_3d_bundle(engine_3d, tmp_path):
+    """Style mixing on volumes: the site-local figure of CSE shows each volume's middle slice."""
+    model = engine_3d.build_network()
+    objective = build_objective("pathfl", ssa_noise_size=16)
+    for round_ in range(2):  # the style pool arrives with round 1
+        ctx = RoundContext(site="site-1", round=round_, total_rounds=2, train_config=engine_3d.train_config,
+                           state_dir=str(tmp_path), server_meta={"cse_style_pool": {"mean": [[0.3]], "std": [[0.2]]}} if round_ else {})
+        objective.begin_round(ctx, model)
+        objective.local_training(engine_3d, model, ctx)
+        objective.end_round(ctx, model, engine_3d)
+    objective.save_site_figures(str(tmp_path / "figures"), ctx)
+    assert (tmp_path / "figures" / "pathfl_cse_examples.png").is_file()

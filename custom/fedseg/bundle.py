@@ -141,10 +141,20 @@ class BundleError(ValueError):
 WRITER_IDS = ("ckpt_dir", "output_dir", "log_dir")
 
 
+#: the suite's own bundles, named without a path (``train_config["bundle"]``)
+SUITE_BUNDLES = ("unet2d_seg", "volume_seg", "unetr_seg", "vit_foundation")
+
+
 def is_bundle_path(value: Any) -> bool:
     """``train_config["bundle"]`` names a bundle folder (any MONAI bundle, read through MONAI's ``ConfigWorkflow``)
-    rather than one of the suite's bundles by name: a path, i.e. it has a separator."""
-    return isinstance(value, (str, os.PathLike)) and any(sep in str(value) for sep in ("/", os.sep))
+    rather than one of the suite's bundles by name: a path with a separator, or a folder here with ``configs/`` whose
+    name is not one of :data:`SUITE_BUNDLES`."""
+    if not isinstance(value, (str, os.PathLike)):
+        return False
+    text = str(value)
+    if any(sep in text for sep in ("/", os.sep)):
+        return True
+    return text not in SUITE_BUNDLES and (Path(text) / "configs").is_dir()
 
 
 def bundle_config_file(bundle_dir: os.PathLike, name: str = "train") -> Path:

@@ -185,7 +185,10 @@ class PathFLObjective(ClientObjective):
         if self._pool is None:
             return inputs
         hybrids, restyled = hybrid_images(inputs, self._pool[0], self._pool[1], generator=self._generator, source=source)
-        self._examples.append((inputs[0].detach().cpu(), restyled[0].detach().cpu(), hybrids[0].detach().cpu()))
+        example = (inputs[0], restyled[0], hybrids[0])
+        if inputs.dim() == 5:  # a volume: its middle slice along the last axis, for the 2-D site-local figure
+            example = tuple(t[..., t.shape[-1] // 2] for t in example)
+        self._examples.append(tuple(t.detach().cpu() for t in example))
         return hybrids
 
     def end_round(self, ctx: RoundContext, model: nn.Module, engine: Any) -> Dict[str, Any]:
