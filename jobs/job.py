@@ -110,11 +110,10 @@ def build_recipe(args, options, mapping=None):
     from fedseg.recipes.job_options import data_fields, profile_data
 
     if args.bundle:  # a user's bundle: --set items are its config ids or train_config keys
-        from fedseg.bench.runs import parse_value
+        from fedseg.bench.runs import parse_assignments
         from fedseg.recipes.job_options import bundle_options
 
-        sets = {k.strip(): parse_value(v) for k, _, v in (item.partition("=") for item in args.set)}
-        overrides, script_args, _ = bundle_options(args.bundle, args.site_overrides, sets)
+        overrides, script_args, _ = bundle_options(args.bundle, args.site_overrides, parse_assignments(args.set))
         if script_args:
             options["script_args"] = script_args
         if args.min_clients is not None:

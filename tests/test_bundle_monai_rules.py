@@ -234,7 +234,9 @@ def test_monai_algo_sends_the_weight_difference_when_asked(tmp_path, sites):
 
 def test_site_script_refuses_unknown_ids_and_a_site_left_out(tmp_path):
     from fedseg.bundle import default_bundle_dir
-    from fedseg.fl.monai_bundle_client import parse_sets, read_site_overrides, resolve_bundle_root, site_overrides
+    from fedseg.bench.runs import parse_assignments as parse_sets
+    from fedseg.bundle import read_site_overrides
+    from fedseg.fl.monai_bundle_client import resolve_bundle_root, site_overrides
 
     root = resolve_bundle_root("unet2d_seg")  # a name: the installed package's bundle, as at a site
     assert root == default_bundle_dir("unet2d_seg").resolve()

@@ -8,6 +8,7 @@ Classification jobs (``train_config["task"] == "classification"``, FedEFM phase 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -136,9 +137,10 @@ class BundleError(ValueError):
     """A user's bundle that cannot run as asked; one line naming the bundle and what is wrong."""
 
 
-#: ids a run points into the site's workspace when the bundle has them: its own writers (``CheckpointSaver``'s
-#: ``ckpt_dir``, TensorBoard's and evaluators' ``output_dir``, a ``log_dir``) never write into the user's bundle folder
-WRITER_IDS = ("ckpt_dir", "output_dir", "log_dir")
+#: ids a run points into the site's workspace when the bundle has them, and the subfolder each gets there: the bundle's
+#: own writers (``CheckpointSaver``'s ``ckpt_dir``, TensorBoard's and evaluators' ``output_dir``, a ``log_dir``) never
+#: write into the user's bundle folder
+WRITER_IDS = {"ckpt_dir": "models", "output_dir": "eval", "log_dir": "logs"}
 
 
 #: the suite's own bundles, named without a path (``train_config["bundle"]``)
@@ -224,9 +226,9 @@ def read_bundle(
         raise BundleError(f"{prefix}bundle {root} lacks MONAI's required train properties: {', '.join(missing)}")
     pairs = {"bundle_root": str(root), **(overrides or {})}
     if writers_dir is not None:
-        for key in WRITER_IDS:
+        for key, folder in WRITER_IDS.items():
             if key in workflow.parser:
-                pairs[key] = str(Path(writers_dir) / key)
+                pairs[key] = str(Path(writers_dir) / folder)
     workflow.parser.update(pairs=pairs)
     workflow.initialize()
     return workflow
@@ -332,3 +334,20 @@ def refuse_user_bundle(train_config: Dict[str, Any], reason: str) -> None:
     """
     if is_bundle_path(train_config.get("bundle")):
         raise BundleError(f"not on a user's bundle: {reason}")
+
+
+def read_site_overrides(path: Optional[os.PathLike], site: str) -> Dict[str, Any]:
+    """This site's ``{config id: value}`` from a ``{site: {config id: value}}`` JSON file (``{}`` without a file).
+
+    Raises:
+        ValueError: the file is not such an object, or has no entry for ``site`` (a federation that names a file
+            gives every site its values: a site left out would train on the bundle's defaults).
+    """
+    if not path:
+        return {}
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ValueError(f"{path} must hold a JSON object {{site: {{config id: value}}}}")
+    if site not in data:
+        raise ValueError(f"{path} has no entry for site {site!r} (it lists {sorted(data)})")
+    return dict(data[site])

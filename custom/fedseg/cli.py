@@ -252,17 +252,11 @@ def _cmd_run(args: argparse.Namespace) -> None:
 def _bundle_sets(args: argparse.Namespace, command: str) -> tuple:
     """``--bundle DIR --site-overrides FILE --set ID=VALUE``: ``(train overrides, sites' script arguments, sites)``,
     checked before anything starts (``fedseg.recipes.job_options.bundle_options``); exits with one line."""
-    from fedseg.bench.runs import parse_value
+    from fedseg.bench.runs import parse_assignments
     from fedseg.recipes.job_options import bundle_options
 
-    sets = {}
-    for item in args.set or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"fedseg {command}: --set expects ID=VALUE, got {item!r}")
-        sets[key.strip()] = parse_value(value)
     try:
-        return bundle_options(args.bundle, getattr(args, "site_overrides", None), sets)
+        return bundle_options(args.bundle, getattr(args, "site_overrides", None), parse_assignments(args.set))
     except (ValueError, KeyError) as e:
         raise SystemExit(f"fedseg {command}: {e}") from None
 
@@ -441,15 +435,15 @@ def _cmd_infer(args: argparse.Namespace) -> None:
     from fedseg.inference import run_inference
 
     if _user_bundle_checkpoint(args):  # a user's bundle: its own inference.json, through MONAI's ConfigWorkflow
-        from fedseg.bench.runs import parse_value
+        from fedseg.bench.runs import parse_assignments
         from fedseg.bundle import BundleError
         from fedseg.inference import run_bundle_inference
 
-        sets = {k.strip(): parse_value(v) for k, _, v in (item.partition("=") for item in args.set or [])}
         try:
+            sets = parse_assignments(args.set)
             written = run_bundle_inference(args.checkpoint, args.output, bundle_dir=args.bundle, input_dir=args.input,
                                            overrides={**(json.loads(args.overrides) if args.overrides else {}), **sets})
-        except BundleError as e:
+        except ValueError as e:  # BundleError is one
             raise SystemExit(f"fedseg infer: {e}") from None
         print(f"wrote {len(written)} files to {args.output}")
         return

@@ -91,6 +91,22 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def parse_assignments(items: Optional[Sequence[str]]) -> Dict[str, Any]:
+    """``["ID=VALUE", ...]`` -> ``{ID: value}`` (:func:`parse_value`), whatever the ids name (a MONAI config id of a
+    bundle, a ``train_config`` key).
+
+    Raises:
+        ValueError: an item without ``=`` or without an id.
+    """
+    out: Dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set expects ID=VALUE, got {item!r}")
+        out[key.strip()] = parse_value(value)
+    return out
+
+
 def parse_sets(items: Optional[Sequence[str]]) -> Dict[str, Any]:
     """``["key=value", ...]`` -> ``{key: value}`` for ``train_config``; values parsed by :func:`parse_value`.
 
@@ -100,12 +116,7 @@ def parse_sets(items: Optional[Sequence[str]]) -> Dict[str, Any]:
     """
     from fedseg.config import BASE_TRAIN_CONFIG
 
-    out: Dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        out[key.strip()] = parse_value(value)
+    out = parse_assignments(items)
     unknown = sorted(set(out) - set(BASE_TRAIN_CONFIG))
     if unknown:
         raise ValueError(f"unknown train_config keys {unknown} in --set; known: {sorted(BASE_TRAIN_CONFIG)}")

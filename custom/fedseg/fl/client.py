@@ -30,7 +30,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from fedseg.bundle import is_bundle_path
+from fedseg.bundle import is_bundle_path, read_site_overrides
 from fedseg.config import validation_due
 from fedseg.data.checks import check_datalist
 from fedseg.engine.base import LocalEngine
@@ -104,11 +104,15 @@ class SiteRunner:
             if self.ranks.world_size > 1:  # the datalist is resolved (built-in data generated) here, then read there
                 self.ranks.send(ENGINE, (self.site, str(datalist), site_cfg, self.args.bundle_dir))
             self.engine.ranks = self.ranks
+        self._finish_setup(job, key)
+
+    def _finish_setup(self, job: Dict[str, Any], key: str) -> None:
+        """The network, objective and site state of a freshly built engine."""
         self.model = self.engine.build_network()
         logger.info("%s: engine on device %s", self.site, self.engine.device)
         self.objective = build_objective(job["objective"], **job["objective_args"])
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.site_state = SiteState(self.state_dir, job_key(job["objective"], job["objective_args"], cfg))
+        self.site_state = SiteState(self.state_dir, job_key(job["objective"], job["objective_args"], job["train_config"]))
         self._trained = False
         self._setup_key = key
 
@@ -117,19 +121,13 @@ class SiteRunner:
         (``--site_overrides FILE``: ``{site: {config id: value}}``) over the job's; the bundle's writers point into this
         site's workspace. The overrides stay here: they name local folders."""
         cfg = job["train_config"]
-        site_cfg = {**cfg, "bundle_overrides": {**(cfg.get("bundle_overrides") or {}), **site_overrides(self.args.site_overrides, self.site)},
+        site_cfg = {**cfg, "bundle_overrides": {**(cfg.get("bundle_overrides") or {}), **read_site_overrides(self.args.site_overrides, self.site)},
                     "bundle_writers_dir": str(self.output_dir / "bundle")}
         logger.info("%s: training on the MONAI bundle %s", self.site, self.args.bundle_dir or cfg["bundle"])
         if self.ranks is not None:
             raise ValueError(f"{self.site}: a user's bundle trains in one process per site (site_ranks 1)")
         self.engine = build_engine(self.site, None, site_cfg, bundle_dir=self.args.bundle_dir)
-        self.model = self.engine.build_network()
-        logger.info("%s: engine on device %s", self.site, self.engine.device)
-        self.objective = build_objective(job["objective"], **job["objective_args"])
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.site_state = SiteState(self.state_dir, job_key(job["objective"], job["objective_args"], cfg))
-        self._trained = False
-        self._setup_key = key
+        self._finish_setup(job, key)
 
     def handle(self, task: str, params: Dict[str, Any], meta: Dict[str, Any]) -> Dict[str, Any]:
         """Run one task; returns ``{"params", "metrics", "meta"}`` — exactly what will be sent.
@@ -271,23 +269,6 @@ class SiteRunner:
         if undeclared:
             raise ValueError(f"{self.site}: objective {self.objective.name!r} tried to send undeclared statistics {undeclared}")
         return statistics
-
-
-def site_overrides(path: Optional[str], site: str) -> Dict[str, Any]:
-    """This site's ``{bundle config id: value}`` from a ``--site_overrides`` file (``{}`` without one).
-
-    Raises:
-        KeyError: the file has no entry for ``site``.
-        ValueError: an entry that is not a JSON object.
-    """
-    if not path:
-        return {}
-    mapping = json.loads(Path(path).read_text())
-    if site not in mapping:
-        raise KeyError(f"{path} has no overrides for site {site!r} (sites: {sorted(mapping)})")
-    if not isinstance(mapping[site], dict):
-        raise ValueError(f"{path}: the overrides of {site!r} must be a JSON object {{config id: value}}")
-    return dict(mapping[site])
 
 
 def parse_args(argv=None) -> argparse.Namespace:

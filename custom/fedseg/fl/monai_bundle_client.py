@@ -37,56 +37,17 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from fedseg.bench.runs import parse_assignments
+from fedseg.bundle import WRITER_IDS, read_site_overrides
+
 logger = logging.getLogger("fedseg.fl.monai_bundle_client")
 
-#: the bundle ids of its writers; pointed into the site's workspace when the bundle has them
-WRITER_IDS = {"ckpt_dir": "models", "output_dir": "eval"}
 #: the evaluation config MonaiAlgo reads by default here: train.json alone, whose validate#evaluator scores the
 #: datalist's validation split (MonaiAlgo's own default, train.json + evaluate.json, scores our bundles' test split,
 #: which must not choose the global model)
 DEFAULT_EVAL_CONFIGS = ("configs/train.json",)
 #: one line per evaluated global model at each site
 EVALUATION_LOG = "evaluation.jsonl"
-
-
-def config_value(text: str) -> Any:
-    """``text`` read as JSON where possible (numbers, true/false, null, lists, objects), else the string itself."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def parse_sets(items: Optional[Sequence[str]]) -> Dict[str, Any]:
-    """``["ID=VALUE", ...]`` -> ``{ID: value}`` (:func:`config_value`).
-
-    Raises:
-        ValueError: an item without ``=`` or without an id.
-    """
-    out: Dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--set expects ID=VALUE, got {item!r}")
-        out[key.strip()] = config_value(value)
-    return out
-
-
-def read_site_overrides(path: Optional[os.PathLike], site: str) -> Dict[str, Any]:
-    """This site's ``{config id: value}`` from a ``{site: {config id: value}}`` JSON file (``{}`` without a file).
-
-    Raises:
-        ValueError: the file is not such an object, or has no entry for ``site`` (a federation that names a file
-            gives every site its values: a site left out would train on the bundle's defaults).
-    """
-    if not path:
-        return {}
-    data = json.loads(Path(path).read_text())
-    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise ValueError(f"{path} must hold a JSON object {{site: {{config id: value}}}}")
-    if site not in data:
-        raise ValueError(f"{path} has no entry for site {site!r} (it lists {sorted(data)})")
-    return dict(data[site])
 
 
 def resolve_bundle_root(bundle: str) -> Path:
@@ -234,7 +195,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     root = resolve_bundle_root(args.bundle_root)
     workdir = Path(args.workdir) if args.workdir else Path.cwd() / "fedseg_outputs" / site / root.name
     configs = ["configs/train.json", *[c for c in args.eval_configs if c != "configs/train.json"]]
-    overrides = site_overrides(root, configs, parse_sets(args.set), read_site_overrides(args.site_overrides, site), workdir)
+    overrides = site_overrides(root, configs, parse_assignments(args.set), read_site_overrides(args.site_overrides, site), workdir)
     logger.info("%s: MONAI bundle %s with %s", site, root, overrides)
     bundle = BundleSite(site, root, overrides, args.local_epochs, args.send_weight_diff, args.eval_configs, workdir)
     try:

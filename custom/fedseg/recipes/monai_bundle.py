@@ -31,6 +31,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from fedseg.bench.runs import parse_assignments
 from fedseg.fl import monai_bundle_client as client
 
 #: the job name the recipe gets unless told otherwise
@@ -77,7 +78,7 @@ def key_metric(bundle: str, eval_configs: Sequence[str] = client.DEFAULT_EVAL_CO
 
 
 def _arg_value(key: str, value: Any) -> str:
-    """One ``--set`` value as the script will read it back (:func:`fedseg.fl.monai_bundle_client.config_value`).
+    """One ``--set`` value as the script will read it back (:func:`fedseg.bench.runs.parse_value`).
 
     Raises:
         ValueError: the value would contain white space, on which NVFlare splits ``train_args``.
@@ -207,7 +208,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     recipe = monai_bundle_recipe(
         args.bundle, name=args.name, num_rounds=args.rounds, min_clients=len(args.sites) if args.sites else args.num_sites,
-        local_epochs=args.local_epochs, sets=client.parse_sets(args.set), site_overrides=args.site_overrides,
+        local_epochs=args.local_epochs, sets=parse_assignments(args.set), site_overrides=args.site_overrides,
         eval_configs=args.eval_configs, send_weight_diff=args.send_weight_diff, cross_site_eval=args.cross_site_eval,
     )
     if args.export:
