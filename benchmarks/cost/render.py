@@ -1,8 +1,9 @@
-"""Renderer of the cost page's label-space table: ``benchmarks/cost/multiclass_cost.py``'s JSON."""
+"""Renderers of the cost page's script tables: the label space (``multiclass_cost.py``), a round against the device's
+limit (``round_limit.py``) and the bundle path against today's path (``bundle_path.py``)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from benchmarks.core.renderers import remake, stale
 
@@ -71,3 +72,103 @@ def render_round_limit(table_id: str, table: Mapping[str, Any], outputs: Sequenc
     note = (f"`{data['command']}`, {len(data['sites'])} sites. {ROUND_LIMIT_NOTE} Each task's median deliver / site / "
             f"return (s): {split}. {remake(table_id)}{stale(data)}")
     return [caption(data, table["title"], note), "", *round_limit_rows(data)]
+
+
+
+
+#: the paths of ``benchmarks/cost/bundle_path.py`` as its tables name them
+BUNDLE_PATH_ARMS = {"bundle": "bundle path (`--bundle`)",
+                    "bundle_cached": "bundle path, its datasets set to `CacheDataset`",
+                    "today": "today's path", "today_nonresident": "today's path, `resident_data=false`"}
+
+
+def _curve(values: Sequence[Any]) -> str:
+    return " ".join("-" if v is None else f"{v:.3f}" for v in values)
+
+
+def _diff(value: Any) -> str:
+    return "-" if value is None else ("0" if value == 0 else f"{value:.1e}")
+
+
+def _case_cell(name: str, case: Mapping[str, Any]) -> str:
+    return f"{name.upper()}: `{case['bundle']}`, {case['family']}, {len(case['sites'])} sites"
+
+
+def bundle_path_rows(record: Mapping[str, Any]) -> List[str]:
+    """``benchmarks/cost/bundle_path.py``'s record as table rows (header included): per case and path the median round,
+    its ratio to today's path, the slowest site's compute, the per-round validation Dice and how far it is from the
+    bundle path's."""
+    lines = ["| case | path | median round (s) | vs today's path | slowest site's compute in the round (s) | round 0 (s) | "
+             "val Dice per round (mean over sites) | largest difference from the bundle path's val Dice |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, case in record["cases"].items():
+        for arm, label in BUNDLE_PATH_ARMS.items():
+            row = case["arms"][arm]
+            compute = row.get("median_max_site_compute_s")
+            lines.append(f"| {_case_cell(name, case)} | {label} | {row['median_round_s']:.2f} | {row['ratio_to_today']:.2f}x | "
+                         f"{'-' if compute is None else f'{compute:.2f}'} | {row['median_round0_s']:.1f} | "
+                         f"{_curve(row['val_dice'])} | {'-' if arm == 'bundle' else _diff(row['diff_from_bundle']['val_dice'])} |")
+    return lines
+
+
+def render_bundle_path(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
+    """``benchmarks/cost/bundle_path.py``'s JSON: FedAvg's round on the bundle path against today's path, per case."""
+    from fedseg.bench.tables import caption
+
+    data = outputs[0]
+    cases = data["cases"].values()
+    loads = [r["loadavg_at_start"][0] for c in cases for runs in c["runs"].values() for r in runs if r.get("loadavg_at_start")]
+    load = f"; 1-minute load at the runs' starts {min(loads):.1f}-{max(loads):.1f} (a shared machine)" if loads else ""
+    repeats = max(v for c in cases for row in c["arms"].values() for v in row["repeats_max_diff"].values())
+    losses = "; ".join(f"{name.upper()}: " + ", ".join(f"{BUNDLE_PATH_ARMS[arm]} {_diff(c['arms'][arm]['diff_from_bundle']['train_loss'])}"
+                                                        for arm in BUNDLE_PATH_ARMS if arm != "bundle")
+                       for name, c in data["cases"].items())
+    settings = "; ".join(f"{name.upper()}: `{c['commands']['bundle']}`" for name, c in data["cases"].items())
+    note = (f"`{data['command']}`: FedAvg, {data['rounds']} rounds, NVFlare's simulator (one process per site, one torch "
+            f"thread each), {data['repeats']} runs per path interleaved, the order reversed every repeat{load}. Median "
+            "round = over rounds 1.. of every run (round 0 holds the site processes' start-up); val Dice = the sites' "
+            "validation Dice after local training, from the first run (a path's runs differ by at most "
+            f"{_diff(repeats)}). Largest difference of the per-round train loss from the bundle path's: {losses}. "
+            f"The bundle path: {settings}; `CacheDataset` adds `--set train#dataset#_target_=CacheDataset "
+            "validate#dataset#_target_=CacheDataset`; today's path: `--site-datalists` with the same `--set` (the "
+            f"commands are in the record). {remake(table_id)}{stale(data)}")
+    return [caption(data, table["title"], note), "", *bundle_path_rows(data)]
+
+
+def bundle_path_site_rows(record: Mapping[str, Any]) -> Tuple[List[str], List[str]]:
+    """``benchmarks/cost/bundle_path.py``'s in-process site profile as table rows (header included), and the volume
+    cases' validation-Dice checks as sentences."""
+    labels = {**BUNDLE_PATH_ARMS, "bundle": "bundle path"}
+    lines = ["| case | path's engine | local epoch (s) | validation (s) | site's round (s) | vs today's path |",
+             "|---|---|---|---|---|---|"]
+    checks = []
+    for name, case in record["cases"].items():
+        profile = case.get("site_profile")
+        if not profile:
+            continue
+        medians = profile["medians"]
+        for arm, label in labels.items():
+            m = medians[arm]
+            lines.append(f"| {_case_cell(name, case)}, {profile['site']} | {label} | {m['train_s']:.3f} | "
+                         f"{m['validation_s']:.3f} | {m['site_round_s']:.3f} | "
+                         f"{m['site_round_s'] / medians['today']['site_round_s']:.2f}x |")
+        first = profile.get("initial_val_dice")
+        if first:
+            checks.append(f"{name.upper()}, the initial model's validation Dice on {profile['site']}: the bundle path "
+                          f"with its postprocessing as written (softmax, then `Invertd`) {first['bundle_postprocessing_as_written']:.6f}, "
+                          f"with `Invertd` first {first['bundle_invertd_before_softmax']:.6f}, today's path "
+                          f"{first['today_nonresident']:.6f}")
+    return lines, checks
+
+
+def render_bundle_path_site(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
+    """``benchmarks/cost/bundle_path.py``'s in-process site profile: one local epoch and one validation per engine."""
+    from fedseg.bench.tables import caption
+
+    data = outputs[0]
+    lines, checks = bundle_path_site_rows(data)
+    repeats = next((c["site_profile"]["repeats"] for c in data["cases"].values() if c.get("site_profile")), None)
+    note = (f"`{data['command']}`, in one process after the simulator runs: each case's first site, one torch thread, "
+            f"the four paths' engines in turn, {repeats} local epochs and validations each, medians over all but the "
+            "first. " + ("; ".join(checks) + ". " if checks else "") + f"{remake(table_id)}{stale(data)}")
+    return [caption(data, table["title"], note), "", *lines]
