@@ -319,11 +319,10 @@ def test_cli_refuses_bad_bundle_input_with_one_line(polyp, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------- one path
-def test_our_bundle_through_the_bundle_path_trains_as_todays_path_without_resident_batches(tmp_path):
+def test_our_bundle_through_the_bundle_path_trains_as_todays_path(tmp_path):
     """``bundles/unet2d_seg`` read as a user's bundle (MONAI's ConfigWorkflow, ``BundleEngine``) builds the same initial
-    network, scores the same validation Dice, and trains to the same per-round ``train_loss`` / ``val_dice`` as today's
-    ``SegEngine`` with the per-sample loader (``resident_data=False``). Today's default holds the batches on the device
-    and augments them there from another random stream, so its numbers differ (docs/guide/bundles.md)."""
+    network, holds its training split on the device with the same batch augmentation, and trains to the same per-round
+    ``train_loss`` / ``val_dice`` as today's ``SegEngine``."""
     from fedseg.bundle import default_bundle_dir
     from fedseg.data.synthetic import generate_site_data
     from fedseg.engine.engine import SegEngine
@@ -332,7 +331,7 @@ def test_our_bundle_through_the_bundle_path_trains_as_todays_path_without_reside
     datalist = generate_site_data("polyp", "site-1", tmp_path, profile="tiny")
     bundle = BundleEngine("site-1", {"bundle": str(default_bundle_dir("unet2d_seg")), "local_epochs": 1, "seed": 0,
                                      "bundle_overrides": {"dataset_dir": str(datalist.parent), "image_size": 32}})
-    today = SegEngine("site-1", datalist, {"local_epochs": 1, "seed": 0, "image_size": 32, "resident_data": False})
+    today = SegEngine("site-1", datalist, {"local_epochs": 1, "seed": 0, "image_size": 32})
     curves = []
     for engine in (bundle, today):
         model = engine.build_network()
@@ -341,6 +340,7 @@ def test_our_bundle_through_the_bundle_path_trains_as_todays_path_without_reside
             loss = engine.train(model, ClientObjective(), RoundContext("site-1", round_, 2, train_config=engine.train_config))
             curve += [loss["train_loss"], engine.validation_metrics(model)["val_dice"]]
         curves.append(curve)
+    assert bundle._resident and today._resident  # both hold the split on the device
     assert curves[0] == pytest.approx(curves[1], abs=1e-6)
 
 

@@ -21,8 +21,11 @@ The epochs are the job's ``local_epochs`` (the bundle's ``max_epochs`` does not 
 run (its writers point into the site's workspace all the same). Per-site values (``dataset_dir``, ...) arrive in
 ``train_config["bundle_overrides"]``, merged by the site from the job's ``--set`` ids and its ``--site-overrides``.
 
-Not on this path, each refused with one line: differential privacy; a window sample (every method falls back to
-whole images); the engine's device-resident batches and batched augmentation (the bundle's own loader runs).
+The engine's device-resident batches and batched augmentation (``fedseg.engine.resident``) apply where the bundle's
+training transforms allow it (its deterministic prefix cached, every random transform with a batch form), else the
+bundle's own pipeline runs through the per-sample loader; the log says which. Not on this path, each refused with one
+line: differential privacy and a site training as several ranks; a window sample (every method falls back to whole
+images).
 Batches are ``{"image": (B, C_in, *spatial), "label": (B, 1, *spatial)}`` class indices, or ``(B, C, *spatial)`` for a
 bundle whose labels are one-hot / multi-label (methods that need class indices refuse those).
 """
@@ -147,14 +150,14 @@ class BundleEngine(LocalEngine):
         self.volumes = self.train_config["spatial_dims"] == 3
         self.train_config["num_classes"] = self.num_classes
         self._labels_checked = False
+        #: the training split held on the device (fedseg.engine.resident); None = not decided yet, False = the loader
+        self._resident: Any = None
         #: the feature maps the objective being trained reads (``ClientObjective.feature_roles``)
         self._roles: Tuple[str, ...] = ()
         self._datasets: Dict[Tuple[str, bool], Any] = {}
         logger.info("%s: bundle %s, %d training / %d validation items, %d classes, %d-D, batch %d, on %s", site, root,
                     self.n_train, len(self.val_dataset), self.num_classes, self.train_config["spatial_dims"],
                     self.train_config["batch_size"], self.device)
-        logger.info("%s: the bundle's own loader feeds training (device-resident batches and batched augmentation "
-                    "apply to the suite's bundles only)", site)
 
     # ----------------------------------------------------------------------------------- components
     def _parsed(self, config_id: str) -> Any:
@@ -258,7 +261,54 @@ class BundleEngine(LocalEngine):
         return self._datasets[("training", False)]
 
     def training_batches(self):
-        return _PlainBatches(super().training_batches())
+        """One epoch's training batches: held on the device and augmented there (``fedseg.engine.resident``) where the
+        bundle's training transforms allow it (every random transform has a batch form, the split fits the site's
+        cache budget), else the bundle's own pipeline through the per-sample loader. Decided once per engine, and said."""
+        if self._resident is None:
+            self._resident = self._resident_training() or False
+        if self._resident is False:
+            return _PlainBatches(super().training_batches())
+        from fedseg.engine.resident import ResidentLoader
+
+        return ResidentLoader(self._resident, self.shuffle_generator)
+
+    def _resident_training(self):
+        """The training split cached through its deterministic transforms (the bundle's own ``CacheDataset``, else one
+        made here over ``train#dataset``'s items and transform: the same items, the same numbers) and held on the
+        device with the batch form of its random transforms; None, with the reason logged, where that does not apply."""
+        from monai.data import CacheDataset
+        from monai.transforms import Compose, RandomizableTrait, Transform
+
+        from fedseg.engine.resident import resident_training_data
+
+        if not self.train_config.get("resident_data", True):
+            return None
+        dataset = self.train_dataset
+        if not isinstance(dataset, CacheDataset):
+            transform = getattr(dataset, "transform", None)
+            if type(dataset) is not Dataset or not isinstance(transform, Compose):
+                logger.info("%s: the bundle's training dataset (%s) is used as it is: per-sample loader", self.site,
+                            type(dataset).__name__)
+                return None
+            # the deterministic prefix of one item, times the items: what caching the split would hold in memory
+            first = transform.get_index_of_first(lambda t: isinstance(t, RandomizableTrait) or not isinstance(t, Transform))
+            head = Compose(transform.transforms[:first]) if first is not None else transform
+            probe = head(dict(dataset.data[0]))
+            nbytes = sum(torch.as_tensor(v).element_size() * torch.as_tensor(v).numel() for v in probe.values()
+                         if isinstance(v, torch.Tensor))
+            from fedseg.config import BASE_TRAIN_CONFIG
+
+            max_mb = self.train_config.get("cache_max_mb", BASE_TRAIN_CONFIG["cache_max_mb"])  # None: unbounded
+            if max_mb is not None and nbytes * len(dataset.data) > float(max_mb) * 2**20:
+                logger.info("%s: the training split (about %.0f MB decoded) exceeds cache_max_mb: per-sample loader",
+                            self.site, nbytes * len(dataset.data) / 2**20)
+                return None
+            dataset = CacheDataset(list(dataset.data), transform=transform, cache_rate=1.0, num_workers=0, progress=False)
+        resident = resident_training_data(dataset, self.device, self.train_config, self.num_classes)
+        if resident is not None:
+            logger.info("%s: %d training items held on %s, the bundle's random transforms applied there in batches",
+                        self.site, resident.n, resident.store_device)
+        return resident
 
     def batch_labels(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         labels = batch["label"].to(self.device)
@@ -301,6 +351,9 @@ class BundleEngine(LocalEngine):
         """Yield ``(batch, logits, features)`` for every evaluation batch of ``split``, the model in eval mode."""
         was_training = model.training
         model.eval()
+        # a loader draws its base seed from the engine's generator when iterated: evaluation must not move the
+        # training's order and augmentation (how often a site validates does not change what it trains)
+        state = self.shuffle_generator.get_state()
         try:
             for batch in self.loader(split):
                 images = batch["image"].to(self.device)
@@ -309,6 +362,7 @@ class BundleEngine(LocalEngine):
                 yield batch, logits, features
         finally:
             model.train(was_training)
+            self.shuffle_generator.set_state(state)
 
     @torch.no_grad()
     def iterate_logits(self, model: nn.Module, split: str, with_features: bool = False, network_grid: bool = False
