@@ -14,14 +14,14 @@ Cases (built-in data, FedAvg, default profile, NVFlare's simulator, one process 
 Paths ("arms") of each case, the same job settings otherwise (``fedseg run fedavg``'s; the commands are in the JSON):
 
 * ``bundle``: ``--bundle bundles/<name> --site-overrides SITES.json`` (each site's ``dataset_dir``, the folder holding
-  its ``datalist.json``): every site reads the bundle through MONAI's ``ConfigWorkflow`` and trains from its
-  ``train#dataloader`` (``fedseg.engine.bundle_engine``);
+  its ``datalist.json``): every site reads the bundle through MONAI's ``ConfigWorkflow`` (``fedseg.engine.bundle_engine``)
+  and holds its training split on the device with the batch form of its random transforms, as today's engine does;
 * ``bundle_cached``: the same with ``--set train#dataset#_target_=CacheDataset validate#dataset#_target_=CacheDataset``:
   the bundles' datasets are MONAI's plain ``Dataset`` (every image decoded and resampled again each epoch), which a
   user can switch to MONAI's ``CacheDataset`` (the deterministic transforms run once) without editing the bundle;
 * ``today``: ``--site-datalists MAP.json``: the suite's own engine (device-resident batches augmented batch-wise);
-* ``today_nonresident``: the same with ``--set resident_data=false`` (the per-sample loader), which the bundle path
-  matches step for step.
+* ``today_nonresident``: the same with ``--set resident_data=false`` (the per-sample loader): what the device-resident
+  batches save.
 
 The paths run interleaved (repeat 0 in the order above, repeat 1 reversed, ...) so that the machine's load falls on all
 of them. Per path: every round's wall (the server's send -> aggregated), the slowest site's ``compute_time`` (its own
@@ -31,8 +31,8 @@ training + validation + packing), the mean over sites of ``val_dice`` / ``train_
 Then, in this process, where a site's round goes (``--profile-repeats``; 0 = off): site-1 of each case, one torch
 thread, one local epoch and one validation at a time on each path's engine in turn, medians over the repeats after the
 first; for volumes also the first model's validation Dice on the bundle path with its postprocessing as written
-(softmax, then ``Invertd``) and with ``Invertd`` first, as today's engine inverts the scores
-(``fedseg.engine.volume.invert_to_scan``).
+and with ``Invertd`` before the softmax, as today's engine inverts the scores (``fedseg.engine.volume.invert_to_scan``;
+``volume_seg`` now does the same, so the two agree).
 
 Writes ``OUT/bundle_path.json`` (machine, commands, every number) and prints its two tables
 (``benchmarks/cost/render.py``).
@@ -61,7 +61,10 @@ CASES: Dict[str, Dict[str, Any]] = {
            # the default profile's size; the bundle's own default is 96 px
            "sets": {"image_size": 64}},
     "3d": {"bundle": "volume_seg", "family": "prostate3d", "data_profile": "tiny", "sites": ["site-1", "site-2"],
-           "sets": {"patch_size": [32, 32, 16]}, "bundle_fields": ("num_classes", "target_spacing")},
+           "sets": {"patch_size": [32, 32, 16]}, "bundle_fields": ("num_classes", "target_spacing"),
+           # today's engine draws the patches class by class for a label space of several classes
+           # (fedseg.data.labels.resolve_patch_sampler); the bundle read alone keeps its default positive/negative crop
+           "bundle_sets": {"patch_sampler": "classes"}},
 }
 
 ARMS = ("bundle", "bundle_cached", "today", "today_nonresident")
@@ -93,7 +96,7 @@ def prepare_case(name: str, case: Dict[str, Any], out: Path, rounds: int) -> Dic
     today = {**data_fields({s: str(p) for s, p in datalists.items()}, None, dict(case["sets"]), None), **case["sets"]}
     # the bundle path: each site's dataset_dir (the folder of its datalist.json), and what the datalists declare that
     # the bundle's defaults do not hold
-    bundle_sets = {**case["sets"], **{k: today[k] for k in case.get("bundle_fields", ())}}
+    bundle_sets = {**case["sets"], **{k: today[k] for k in case.get("bundle_fields", ())}, **case.get("bundle_sets", {})}
     overrides_file = root / "site_overrides.json"
     overrides_file.write_text(json.dumps({s: {"dataset_dir": str(p.parent)} for s, p in datalists.items()}, indent=1))
     bundle_dir = str(default_bundle_dir(case["bundle"]))

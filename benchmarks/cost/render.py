@@ -155,7 +155,7 @@ def bundle_path_site_rows(record: Mapping[str, Any]) -> Tuple[List[str], List[st
         first = profile.get("initial_val_dice")
         if first:
             checks.append(f"{name.upper()}, the initial model's validation Dice on {profile['site']}: the bundle path "
-                          f"with its postprocessing as written (softmax, then `Invertd`) {first['bundle_postprocessing_as_written']:.6f}, "
+                          f"with its postprocessing as written {first['bundle_postprocessing_as_written']:.6f}, "
                           f"with `Invertd` first {first['bundle_invertd_before_softmax']:.6f}, today's path "
                           f"{first['today_nonresident']:.6f}")
     return lines, checks
