@@ -356,3 +356,21 @@ def test_pathfl_writes_its_site_figure_for_a_3d_bundle(engine_3d, tmp_path):
         objective.end_round(ctx, model, engine_3d)
     objective.save_site_figures(str(tmp_path / "figures"), ctx)
     assert (tmp_path / "figures" / "pathfl_cse_examples.png").is_file()
+
+
+def test_a_failed_bundle_run_leaves_no_report_that_passes_for_finished(polyp, tmp_path, monkeypatch):
+    """An earlier run's report in the workspace is gone before a new run starts: if the new run fails, ``fedseg
+    summarise`` finds nothing rather than the old run."""
+    import subprocess
+
+    from fedseg.cli import find_reports, main
+
+    workspace = tmp_path / "ws"
+    old = workspace / "server" / "simulate_job" / "report.json"
+    old.parent.mkdir(parents=True)
+    old.write_text("{}")
+    monkeypatch.setattr(subprocess, "call", lambda *a, **k: 1)  # the simulator fails
+    with pytest.raises(SystemExit, match="the simulator failed"):
+        main(["run", "fedavg", "--bundle", str(ZOO_2D), "--site-overrides", str(polyp / "site_overrides.json"),
+              "-w", str(workspace)])
+    assert find_reports(workspace) == []

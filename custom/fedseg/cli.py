@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -263,8 +262,9 @@ def _bundle_sets(args: argparse.Namespace, command: str) -> tuple:
 
 def _run_bundle(args: argparse.Namespace) -> None:
     """``fedseg run METHOD --bundle DIR``: the method on a user's MONAI bundle in NVFlare's simulator; the sites are
-    ``--site-overrides``' keys (else ``-n``). A run that fails leaves no workspace a retry would take for a finished
-    one (the simulator's own workspace is written afresh; a report is only written by a finished job)."""
+    ``--site-overrides``' keys (else ``-n``). A run that fails leaves no report a retry or ``fedseg summarise`` would
+    take for a finished one: an earlier run's ``report.json`` in the workspace is removed first, and only a finished
+    job writes one."""
     from fedseg.fl.component_policy import prepare_simulator_workspace
 
     overrides, script_args, sites = _bundle_sets(args, "run")
@@ -279,7 +279,8 @@ def _run_bundle(args: argparse.Namespace) -> None:
                              min_clients=n_sites, **overrides)
         except ValueError as e:
             raise SystemExit(f"fedseg run: {e}") from None
-        shutil.rmtree(workspace, ignore_errors=True)  # nothing of an earlier run is taken for this one's
+        for stale in find_reports(workspace) if workspace.is_dir() else []:
+            stale.unlink()  # an earlier run's report would pass for this run's if this one fails
         prepare_simulator_workspace(workspace)
         cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-t", str(n_sites)]
         cmd += ["-c", ",".join(sites)] if sites else ["-n", str(n_sites)]
