@@ -374,3 +374,18 @@ def test_a_failed_bundle_run_leaves_no_report_that_passes_for_finished(polyp, tm
         main(["run", "fedavg", "--bundle", str(ZOO_2D), "--site-overrides", str(polyp / "site_overrides.json"),
               "-w", str(workspace)])
     assert find_reports(workspace) == []
+
+
+def test_a_pathfl_checkpoint_with_feature_alignment_runs_the_bundles_own_inference(polyp, tmp_path):
+    """PathFL's AFA adds an alignment layer to the user's network; ``fedseg infer`` builds the bundle's inference network
+    with the same layer, so the checkpoint loads strictly and the alignment acts as in evaluation."""
+    from fedseg.bundle import build_bundle_network
+    from fedseg.inference import run_bundle_inference
+
+    cfg = {"bundle": str(ZOO_2D.resolve()), "bundle_overrides": {"num_workers": 0}, "seed": 0, "feature_alignment": True}
+    network = build_bundle_network(cfg)
+    network.bottleneck_alignment.set_target(0.5, 2.0, at_inference=True)
+    checkpoint = tmp_path / "FL_global_model.pt"
+    torch.save({"model": network.state_dict(), "train_config": cfg}, checkpoint)
+    written = run_bundle_inference(checkpoint, tmp_path / "masks", input_dir=polyp / "site-1")
+    assert len([p for p in written if p.suffix == ".png"]) == len(list((polyp / "site-1" / "images").glob("*.png")))

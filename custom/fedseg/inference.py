@@ -501,6 +501,13 @@ def run_bundle_inference(
     unknown = sorted(k for k in explicit if k not in workflow.parser)
     if unknown:
         raise BundleError(f"bundle {root}'s inference config has no config id {', '.join(map(repr, unknown))}")
+    if "network_def" in workflow.parser and any(k.startswith("bottleneck_alignment.") for k in _model_state(state)):
+        # PathFL's AFA on the user's network: the bundle's network with the same alignment layer (and its hook), so
+        # that the checkpoint loads as it is and the alignment acts as it did in evaluation (fedseg.networks.feature_taps)
+        from fedseg.bundle import network_from_workflow
+
+        workflow.parser.update(pairs={k: v for k, v in (job.get("bundle_overrides") or {}).items() if k in workflow.parser})
+        workflow.parser["network_def"] = network_from_workflow(workflow, {**job, "feature_alignment": True})
     pairs = {k: v for k, v in (job.get("bundle_overrides") or {}).items() if k in workflow.parser}
     pairs.update(bundle_root=str(root.resolve()), ckpt_path=str(Path(checkpoint).resolve()), **explicit)
     if "output_dir" in workflow.parser:
@@ -514,3 +521,10 @@ def run_bundle_inference(
     workflow.run()
     workflow.finalize()
     return sorted(p for p in set(Path(output_dir).rglob("*")) - before if p.is_file())
+
+
+def _model_state(state: Any) -> Mapping[str, Any]:
+    """The weights of a checkpoint: its ``"model"`` entry (NVFlare's persistor, MONAI's saver), else the whole dict."""
+    if isinstance(state, Mapping) and isinstance(state.get("model"), Mapping):
+        return state["model"]
+    return state if isinstance(state, Mapping) else {}
