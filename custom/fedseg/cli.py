@@ -437,7 +437,6 @@ def _cmd_infer(args: argparse.Namespace) -> None:
 
     if _user_bundle_checkpoint(args):  # a user's bundle: its own inference.json, through MONAI's ConfigWorkflow
         from fedseg.bench.runs import parse_assignments
-        from fedseg.bundle import BundleError
         from fedseg.inference import run_bundle_inference
 
         try:

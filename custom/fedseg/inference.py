@@ -18,7 +18,6 @@ trace from inside the engine.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tempfile
@@ -27,7 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
-from .bundle import BUNDLE_KEYS, default_bundle_dir
+from .bundle import BUNDLE_KEYS
 from .data.datalist import DatalistError, read_datalist_json
 
 logger = logging.getLogger(__name__)

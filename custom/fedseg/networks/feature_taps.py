@@ -17,7 +17,7 @@ global copies) and never enter the ``state_dict``, so the checkpoint stays loada
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn

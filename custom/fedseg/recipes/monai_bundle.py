@@ -29,7 +29,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
 from fedseg.bench.runs import parse_assignments
 from fedseg.fl import monai_bundle_client as client
