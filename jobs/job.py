@@ -82,6 +82,8 @@ def build_parser(method: str = None) -> argparse.ArgumentParser:
                               default=argparse.SUPPRESS, help="none (default: the method as published), sgd-momentum, adam")
             for name, help_ in (("server_lr", "server learning rate (default 1.0)"),
                                 ("server_momentum", "sgd-momentum's momentum (default 0.6)")):
+                if name in own:  # FedAvgM's own server_lr is its recipe's option above
+                    continue
                 step.add_argument("--" + name.replace("_", "-"), dest=f"opt_{name}", type=float,
                                   default=argparse.SUPPRESS, metavar="VALUE", help=help_)
     return parser

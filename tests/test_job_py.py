@@ -148,3 +148,11 @@ def test_mistakes_are_one_line_naming_the_fix(tmp_path, capsys):
         assert job.main(argv) == 1, argv
         err = capsys.readouterr().err.strip()
         assert err.startswith("job.py: ") and fix in err and "\n" not in err, (argv, err)
+
+
+@pytest.mark.parametrize("method", ["fedavgm", "fedadam", "fedavg", "graphfedseg"])
+def test_every_method_s_command_line_builds(method):
+    """Each method's own options and the server-step options share one command line (FedAvgM's own ``server_lr`` is
+    its recipe's option, not the generic server step's)."""
+    parser = load_job_py().build_parser(method)
+    assert parser.parse_args([method]).method == method
