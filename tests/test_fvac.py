@@ -309,3 +309,44 @@ def test_weight_map_figure_writes_png(tmp_path, in_channels):
     alpha = pixel_weight_map(torch.rand(2, 1, 12, 12), torch.rand(2, 1, 12, 12))
     path = save_weight_map_figure(images, labels, alpha, tmp_path / "figs" / "fvac_alpha.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_record_terms_reports_each_term_s_share_of_the_loss_and_gradient():
+    """``record_terms``: the train metrics carry FVDA's share of the loss and its gradient norm against the main
+    term's, checked against the two terms computed here with plain cross-entropy (``use_fmug=False``) and autograd."""
+    import torch.nn.functional as F
+
+    from fedseg.networks import FeatureUNet
+    from fedseg.objectives.base import BatchOutput, RoundContext
+    from fedseg.objectives.fvac import FVACObjective
+    from fedseg.objectives.fvac_losses import fvda_loss
+
+    torch.manual_seed(0)
+    model = FeatureUNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8, 16), init_seed=0)
+    inputs = torch.rand(2, 1, 16, 16)
+    labels = (torch.rand(2, 1, 16, 16) > 0.7).float()
+    objective = FVACObjective(beta=2.0, use_fmug=False, record_terms=1)
+    objective.begin_round(RoundContext("s", 0, 1), model)
+    with torch.no_grad():  # a step away from the global weights, so that FVDA is not zero
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    logits, feats = model.forward_features(inputs)
+    objective.loss(BatchOutput(inputs, labels, logits, feats))
+    main = F.cross_entropy(logits, labels[:, 0].long())
+    with torch.no_grad():
+        _, feats_g = objective.global_model.forward_features(inputs)
+    align = 2.0 * fvda_loss(feats["decoder_last"], feats_g["decoder_last"], labels)
+    params = [p for p in model.parameters() if p.requires_grad]
+    norm = lambda t: torch.sqrt(sum((g ** 2).sum() for g in torch.autograd.grad(t, params, retain_graph=True, allow_unused=True) if g is not None))
+    (m, a), = objective._terms
+    assert m == pytest.approx(float(main), rel=1e-6) and a == pytest.approx(float(align), rel=1e-6) and a > 0
+    assert objective._grad_ratios[0] == pytest.approx(float(norm(align) / norm(main)), rel=1e-5)
+
+    class _Engine:  # local training's metrics with the recorded terms added
+        def train(self, model, objective, ctx, epochs=None):
+            return {"train_loss": 0.0, "steps": 1.0}
+
+    metrics = objective.local_training(_Engine(), model, RoundContext("s", 0, 1))
+    assert metrics["fvda_loss_share"] == pytest.approx(a / (m + a)) and metrics["fvda_grad_ratio"] == objective._grad_ratios[0]
+    with pytest.raises(ValueError, match="record_terms"):
+        FVACObjective(record_terms=-1)

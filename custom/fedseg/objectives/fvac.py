@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from typing import Any, Deque, Dict, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,12 @@ class FVACObjective(ClientObjective):
         fvda_foreground: how FVDA splits a multi-class mask: ``"union"`` (foreground = every non-background
             class, the default; docs/methods.md FVAC) or ``"per_class"`` (one aligned mean feature per class).
             Identical for binary masks.
+        record_terms: how big each term is (0, the default: not recorded). Every batch, the two terms' values; every
+            ``record_terms``-th batch also the gradient norm of each over the trainable parameters (two extra
+            backward passes). The round's train metrics then carry ``fvda_loss_share`` (mean of
+            ``beta L_FVDA / (L_main + beta L_FVDA)``), ``fvda_grad_ratio`` (mean of
+            ``||grad beta L_FVDA|| / ||grad L_main||``), ``main_loss`` and ``fvda_loss`` (means of ``L_main`` and
+            ``beta L_FVDA``): scalars of this site's training, like ``train_loss``.
 
     The frozen copy is taken in :meth:`begin_round` in eval mode with ``requires_grad=False``: eval mode
     so it never updates normalisation running statistics and its dropout (if any) is off, making ``U_g``
@@ -69,6 +75,7 @@ class FVACObjective(ClientObjective):
         mix: float = 0.5,
         keep_weight_maps: int = 4,
         fvda_foreground: str = "union",
+        record_terms: int = 0,
         **kwargs: Any,
     ):
         super().__init__(seg_loss=seg_loss, **kwargs)
@@ -81,6 +88,12 @@ class FVACObjective(ClientObjective):
         if fvda_foreground not in FVDA_FOREGROUND:
             raise ValueError(f"fvda_foreground must be one of {FVDA_FOREGROUND}, got {fvda_foreground!r}")
         self.fvda_foreground = fvda_foreground
+        if not (isinstance(record_terms, int) and not isinstance(record_terms, bool) and record_terms >= 0):
+            raise ValueError(f"record_terms must be an integer >= 0 (0 = off), got {record_terms!r}")
+        self.record_terms = int(record_terms)
+        self._params: List[nn.Parameter] = []
+        self._terms: List[Tuple[float, float]] = []
+        self._grad_ratios: List[float] = []
         self.beta = float(beta)
         self.use_fmug = bool(use_fmug)
         self.use_fvda = bool(use_fvda)
@@ -105,6 +118,33 @@ class FVACObjective(ClientObjective):
             p.requires_grad_(False)
             p.grad = None
         self._global = frozen
+        if self.record_terms and ctx.train_config.get("dp_target_epsilon") is not None:
+            # the extra backward passes would run through DP-SGD's per-sample gradient hooks
+            raise ValueError("FVAC's record_terms cannot be combined with differential privacy (dp_target_epsilon)")
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._terms, self._grad_ratios = [], []
+
+    def local_training(self, engine: Any, model: nn.Module, ctx: RoundContext) -> Dict[str, float]:
+        """The round's training; with ``record_terms``, its term sizes among the train metrics (class notes)."""
+        metrics = super().local_training(engine, model, ctx)
+        if self._terms:
+            main, fvda = (torch.tensor(v, dtype=torch.float64) for v in zip(*self._terms))
+            metrics.update(main_loss=float(main.mean()), fvda_loss=float(fvda.mean()),
+                           fvda_loss_share=float((fvda / (main + fvda).clamp_min(1e-12)).mean()))
+        if self._grad_ratios:
+            metrics["fvda_grad_ratio"] = float(torch.tensor(self._grad_ratios, dtype=torch.float64).mean())
+        return metrics
+
+    def _record(self, main: torch.Tensor, fvda: torch.Tensor) -> None:
+        """The two terms of one batch (and, every ``record_terms``-th batch, their gradient norms)."""
+        self._terms.append((float(main.detach()), float(fvda.detach())))
+        if (len(self._terms) - 1) % self.record_terms or not self._params or not torch.is_grad_enabled():
+            return
+        norms = []
+        for term in (main, fvda):
+            grads = torch.autograd.grad(term, self._params, retain_graph=True, allow_unused=True)
+            norms.append(torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None)))
+        self._grad_ratios.append(float(norms[1] / norms[0].clamp_min(1e-12)))
 
     def save_site_figures(self, out_dir: str, ctx: RoundContext) -> None:
         """The paper's Fig. 4 for this site: image / truth / pixel weight map alpha (site-local)."""
@@ -121,6 +161,7 @@ class FVACObjective(ClientObjective):
     def end_round(self, ctx: RoundContext, model: nn.Module, engine: Any) -> Dict[str, Any]:
         """Drop the frozen copy (frees one model's memory between rounds); nothing is sent."""
         self._global = None
+        self._params = []
         return {}
 
     # -------------------------------------------------------------------------------------------- loss
@@ -147,7 +188,10 @@ class FVACObjective(ClientObjective):
 
         if self.use_fvda and self.beta > 0:
             feat_local, feat_global = self._layer(out.features, "local"), self._layer(feats_g, "global")
-            total = total + self.beta * fvda_loss(feat_local, feat_global, labels, self.fvda_foreground, logits.shape[1])
+            alignment = self.beta * fvda_loss(feat_local, feat_global, labels, self.fvda_foreground, logits.shape[1])
+            if self.record_terms:
+                self._record(total, alignment)
+            total = total + alignment
         return total
 
     def _weight_map(self, logits: torch.Tensor, logits_g: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

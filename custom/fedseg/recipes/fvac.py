@@ -33,6 +33,10 @@ DEFAULT_LOCAL_EPOCHS = 5
 
 
 class FVACRecipe(FedSegRecipe):
+    """FVAC: its loss at the sites (``FVACObjective``: ``beta``, ``use_fmug``, ``use_fvda``, ``feature_layer``,
+    ``fvda_foreground``, ``record_terms``: the two terms' sizes among the train metrics, every ``record_terms``-th batch
+    with their gradient norms) and uniform averaging at the server (Alg. 1)."""
+
     def __init__(
         self,
         *,
@@ -44,6 +48,7 @@ class FVACRecipe(FedSegRecipe):
         use_fvda: bool = True,
         feature_layer: str = "decoder_last",
         fvda_foreground: str = "union",
+        record_terms: int = 0,
         **options: Any,
     ):
         job_options, train_overrides = split_options(options)
@@ -58,7 +63,9 @@ class FVACRecipe(FedSegRecipe):
             strategy_args={"weighting": "uniform"},
             objective="fvac",
             objective_args={"beta": beta, "use_fmug": use_fmug, "use_fvda": use_fvda, "feature_layer": feature_layer,
-                            "fvda_foreground": fvda_foreground},
+                            "fvda_foreground": fvda_foreground,
+                            # the term sizes among the train metrics (off: the exported job is unchanged)
+                            **({"record_terms": record_terms} if record_terms else {})},
             num_rounds=resolved["num_rounds"],
             train_config=resolved["train_config"],
             **job_options,
