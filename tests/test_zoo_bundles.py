@@ -303,28 +303,25 @@ def test_zoo_3d_resamples_to_ras_at_pixdim_and_crops_patches(prostate):
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def trained_2d(polyp, tmp_path_factory):
-    """zoo_2d trained one epoch (with its validation) on site-1; ``(workflow, missing, run folder, bundle tree
-    before, bundle tree after)``."""
-    run = tmp_path_factory.mktemp("zoo_2d_run")
+def train_one_epoch(bundle: Path, dataset_dir: Path, run: Path, small: dict):
+    """``bundle`` trained one epoch (with its validation) on ``dataset_dir``, its writers in ``run``; ``(workflow,
+    missing, run folder, bundle tree before, bundle tree after)``."""
     before = tree(BUNDLES)
-    wf, missing = workflow(ZOO_2D, "train.json", "train", dataset_dir=str(polyp["site-1"].parent), max_epochs=1,
-                           ckpt_dir=str(run / "models"), output_dir=str(run / "eval"), **SMALL_2D)
+    wf, missing = workflow(bundle, "train.json", "train", dataset_dir=str(dataset_dir), max_epochs=1,
+                           ckpt_dir=str(run / "models"), output_dir=str(run / "eval"), **small)
     wf.run()
     wf.finalize()
     return wf, missing, run, before, tree(BUNDLES)
+
+
+@pytest.fixture(scope="module")
+def trained_2d(polyp, tmp_path_factory):
+    return train_one_epoch(ZOO_2D, polyp["site-1"].parent, tmp_path_factory.mktemp("zoo_2d_run"), SMALL_2D)
 
 
 @pytest.fixture(scope="module")
 def trained_3d(prostate, tmp_path_factory):
-    run = tmp_path_factory.mktemp("zoo_3d_run")
-    before = tree(BUNDLES)
-    wf, missing = workflow(ZOO_3D, "train.json", "train", dataset_dir=str(prostate["site-1"].parent), max_epochs=1,
-                           ckpt_dir=str(run / "models"), output_dir=str(run / "eval"), **SMALL_3D)
-    wf.run()
-    wf.finalize()
-    return wf, missing, run, before, tree(BUNDLES)
+    return train_one_epoch(ZOO_3D, prostate["site-1"].parent, tmp_path_factory.mktemp("zoo_3d_run"), SMALL_3D)
 
 
 @pytest.mark.parametrize("trained", ["trained_2d", "trained_3d"])

@@ -196,15 +196,17 @@ def read_bundle(
     writers_dir: Optional[os.PathLike] = None,
     where: str = "",
     config: str = "train",
+    initialize: bool = True,
 ):
-    """A user's MONAI bundle as MONAI's ``ConfigWorkflow`` (train type), initialised, with ``overrides`` ``{config id:
-    value}`` applied (ids with ``#``, e.g. ``train#dataloader#batch_size``) and its writers pointed into
-    ``writers_dir`` (:data:`WRITER_IDS`). The bundle folder goes on ``sys.path`` (a bundle's ``scripts`` package), as
-    ``monai.bundle run`` does. Nothing is instantiated here.
+    """A user's MONAI bundle as MONAI's ``ConfigWorkflow`` (``configs/train.json``: train type; any other ``config``,
+    e.g. ``"inference"``: infer type), with ``overrides`` ``{config id: value}`` applied (ids with ``#``, e.g.
+    ``train#dataloader#batch_size``) and its writers pointed into ``writers_dir`` (:data:`WRITER_IDS`); initialised
+    unless ``initialize`` is False (a caller that sets more ids first). The bundle folder goes on ``sys.path`` (a
+    bundle's ``scripts`` package), as ``monai.bundle run`` does. Nothing is instantiated here.
 
     Raises:
-        BundleError: no such bundle, an override naming an id the bundle does not have, or a required MONAI train
-            property missing (named with MONAI's property name and id).
+        BundleError: no such bundle, an override naming an id the bundle does not have, or one of MONAI's required
+            properties of the workflow type missing (named with MONAI's property name and id).
     """
     import sys
 
@@ -215,22 +217,24 @@ def read_bundle(
     meta = next((p for p in (root / "configs" / f"metadata{s}" for s in (".json", ".yaml")) if p.is_file()), None)
     if str(root) not in sys.path:
         sys.path.insert(1, str(root))
+    workflow_type = "train" if config == "train" else "infer"
     workflow = ConfigWorkflow(config_file=str(config_file), meta_file=None if meta is None else str(meta), logging_file=False,
-                              workflow_type="train")
+                              workflow_type=workflow_type)
     prefix = f"{where}: " if where else ""
     unknown = sorted(k for k in (overrides or {}) if k not in workflow.parser)
     if unknown:
         raise BundleError(f"{prefix}bundle {root} has no config id {', '.join(map(repr, unknown))} (an override names it)")
-    missing = missing_properties(workflow, "train")
+    missing = missing_properties(workflow, workflow_type)
     if missing:
-        raise BundleError(f"{prefix}bundle {root} lacks MONAI's required train properties: {', '.join(missing)}")
+        raise BundleError(f"{prefix}bundle {root} lacks MONAI's required {workflow_type} properties: {', '.join(missing)}")
     pairs = {"bundle_root": str(root), **(overrides or {})}
     if writers_dir is not None:
         for key, folder in WRITER_IDS.items():
             if key in workflow.parser:
                 pairs[key] = str(Path(writers_dir) / folder)
     workflow.parser.update(pairs=pairs)
-    workflow.initialize()
+    if initialize:
+        workflow.initialize()
     return workflow
 
 
@@ -257,16 +261,17 @@ def network_from_workflow(workflow, train_config: Dict[str, Any]):
     return network
 
 
-def split_bundle_sets(bundle_dir: os.PathLike, sets: Dict[str, Any]) -> tuple:
-    """``--set`` items of a run on a user's bundle -> ``(bundle_overrides, train_overrides)``: a key the bundle has
-    (a config id, ``#`` paths included) overrides the bundle at every site; otherwise a ``train_config`` key.
+def split_bundle_sets(workflow, sets: Dict[str, Any]) -> tuple:
+    """``--set`` items of a run on a user's bundle (``workflow``: :func:`read_bundle`'s) -> ``(bundle_overrides,
+    train_overrides)``: a key the bundle has (a config id, ``#`` paths included) overrides the bundle at every site;
+    otherwise a ``train_config`` key.
 
     Raises:
         BundleError: a key that is neither.
     """
     from fedseg.config import BASE_TRAIN_CONFIG
 
-    parser = read_bundle_config(bundle_dir)
+    parser = workflow.parser
     bundle, train = {}, {}
     for key, value in sets.items():
         if key in parser:
@@ -274,15 +279,8 @@ def split_bundle_sets(bundle_dir: os.PathLike, sets: Dict[str, Any]) -> tuple:
         elif key in BASE_TRAIN_CONFIG:
             train[key] = value
         else:
-            raise BundleError(f"--set {key}: neither a config id of the bundle {Path(bundle_dir).resolve()} nor a train_config key")
+            raise BundleError(f"--set {key}: neither a config id of the bundle {parser['bundle_root']} nor a train_config key")
     return bundle, train
-
-
-def read_bundle_config(bundle_dir: os.PathLike):
-    """The bundle's train config as MONAI's ``ConfigParser`` (read, not resolved)."""
-    parser = ConfigParser()
-    parser.read_config(str(bundle_config_file(bundle_dir)))
-    return parser
 
 
 def check_site_overrides(bundle_dir: os.PathLike, site_overrides: Dict[str, Dict[str, Any]],
@@ -321,8 +319,9 @@ def bundle_network_fields(train_config: Dict[str, Any], network=None) -> Dict[st
 
     head = dict(network.named_modules())[head_layer_name(network)]
     fields = {"spatial_dims": 3 if isinstance(first, (nn.Conv3d, nn.ConvTranspose3d)) else 2, "in_channels": int(first.in_channels)}
-    if getattr(head, "out_channels", None):
-        fields["num_classes"] = int(head.out_channels)
+    channels = getattr(head, "out_channels", None) or getattr(head, "out_features", None)
+    if channels:
+        fields["num_classes"] = int(channels)
     return fields
 
 

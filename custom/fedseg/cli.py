@@ -197,8 +197,6 @@ def _train_sets(items: Optional[List[str]]) -> dict:
 
 
 def _cmd_run(args: argparse.Namespace) -> None:
-    from fedseg.fl.component_policy import prepare_simulator_workspace
-
     if args.bundle:
         return _run_bundle(args)
     sets = _train_sets(args.set)  # before anything is exported or started
@@ -231,21 +229,29 @@ def _cmd_run(args: argparse.Namespace) -> None:
             args.method, tmp, args.profile, num_rounds=args.rounds, script_args=script_args,
             min_clients=min(len(sites) if sites else args.n_clients, args.n_clients), **overrides,
         )
-        prepare_simulator_workspace(workspace)  # jobs carry no code: the simulated sites allow fedseg's components
-        cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-t", str(len(sites) if sites else args.n_clients)]
-        cmd += ["-c", ",".join(sites)] if sites else ["-n", str(args.n_clients)]
-        print(" ".join(cmd), flush=True)
-        # several site processes share this machine: one torch thread each unless told otherwise
-        env = {**os.environ}
-        env.setdefault("FEDSEG_NUM_THREADS", "1")
-        env.setdefault("OMP_NUM_THREADS", env["FEDSEG_NUM_THREADS"])
-        rc = subprocess.call(cmd, env=env)
+        rc = _simulate(job, workspace, sites, args.n_clients)
     if rc != 0:
         sys.exit(rc)
     reports = find_reports(workspace)
     if not reports:
         sys.exit(f"simulator finished but wrote no report.json under {workspace}")
     _print_summary(reports[-1])
+
+
+def _simulate(job: os.PathLike, workspace: Path, sites: Optional[List[str]], n_clients: int) -> int:
+    """``nvflare simulator`` on ``job`` in ``workspace`` (its allow list written first: jobs carry no code) with the
+    named ``sites``, else ``n_clients`` sites; its exit status."""
+    from fedseg.fl.component_policy import prepare_simulator_workspace
+
+    prepare_simulator_workspace(workspace)
+    cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-t", str(len(sites) if sites else n_clients)]
+    cmd += ["-c", ",".join(sites)] if sites else ["-n", str(n_clients)]
+    print(" ".join(cmd), flush=True)
+    # several site processes share this machine: one torch thread each unless told otherwise
+    env = {**os.environ}
+    env.setdefault("FEDSEG_NUM_THREADS", "1")
+    env.setdefault("OMP_NUM_THREADS", env["FEDSEG_NUM_THREADS"])
+    return subprocess.call(cmd, env=env)
 
 
 def _bundle_sets(args: argparse.Namespace, command: str) -> tuple:
@@ -265,8 +271,6 @@ def _run_bundle(args: argparse.Namespace) -> None:
     ``--site-overrides``' keys (else ``-n``). A run that fails leaves no report a retry or ``fedseg summarise`` would
     take for a finished one: an earlier run's ``report.json`` in the workspace is removed first, and only a finished
     job writes one."""
-    from fedseg.fl.component_policy import prepare_simulator_workspace
-
     overrides, script_args, sites = _bundle_sets(args, "run")
     for key, value in (("local_epochs", args.local_epochs), ("seed", args.seed)):
         if value is not None:
@@ -281,14 +285,7 @@ def _run_bundle(args: argparse.Namespace) -> None:
             raise SystemExit(f"fedseg run: {e}") from None
         for stale in find_reports(workspace) if workspace.is_dir() else []:
             stale.unlink()  # an earlier run's report would pass for this run's if this one fails
-        prepare_simulator_workspace(workspace)
-        cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-t", str(n_sites)]
-        cmd += ["-c", ",".join(sites)] if sites else ["-n", str(n_sites)]
-        print(" ".join(cmd), flush=True)
-        env = {**os.environ}
-        env.setdefault("FEDSEG_NUM_THREADS", "1")
-        env.setdefault("OMP_NUM_THREADS", env["FEDSEG_NUM_THREADS"])
-        rc = subprocess.call(cmd, env=env)
+        rc = _simulate(job, workspace, sites, n_sites)
     reports = find_reports(workspace)
     if rc != 0 or not reports:
         sys.exit(f"fedseg run: the simulator {'failed (exit ' + str(rc) + ')' if rc else 'wrote no report.json'}; the sites' "
@@ -466,16 +463,11 @@ def _cmd_infer(args: argparse.Namespace) -> None:
 def _user_bundle_checkpoint(args: argparse.Namespace) -> bool:
     """``fedseg infer`` on a user's bundle: the checkpoint's job trained one (its ``train_config["bundle"]`` is a
     folder); for weights without a job, ``--bundle`` names a folder outside the suite's ``bundles/``."""
-    import torch
-
     from fedseg.bundle import default_bundle_dir, is_bundle_path
+    from fedseg.inference import checkpoint_job
 
-    try:
-        state = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError):
-        state = None
-    job = state.get("train_config") if isinstance(state, dict) else None
-    if isinstance(job, dict) and job.get("bundle") is not None:
+    job = checkpoint_job(args.checkpoint)
+    if job.get("bundle") is not None:
         return is_bundle_path(job["bundle"])
     return bool(args.bundle) and Path(args.bundle).resolve().parent != default_bundle_dir().parent
 

@@ -153,6 +153,17 @@ def load_state_dict(checkpoint: str | os.PathLike) -> Dict[str, torch.Tensor]:
     return dict(ckpt)
 
 
+def checkpoint_job(checkpoint: str | os.PathLike) -> Dict[str, Any]:
+    """The whole ``train_config`` a fedseg checkpoint carries (``FedSegController`` stores it next to ``"model"``),
+    else ``{}``: a missing file, plain weights."""
+    path = Path(checkpoint)
+    if not path.is_file():
+        return {}
+    ckpt = torch.load(str(path), map_location="cpu", weights_only=True)
+    cfg = ckpt.get("train_config") if isinstance(ckpt, Mapping) else None
+    return dict(cfg) if isinstance(cfg, Mapping) else {}
+
+
 def checkpoint_train_config(checkpoint: str | os.PathLike) -> Dict[str, Any]:
     """The bundle variables of the ``train_config`` a fedseg checkpoint carries, else ``{}``.
 
@@ -161,14 +172,7 @@ def checkpoint_train_config(checkpoint: str | os.PathLike) -> Dict[str, Any]:
     rest, e.g. ``local_epochs``, are not bundle variables), so new bundle variables are picked up as
     soon as they are listed there.
     """
-    path = Path(checkpoint)
-    if not path.is_file():
-        return {}
-    ckpt = torch.load(str(path), map_location="cpu", weights_only=True)
-    cfg = ckpt.get("train_config") if isinstance(ckpt, Mapping) else None
-    if not isinstance(cfg, Mapping):
-        return {}
-    return {k: v for k, v in cfg.items() if k in BUNDLE_KEYS and v is not None}
+    return {k: v for k, v in checkpoint_job(checkpoint).items() if k in BUNDLE_KEYS and v is not None}
 
 
 def _merged_overrides(checkpoint: Path, overrides: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -477,38 +481,25 @@ def run_bundle_inference(
         fedseg.bundle.BundleError: no inference config, a missing MONAI infer property, no ``ckpt_path`` id, an
             override naming an id the config does not have.
     """
-    import torch
-    from monai.bundle import ConfigWorkflow
+    from fedseg.bundle import BundleError, read_bundle
 
-    from fedseg.bundle import BundleError, bundle_config_file, missing_properties
-
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    job = (state.get("train_config") or {}) if isinstance(state, dict) else {}
+    job = checkpoint_job(checkpoint)
     root = Path(bundle_dir or job.get("bundle") or "")
     if not str(root) or not root.is_dir():
         raise BundleError(f"name the bundle folder with --bundle (the checkpoint {checkpoint} records none that exists here)")
-    config = bundle_config_file(root, "inference")
-    meta = root / "configs" / "metadata.json"
-    workflow = ConfigWorkflow(config_file=str(config), meta_file=str(meta) if meta.is_file() else None, logging_file=False,
-                              workflow_type="infer")
-    missing = missing_properties(workflow, "infer")
-    if missing:
-        raise BundleError(f"bundle {root} lacks MONAI's required infer properties: {', '.join(missing)}")
+    workflow = read_bundle(root, overrides, config="inference", initialize=False)
     if "ckpt_path" not in workflow.parser:
         raise BundleError(f"bundle {root}'s inference config has no ckpt_path id to load the federated checkpoint from")
-    explicit = dict(overrides or {})
-    unknown = sorted(k for k in explicit if k not in workflow.parser)
-    if unknown:
-        raise BundleError(f"bundle {root}'s inference config has no config id {', '.join(map(repr, unknown))}")
-    if "network_def" in workflow.parser and any(k.startswith("bottleneck_alignment.") for k in _model_state(state)):
+    # the network ids the run set with --set, where the inference config has them
+    network_ids = {k: v for k, v in (job.get("bundle_overrides") or {}).items() if k in workflow.parser}
+    if "network_def" in workflow.parser and any(k.startswith("bottleneck_alignment.") for k in load_state_dict(checkpoint)):
         # PathFL's AFA on the user's network: the bundle's network with the same alignment layer (and its hook), so
         # that the checkpoint loads as it is and the alignment acts as it did in evaluation (fedseg.networks.feature_taps)
         from fedseg.bundle import network_from_workflow
 
-        workflow.parser.update(pairs={k: v for k, v in (job.get("bundle_overrides") or {}).items() if k in workflow.parser})
+        workflow.parser.update(pairs=network_ids)
         workflow.parser["network_def"] = network_from_workflow(workflow, {**job, "feature_alignment": True})
-    pairs = {k: v for k, v in (job.get("bundle_overrides") or {}).items() if k in workflow.parser}
-    pairs.update(bundle_root=str(root.resolve()), ckpt_path=str(Path(checkpoint).resolve()), **explicit)
+    pairs = {**network_ids, "ckpt_path": str(Path(checkpoint).resolve()), **(overrides or {})}
     if "output_dir" in workflow.parser:
         pairs["output_dir"] = str(Path(output_dir).resolve())
     if input_dir is not None:
@@ -520,10 +511,3 @@ def run_bundle_inference(
     workflow.run()
     workflow.finalize()
     return sorted(p for p in set(Path(output_dir).rglob("*")) - before if p.is_file())
-
-
-def _model_state(state: Any) -> Mapping[str, Any]:
-    """The weights of a checkpoint: its ``"model"`` entry (NVFlare's persistor, MONAI's saver), else the whole dict."""
-    if isinstance(state, Mapping) and isinstance(state.get("model"), Mapping):
-        return state["model"]
-    return state if isinstance(state, Mapping) else {}

@@ -66,6 +66,26 @@ def backward_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: 
     scaler.update()
 
 
+def channel_moments(images: Iterable[torch.Tensor]) -> "tuple[torch.Tensor, torch.Tensor]":
+    """Per-channel mean and standard deviation ``(C,)`` over every pixel of ``images``, each ``(C, *spatial)``
+    (summed in float64, one image at a time).
+
+    Raises:
+        ValueError: no image.
+    """
+    total = total_sq = None
+    count = 0
+    for image in images:
+        x = torch.as_tensor(image, dtype=torch.float64).flatten(1)
+        total = x.sum(1) if total is None else total + x.sum(1)
+        total_sq = (x * x).sum(1) if total_sq is None else total_sq + (x * x).sum(1)
+        count += x.shape[1]
+    if not count:
+        raise ValueError("no image to take channel statistics of")
+    mean = total / count
+    return mean.float(), (total_sq / count - mean * mean).clamp_min(0).sqrt().float()
+
+
 class LocalEngine(ABC):
     """Base of the site engines.
 

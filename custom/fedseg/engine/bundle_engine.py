@@ -44,26 +44,22 @@ from torch import nn
 
 from fedseg.bundle import BundleError, network_from_workflow, read_bundle
 from fedseg.data.labels import LabelSpace
-from fedseg.engine.base import LocalEngine
+from fedseg.engine.base import LocalEngine, channel_moments
+from fedseg.engine.volume import plain
 from fedseg.metrics import SegmentationMetrics
 from fedseg.networks.feature_taps import FeatureLayerError, feature_module_name, has_native_features, network_features
 from fedseg.objectives.base import ClientObjective, RoundContext
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BundleEngine", "plain_tensor", "class_index_map"]
+__all__ = ["BundleEngine", "class_index_map"]
 
 DEFAULT_EVAL_METRICS = ("dice", "hd95", "assd")
 
 
-def plain_tensor(x: Any) -> torch.Tensor:
-    """A ``MetaTensor`` as a plain tensor (its metadata is not needed in the training loop), else ``x``."""
-    return x.as_tensor() if isinstance(x, MetaTensor) else x
-
-
 def class_index_map(t: torch.Tensor) -> torch.Tensor:
     """``(C, *spatial)`` one-hot / scores or ``(1, *spatial)`` class indices -> ``(1, *spatial)`` class indices."""
-    t = plain_tensor(torch.as_tensor(t))
+    t = plain(t)
     if t.shape[0] == 1:
         return t.round().long()
     return t.argmax(dim=0, keepdim=True)
@@ -80,7 +76,8 @@ class _PlainBatches:
 
     def __iter__(self):
         for batch in self.loader:
-            yield {k: plain_tensor(v) for k, v in batch.items()}
+            # MetaTensors as plain tensors: their metadata is not needed in the training loop
+            yield {k: plain(v) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 class BundleEngine(LocalEngine):
@@ -183,11 +180,10 @@ class BundleEngine(LocalEngine):
         """``network_def#out_channels`` where the bundle states it, else the head's (``feature_taps.find_head_layer``)."""
         if "network_def#out_channels" in self.parser:
             return int(self._parsed("network_def#out_channels"))
-        from fedseg.networks.feature_taps import head_layer_name
+        from fedseg.bundle import bundle_network_fields
 
         network = network_from_workflow(self.workflow, self.train_config)
-        head = dict(network.named_modules())[head_layer_name(network)]
-        channels = getattr(head, "out_channels", None) or getattr(head, "out_features", None)
+        channels = bundle_network_fields(self.train_config, network).get("num_classes")
         if channels is None:
             raise BundleError(f"{self.site}: cannot tell the number of output channels of {type(network).__name__}: set "
                               "network_def#out_channels or head_layer")
@@ -207,7 +203,7 @@ class BundleEngine(LocalEngine):
 
     def _check_labels(self, labels: torch.Tensor, split: str) -> None:
         """``(B, 1 or C, *spatial)`` labels fit the network's ``num_classes`` output channels."""
-        labels = plain_tensor(labels)
+        labels = plain(labels)
         if labels.shape[1] == 1:
             top = float(labels.max()) if labels.numel() else 0.0
             if top >= self.num_classes:
@@ -370,24 +366,14 @@ class BundleEngine(LocalEngine):
         """``(inputs (1, C_in, *s), labels (1, 1, *s) class indices, logits (1, C, *s), features)`` per image of
         ``split`` on the grid the bundle's evaluation preprocessing gives (``network_grid`` is that grid already)."""
         for batch, logits, features in self._scored(model, split, with_features):
-            labels = torch.stack([class_index_map(x) for x in plain_tensor(batch["label"])]).float().to(self.device)
-            yield plain_tensor(batch["image"]).to(self.device), labels, plain_tensor(logits), features
+            labels = torch.stack([class_index_map(x) for x in plain(batch["label"])]).float().to(self.device)
+            yield plain(batch["image"]).to(self.device), labels, plain(logits), features
 
     def intensity_statistics(self, split: str = "training") -> Tuple[torch.Tensor, torch.Tensor]:
         """Per-channel ``(mean (C_in,), std (C_in,))`` of the network's input over every pixel of the split's whole
         images through the evaluation preprocessing."""
-        total = total_sq = None
-        count = 0
-        for item in self._dataset(split, False):
-            item = item[0] if isinstance(item, list) else item
-            x = plain_tensor(torch.as_tensor(item["image"])).double().flatten(1)
-            total = x.sum(1) if total is None else total + x.sum(1)
-            total_sq = (x * x).sum(1) if total_sq is None else total_sq + (x * x).sum(1)
-            count += x.shape[1]
-        if not count:
-            raise ValueError(f"{self.site}: split {split!r} is empty")
-        mean = total / count
-        return mean.float(), (total_sq / count - mean * mean).clamp_min(0).sqrt().float()
+        items = (item[0] if isinstance(item, list) else item for item in self._dataset(split, False))
+        return channel_moments(plain(item["image"]) for item in items)
 
     def _postprocessed(self, model: nn.Module, split: str):
         """Yield ``(name, pred (1, *s), label (1, *s), spacing)`` per image: the bundle's postprocessing applied to

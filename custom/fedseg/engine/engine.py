@@ -51,7 +51,7 @@ from fedseg.config import check_training_options
 from fedseg.data.datalist import load_datalist
 from fedseg.data.labels import resolve_patch_sampler, site_label_space
 from fedseg.data.transforms import resize_scores
-from fedseg.engine.base import SPLITS, LocalEngine, default_device
+from fedseg.engine.base import SPLITS, LocalEngine, channel_moments, default_device
 from fedseg.engine.cache import CacheBudget, SiteDataset
 from fedseg.engine.spatial import WholeImagePredictor, check_patch_size, pixel_spacing, resolve_spatial_settings, tensor_spacing
 from fedseg.engine.volume import invert_to_scan, plain, scan_spacing
@@ -363,16 +363,8 @@ class SegEngine(LocalEngine):
         entries = self.data[split]
         if not entries:
             raise ValueError(f"{self.site}: split {split!r} is empty")
-        total = total_sq = None
-        count = 0
-        for item in Dataset(self._items(entries, ("image", "label")), transform=self._eval_transform):
-            x = torch.as_tensor(item["image"], dtype=torch.float64).flatten(1)
-            total = x.sum(1) if total is None else total + x.sum(1)
-            total_sq = (x * x).sum(1) if total_sq is None else total_sq + (x * x).sum(1)
-            count += x.shape[1]
-        mean = total / count
-        std = (total_sq / count - mean * mean).clamp_min(0).sqrt()
-        return mean.float(), std.float()
+        dataset = Dataset(self._items(entries, ("image", "label")), transform=self._eval_transform)
+        return channel_moments(plain(item["image"]) for item in dataset)
 
     # ----------------------------------------------------------------------------------- evaluation
     @torch.no_grad()

@@ -95,8 +95,8 @@ def bundle_options(bundle: str, site_overrides: Optional[str], sets: Dict[str, A
     from fedseg.bundle import check_site_overrides, read_bundle, split_bundle_sets
 
     root = Path(bundle).resolve()
-    bundle_sets, train = split_bundle_sets(root, sets)
-    read_bundle(root, bundle_sets)  # the required properties, before any site starts
+    # the required properties, before any site starts
+    bundle_sets, train = split_bundle_sets(read_bundle(root, initialize=False), sets)
     sites = None
     script_args = ""
     if site_overrides:
