@@ -348,5 +348,12 @@ def test_record_terms_reports_each_term_s_share_of_the_loss_and_gradient():
 
     metrics = objective.local_training(_Engine(), model, RoundContext("s", 0, 1))
     assert metrics["fvda_loss_share"] == pytest.approx(a / (m + a)) and metrics["fvda_grad_ratio"] == objective._grad_ratios[0]
+    # every second batch: the gradients are read on the round's second batch, not on its first
+    every_second = FVACObjective(beta=2.0, use_fmug=False, record_terms=2)
+    every_second.begin_round(RoundContext("s", 0, 1), model)
+    for expected in (0, 1, 1, 2):
+        logits, feats = model.forward_features(inputs)
+        every_second.loss(BatchOutput(inputs, labels, logits, feats))
+        assert len(every_second._grad_ratios) == expected
     with pytest.raises(ValueError, match="record_terms"):
         FVACObjective(record_terms=-1)

@@ -9,7 +9,8 @@ stored output. A table entry (``TABLES[id]``) names its renderer and options:
   ``"paper"``, a column of published numbers; ``"glance_labels"``, ``{approach: name}``, the glance rows of a
   published method whose arms are ablation rows (FedEFM's downstream UNETR from a foundation checkpoint);
 * ``cost``, ``ranking`` (which approach to use, by the rule), ``overview`` (several benches, one row each),
-  ``pairs`` (two approaches of one bench; ``[A, B, published]`` and ``"paper_note"``: a paper column),
+  ``pairs`` (two approaches of one bench; ``[A, B, published]`` and ``"paper_note"``: a paper column; ``"parts"``:
+  what each pair tests; ``"rule": true``: the per-seed difference and the rule's verdict),
   ``budget`` (one column per bench of more rounds), ``versus`` (the approaches of ``"labels"`` against each of
   ``"against"``, per seed and per image; ``"round_time": false`` drops its round-time column, for a bench whose
   runs were timed on different days and loads);
@@ -256,7 +257,12 @@ def render_pairs(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict
     one's Dice (mean over sites, mean ± std over seeds), the paired difference A − B per test image (same seed; pooled
     over seeds and sites; Wilcoxon) for every metric in ``metrics``, and A's median round wall over B's, both from the
     same bench. An entry ``[A, B, published]`` adds a last column, the paper's number for the same comparison (typed
-    into the registry with its source, named in ``paper_note``)."""
+    into the registry with its source, named in ``paper_note``). ``"parts"`` (one text per pair) adds a first column,
+    what the pair tests (an ablation: the one part in which A and B differ); ``"rule": true`` adds the first metric's
+    per-seed difference (seeds ahead) and the verdict by the page's rule (:func:`fedseg.bench.ranking.rule_verdict`:
+    "A beats B", "B beats A" or "level")."""
+    from fedseg.bench.ranking import rule_verdict
+    from fedseg.bench.report import format_seed_difference
     from fedseg.bench.stats import compare, summarise_seeds
     from fedseg.bench.tables import approach_title, caption, column_header
 
@@ -276,24 +282,43 @@ def render_pairs(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict
     def p_text(v: Optional[float]) -> str:
         return "-" if v is None else (f"{v:.3f}" if v >= 1e-3 else f"{v:.1e}")
 
+    def verdict(a: str, b: str) -> List[str]:
+        entry = {x: {"final_by_seed": {r["seed"]: r["final"]["global"] for r in runs[x]},
+                     "per_image_by_seed": per_image(runs[x])} for x in (a, b)}
+        ab = rule_verdict(entry[a], entry[b], sites, metrics[0])
+        word = "A beats B" if ab["beats"] else (
+            "B beats A" if rule_verdict(entry[b], entry[a], sites, metrics[0])["beats"] else "level")
+        return [format_seed_difference(ab["per_seed"]), word]
+
+    parts, rule = table.get("parts"), bool(table.get("rule"))
+    if parts is not None and len(parts) != len(table["pairs"]):
+        raise ReproduceError(f"table {table_id!r}: {len(parts)} parts for {len(table['pairs'])} pairs")
     names = [column_header(results, m) for m in metrics]  # "Dice FOV", as the accuracy tables name it
     published = any(len(pair) > 2 for pair in table["pairs"])
-    head = ["method (A vs B)"] + [f"{h}: A | {h}: B | Δ {h} A − B (Wilcoxon p, pairs)" for h in names] + [
+    head = (["part tested"] if parts else []) + ["method (A vs B)"] + [
+        f"{h}: A | {h}: B | Δ {h} A − B (Wilcoxon p, pairs)" for h in names] + (
+        [f"Δ {names[0]} per seed (seeds ahead)", "by the rule"] if rule else []) + [
         "round wall A / B"] + (["paper"] if published else [])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * (1 + 3 * len(metrics) + 1 + published)]
-    for a, b, *paper in table["pairs"]:
-        cells = [f"{approach_title(results['approaches'][a])} vs {approach_title(results['approaches'][b])}"]
+    header = "| " + " | ".join(head) + " |"
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for i, (a, b, *paper) in enumerate(table["pairs"]):
+        cells = ([parts[i]] if parts else []) + [
+            f"{approach_title(results['approaches'][a])} vs {approach_title(results['approaches'][b])}"]
         for metric in metrics:
             t = compare(per_image(runs[a]), per_image(runs[b]), sites, metrics=(metric,))[metric]["all"]
             diff = "-" if t["mean_diff"] is None else f"{t['mean_diff']:+.4f}"
             cells += [seeds_cell(a, metric), seeds_cell(b, metric), f"{diff} ({p_text(t['wilcoxon_p'])}, {t['n']})"]
+        cells += verdict(a, b) if rule else []
         cells.append(f"{median_round_wall(runs[a]) / median_round_wall(runs[b]):.2f}x")
         cells += [paper[0] if paper else ""] if published else []
         lines.append("| " + " | ".join(cells) + " |")
     seeds = sorted({r["seed"] for records in runs.values() for r in records})
     note = (f"A and B: two approaches of the same bench (seeds {', '.join(map(str, seeds))}); cells: mean "
             f"over sites, mean ± std over seeds; Δ: mean per-image difference, same seed, pooled over seeds and sites, "
-            f"two-sided Wilcoxon signed-rank." + (f" Paper column: {table['paper_note']}" if table.get("paper_note") else "")
+            f"two-sided Wilcoxon signed-rank." + (
+                " Δ per seed: each seed's mean over sites of A minus B's, mean ± std over seeds; by the rule: A beats B "
+                "when A is ahead in every seed, the mean difference is beyond its std and the per-image p < 0.05 "
+                "(docs/benchmarks.md)." if rule else "") + (f" Paper column: {table['paper_note']}" if table.get("paper_note") else "")
             + f" {remake(table_id)}{stale(results)}")
     return [caption(results, table["title"], note), "", *lines]
 

@@ -23,7 +23,7 @@ from fedseg.uncertainty.morphology import as_class_index, pixel_uncertainty, pix
 from fedseg.networks.feature_taps import network_features
 
 from .base import BatchOutput, ClientObjective, RoundContext
-from .fvac_losses import FVDA_FOREGROUND, fmug_loss, fvda_loss
+from .fvac_losses import FVDA_FOREGROUND, FVDA_MEAN, fmug_loss, fvda_loss
 
 
 class FVACObjective(ClientObjective):
@@ -46,9 +46,13 @@ class FVACObjective(ClientObjective):
         fvda_foreground: how FVDA splits a multi-class mask: ``"union"`` (foreground = every non-background
             class, the default; docs/methods.md FVAC) or ``"per_class"`` (one aligned mean feature per class).
             Identical for binary masks.
-        record_terms: how big each term is (0, the default: not recorded). Every batch, the two terms' values; every
-            ``record_terms``-th batch also the gradient norm of each over the trainable parameters (two extra
-            backward passes). The round's train metrics then carry ``fvda_loss_share`` (mean of
+        fvda_mean: what each class's feature vector is divided by: ``"image"`` (every pixel of the map, Eq. 10 as
+            printed, the default: a class's mean scaled by its pixel share, so thin vessels weigh little) or
+            ``"class"`` (the class's own pixels: its plain mean feature).
+        record_terms: how big each term is (0, the default: not recorded). Every batch, the two terms' values; on the
+            round's ``record_terms``-th, ``2 record_terms``-th, ... batch also the gradient norm of each over the
+            trainable parameters (two extra backward passes; the round's first batch, where FVDA is zero because the
+            local model is the global one, only when ``record_terms`` is 1). The round's train metrics then carry ``fvda_loss_share`` (mean of
             ``beta L_FVDA / (L_main + beta L_FVDA)``), ``fvda_grad_ratio`` (mean of
             ``||grad beta L_FVDA|| / ||grad L_main||``), ``main_loss`` and ``fvda_loss`` (means of ``L_main`` and
             ``beta L_FVDA``): scalars of this site's training, like ``train_loss``.
@@ -75,6 +79,7 @@ class FVACObjective(ClientObjective):
         mix: float = 0.5,
         keep_weight_maps: int = 4,
         fvda_foreground: str = "union",
+        fvda_mean: str = "image",
         record_terms: int = 0,
         **kwargs: Any,
     ):
@@ -88,6 +93,9 @@ class FVACObjective(ClientObjective):
         if fvda_foreground not in FVDA_FOREGROUND:
             raise ValueError(f"fvda_foreground must be one of {FVDA_FOREGROUND}, got {fvda_foreground!r}")
         self.fvda_foreground = fvda_foreground
+        if fvda_mean not in FVDA_MEAN:
+            raise ValueError(f"fvda_mean must be one of {FVDA_MEAN}, got {fvda_mean!r}")
+        self.fvda_mean = fvda_mean
         if not (isinstance(record_terms, int) and not isinstance(record_terms, bool) and record_terms >= 0):
             raise ValueError(f"record_terms must be an integer >= 0 (0 = off), got {record_terms!r}")
         self.record_terms = int(record_terms)
@@ -138,7 +146,9 @@ class FVACObjective(ClientObjective):
     def _record(self, main: torch.Tensor, fvda: torch.Tensor) -> None:
         """The two terms of one batch (and, every ``record_terms``-th batch, their gradient norms)."""
         self._terms.append((float(main.detach()), float(fvda.detach())))
-        if (len(self._terms) - 1) % self.record_terms or not self._params or not torch.is_grad_enabled():
+        # the record_terms-th, 2 record_terms-th, ... batch of the round: with record_terms > 1 never the first, where
+        # the local model still equals the global one, so FVDA and its gradient are zero by construction
+        if len(self._terms) % self.record_terms or not self._params or not torch.is_grad_enabled():
             return
         norms = []
         for term in (main, fvda):
@@ -188,7 +198,8 @@ class FVACObjective(ClientObjective):
 
         if self.use_fvda and self.beta > 0:
             feat_local, feat_global = self._layer(out.features, "local"), self._layer(feats_g, "global")
-            alignment = self.beta * fvda_loss(feat_local, feat_global, labels, self.fvda_foreground, logits.shape[1])
+            alignment = self.beta * fvda_loss(feat_local, feat_global, labels, self.fvda_foreground, logits.shape[1],
+                                               self.fvda_mean)
             if self.record_terms:
                 self._record(total, alignment)
             total = total + alignment

@@ -34,7 +34,7 @@ DEFAULT_LOCAL_EPOCHS = 5
 
 class FVACRecipe(FedSegRecipe):
     """FVAC: its loss at the sites (``FVACObjective``: ``beta``, ``use_fmug``, ``use_fvda``, ``feature_layer``,
-    ``fvda_foreground``, ``record_terms``: the two terms' sizes among the train metrics, every ``record_terms``-th batch
+    ``fvda_foreground``, ``fvda_mean``, ``record_terms``: the two terms' sizes among the train metrics, every ``record_terms``-th batch
     with their gradient norms) and uniform averaging at the server (Alg. 1)."""
 
     def __init__(
@@ -48,6 +48,7 @@ class FVACRecipe(FedSegRecipe):
         use_fvda: bool = True,
         feature_layer: str = "decoder_last",
         fvda_foreground: str = "union",
+        fvda_mean: str = "image",
         record_terms: int = 0,
         **options: Any,
     ):
@@ -64,6 +65,8 @@ class FVACRecipe(FedSegRecipe):
             objective="fvac",
             objective_args={"beta": beta, "use_fmug": use_fmug, "use_fvda": use_fvda, "feature_layer": feature_layer,
                             "fvda_foreground": fvda_foreground,
+                            # the printed Eq. 10 unless asked (off: the exported job is unchanged)
+                            **({"fvda_mean": fvda_mean} if fvda_mean != "image" else {}),
                             # the term sizes among the train metrics (off: the exported job is unchanged)
                             **({"record_terms": record_terms} if record_terms else {})},
             num_rounds=resolved["num_rounds"],
