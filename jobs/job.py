@@ -21,6 +21,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from fedseg.processes import StopOnSignal
+
 REPO = Path(__file__).resolve().parents[1]
 #: where ``--export`` without a folder writes (NVFlare's default export folder)
 DEFAULT_EXPORT_DIR = "fl_job"
@@ -192,6 +194,7 @@ def run_job(args, options) -> str:
     return str(result)
 
 
+@StopOnSignal("job.py")  # SIGTERM / Ctrl-C end the simulator's (or POC's) processes too
 def main(argv=None) -> int:
     args, options = parse(sys.argv[1:] if argv is None else argv)
     from fedseg.recipes.environments import ExecEnvError

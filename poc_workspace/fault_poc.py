@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from fedseg.processes import StopOnSignal
+
 HERE = Path(__file__).resolve().parent
 SITE_FAULTS = ("hang", "kill")
 SERVER_FAULTS = ("kill",)
@@ -277,6 +279,8 @@ def _fetch_report(poc, job_id: str) -> Dict[str, Any]:
     return json.loads(reports[0].read_text())
 
 
+# SIGTERM / Ctrl-C: every POC process is ended, then the run unwinds (`finally` stops and cleans the POC)
+@StopOnSignal("fault_poc", unwind_s=120.0)
 def main(argv: Optional[List[str]] = None) -> int:
     return run(parse_args(argv))
 

@@ -42,6 +42,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
+from fedseg.processes import StopOnSignal
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DEFAULT_PROJECT = HERE / "project.yml"
@@ -584,10 +586,6 @@ class PocRun:
             self.clean()
 
 
-def _raise_on_sigterm(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def run(
     job: os.PathLike,
     out: os.PathLike,
@@ -642,6 +640,8 @@ def run(
     return report
 
 
+# SIGTERM / Ctrl-C: every POC process is ended, then the POC run unwinds (`finally` stops and cleans the POC)
+@StopOnSignal("run_poc", unwind_s=120.0)
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--job", default=str(DEFAULT_JOB), help="exported NVFlare job folder (default: jobs/fedavg)")
@@ -662,7 +662,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--expect-rounds", type=int, default=None, help="fail unless report.json has this many rounds")
     args = parser.parse_args(argv)
 
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)  # so `finally` stops the POC on kill/timeout too
     try:
         run(
             args.job, args.out, workspace=args.workspace, project=args.project, timeout=args.timeout,
@@ -672,9 +671,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     except PocError as e:
         print(f"run_poc: FAILED: {e}", file=sys.stderr, flush=True)
         return 1
-    except KeyboardInterrupt as e:
-        print(f"run_poc: interrupted ({e or 'Ctrl-C'}); POC stopped and cleaned", file=sys.stderr, flush=True)
-        return 130
     except Exception as e:  # Flare API errors etc.
         print(f"run_poc: FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 1

@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import sim_fork
 from fedseg.data.checks import check_federation, federation_label_config
 from fedseg.fl.faults import FAULT_ENV
+from fedseg.methods import PROTOCOL_METHODS
 
 #: the environment every simulator run gets: one torch/OpenMP thread per site process (several site processes
 #: share the machine's cores; more threads only oversubscribe them, benchmarks/cost/framework_overhead.py)
@@ -274,7 +275,7 @@ def prepare(name: str, spec: "RunSpec | JobSpec", root: Path) -> Callable[[], An
     building ASTs at once (MONAI's bundle parser in ``export_job``, ``inspect.signature``, pytest's assertion
     rewriting) fail with "SystemError: AST constructor recursion depth mismatch"; the workers only wait on
     subprocesses."""
-    from fedseg.cli import export_job
+    from fedseg.recipes.export import export_job
 
     if isinstance(spec, JobSpec):
         import importlib
@@ -430,8 +431,8 @@ ROBUSTNESS_FAULTS = "site-2:scale=100@0,site-3:zero@0,site-2:sign_flip@1,site-3:
 #: ``fedseg run`` / ``fedseg export --family`` add to a job)
 FUNDUS_FIELDS = federation_label_config(family="fundus")
 VOLUME_FIELDS = check_federation(family="prostate3d", explicit={"data_profile": "tiny"})
-BASELINES = ("fedprox", "scaffold", "fedadam", "fedavgm", "fedbn", "ditto", "fedrep", "moon", "feddyn", "fedce")
-MULTICLASS_METHODS = ("fedavg", "fedevi", "graphfedseg", "fvac", "pathfl", "fedefm_downstream")
+#: FedAvg and the published segmentation methods (fedseg.methods), each run on the three-class data in process
+MULTICLASS_METHODS = ("fedavg", *PROTOCOL_METHODS)
 #: (method, spatial mode) -> extra options; PathFL runs in slice mode (its style statistics are 2-D)
 VOLUME_RUNS = {
     ("fedevi", "patch"): {},

@@ -16,6 +16,7 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_opt.pt.fedce import FedCEModelAggregator
 from torch import nn
 
+from fedseg.fl.nvflare_internals import fedce_contribution_weights
 from fedseg.networks import FeatureUNet
 from fedseg.networks.partition import head_state_keys, normalisation_state_keys
 from fedseg.objectives.base import BatchOutput, RoundContext
@@ -398,7 +399,7 @@ def test_fedce_wrapper_equals_nvflares_aggregator_on_the_same_inputs():
     for round_ in range(3):
         glob = strategy.global_params()
         updates, fl_models = {}, []
-        prior = dict(reference._contribution_weights)
+        prior = fedce_contribution_weights(reference)
         for s in sites:
             params = {k: v + torch.as_tensor(rng.normal(scale=0.1, size=v.shape), dtype=v.dtype) for k, v in glob.items()}
             score = float(rng.uniform(0.1, 0.9))

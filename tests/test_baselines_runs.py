@@ -12,10 +12,10 @@ import math
 import pytest
 
 from fedseg.fl.protocol import SPATIAL_KEY
+from fedseg.methods import BASELINES
 from fedseg.objectives.registry import build_objective
 from fedseg.recipes.base import build_initial_network
 from inprocess import builtin_sites, run_in_process
-from sim_utils import BASELINES
 
 SITES = ["site-1", "site-2"]
 BASE_META = {"initial_metrics", "n_samples", "round", "task_clock", SPATIAL_KEY}

@@ -364,7 +364,6 @@ def foundation_silos(tmp_path_factory):
 
 def test_bench_builds_foundation_silos_with_the_unseen_proportion(foundation_silos):
     from fedseg.bench.runs import federation_task
-    from fedseg.data.classification import classification_info
     from fedseg.data.synthetic.xray_builtin import builtin_assignment
 
     out, mapping = foundation_silos

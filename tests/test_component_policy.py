@@ -50,25 +50,27 @@ def test_committed_job_carries_no_code_and_every_component_is_allowed(method, tm
             authorizer.authorize_component_config({"path": path, "args": {}}, workspace=workspace)
 
 
-def test_class_allow_list_matches_nvflare_matching_rule():
+def test_class_allow_list_under_nvflare_matching_rule():
     from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
     from nvflare.app_common.widgets.component_path_authorizer import ComponentPathAuthorizer
 
-    from fedseg.fl.component_policy import FEDSEG_COMPONENTS, class_allow_list, is_allowed
+    from fedseg.fl.component_policy import FEDSEG_COMPONENTS, class_allow_list
 
     allow = class_allow_list(["my_site.models."])
     assert allow[: len(DEFAULT_CLASS_ALLOW_LIST)] == list(DEFAULT_CLASS_ALLOW_LIST)
     assert set(FEDSEG_COMPONENTS) | {"my_site.models."} <= set(allow) and len(allow) == len(set(allow))
     ComponentPathAuthorizer._normalize_allow_list(allow)  # NVFlare accepts every entry
-    probes = [
-        "fedseg.fl.controller.FedSegController", "fedseg.flx.Controller", "fedseg.networks.unet.FeatureUNet",
-        "fedseg.cli.main", "my_site.models.Net", "my_site.modelsX.Net",
-        "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",
-        "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistorX", "nvflare.app_common.workflows.fedavg.FedAvg",
-    ]
-    for path in probes:
-        reference = any(ComponentPathAuthorizer._path_matches_prefix(path, prefix) for prefix in allow)
-        assert is_allowed(path, allow) == reference, path
+    # what NVFlare builds under the list: fedseg's components and the site's own, never a lookalike name
+    expected = {
+        "fedseg.fl.controller.FedSegController": True, "fedseg.flx.Controller": False,
+        "fedseg.networks.unet.FeatureUNet": True, "fedseg.cli.main": False,
+        "my_site.models.Net": True, "my_site.modelsX.Net": False,
+        "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor": True,
+        "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistorX": False,
+        "nvflare.app_common.workflows.fedavg.FedAvg": True,
+    }
+    built = {path: any(ComponentPathAuthorizer._path_matches_prefix(path, prefix) for prefix in allow) for path in expected}
+    assert built == expected
 
 
 def test_add_to_resources_keeps_site_entries_and_names_bad_files(tmp_path):

@@ -18,7 +18,7 @@ from PIL import Image
 
 from fedseg.data.checks import check_datalist, check_image_header
 from fedseg.data.datalist import DatalistError
-from fedseg.data.image_modes import ImageModeError, pipeline_array, to_pipeline_mode
+from fedseg.data.image_modes import ImageModeError, to_pipeline_mode
 
 SIZE = 32
 
@@ -200,7 +200,7 @@ def test_16_bit_png_and_tiff_scaled_by_dtype(tmp_path):
         Image.fromarray(raw).save(tmp_path / f"x{suffix}")
         with Image.open(tmp_path / f"x{suffix}") as img:
             assert img.mode.startswith("I")
-            out = pipeline_array(img)
+            out = np.asarray(to_pipeline_mode(img))
         assert out.dtype == np.float32
         np.testing.assert_allclose(out, raw / 65535.0 * 255.0, rtol=1e-6)  # not saturated at 255
         assert out.max() <= 255.0 and np.unique(out).size == np.unique(raw).size
@@ -211,13 +211,13 @@ def test_rgba_and_palette_become_rgb(tmp_path):
     rgba = np.dstack([rgb, np.full((SIZE, SIZE), 128, np.uint8)])
     Image.fromarray(rgba).save(tmp_path / "a.png")
     with Image.open(tmp_path / "a.png") as img:
-        np.testing.assert_array_equal(pipeline_array(img), rgb)
+        np.testing.assert_array_equal(np.asarray(to_pipeline_mode(img)), rgb)
     palette_img = Image.fromarray(rgb).convert("P", palette=Image.ADAPTIVE, colors=16)
     palette_img.save(tmp_path / "p.png")
     with Image.open(tmp_path / "p.png") as img:
         assert img.mode == "P"
         expected = np.asarray(img.convert("RGB"))
-        out = pipeline_array(img)
+        out = np.asarray(to_pipeline_mode(img))
     assert out.shape == (SIZE, SIZE, 3) and np.array_equal(out, expected)
     grey = Image.fromarray(rgb[..., 0])
     assert to_pipeline_mode(grey) is grey  # grey stays grey; EnsureChannelsd repeats it as configured

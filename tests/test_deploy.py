@@ -29,6 +29,16 @@ def _role_of(project_file: Path) -> dict:
     return {p["name"]: p.get("role") for p in yaml.safe_load(project_file.read_text())["participants"]}
 
 
+def _role_has_right(authorizer, role: str, right: str, site_org: str = "any_org", user_org: str = "any_org") -> bool:
+    """Whether an admin with ``role`` (of ``user_org``) holds ``right`` at a site of ``site_org`` under a policy parsed by
+    NVFlare's ``FLAuthorizer`` (:func:`fedseg.deploy.parse_authorization`)."""
+    from nvflare.fuel.sec.authz import AuthzContext, Person
+
+    user = Person(f"someone@{user_org}", user_org, role)
+    ok, _ = authorizer.authorize(AuthzContext(right=right, user=user, submitter=user))
+    return bool(ok)
+
+
 def _deploy_builder_args(project_file: Path = DEPLOY_PROJECT) -> dict:
     builders = yaml.safe_load(project_file.read_text())["builders"]
     (policy,) = [b for b in builders if b["path"] == "fedseg.deploy.SitePolicyBuilder"]
@@ -89,27 +99,27 @@ def test_authorization_policy_turns_custom_code_off_for_every_role():
     from nvflare.apis.fl_constant import AdminCommandNames
     from nvflare.security.security import COMMAND_CATEGORIES
 
-    from fedseg.deploy import BYOC_RIGHT, parse_authorization, role_has_right
+    from fedseg.deploy import BYOC_RIGHT, parse_authorization
 
     authz = parse_authorization(_deploy_builder_args()["authorization"], site_org="hospital_a")
     for role in ROLES:
         for user_org in ("hospital_a", "hospital_b"):
-            assert not role_has_right(authz, role, BYOC_RIGHT, "hospital_a", user_org), (role, user_org)
-            assert not role_has_right(authz, role, "server-predeployed-flwr", "hospital_a", user_org), role
+            assert not _role_has_right(authz, role, BYOC_RIGHT, "hospital_a", user_org), (role, user_org)
+            assert not _role_has_right(authz, role, "server-predeployed-flwr", "hospital_a", user_org), role
     # the project admin keeps every other right NVFlare defines (its default policy gives it "any")
     rights = {v for k, v in vars(AdminCommandNames).items() if not k.startswith("_") and isinstance(v, str)}
     rights = (rights - set(COMMAND_CATEGORIES)) | set(COMMAND_CATEGORIES.values())
-    missing = sorted(r for r in rights if not role_has_right(authz, "project_admin", r, "hospital_a", "x"))
+    missing = sorted(r for r in rights if not _role_has_right(authz, "project_admin", r, "hospital_a", "x"))
     assert not missing, f"project_admin lacks {missing}"
-    assert role_has_right(authz, "lead", "submit_job")
-    assert not role_has_right(authz, "org_admin", "submit_job")
-    assert not role_has_right(authz, "member", "submit_job") and role_has_right(authz, "member", "view")
+    assert _role_has_right(authz, "lead", "submit_job")
+    assert not _role_has_right(authz, "org_admin", "submit_job")
+    assert not _role_has_right(authz, "member", "submit_job") and _role_has_right(authz, "member", "view")
     # NVFlare's own default (the template) would let project_admin and lead submit custom code
     import nvflare.lighter
 
     template = yaml.safe_load((Path(nvflare.lighter.__file__).parent / "templates" / "master_template.yml").read_text())
     default = parse_authorization(json.loads(template["default_authz"]), site_org="hospital_a")
-    assert role_has_right(default, "project_admin", BYOC_RIGHT) and role_has_right(default, "lead", BYOC_RIGHT)
+    assert _role_has_right(default, "project_admin", BYOC_RIGHT) and _role_has_right(default, "lead", BYOC_RIGHT)
 
 
 def test_site_policy_builder_rejects_a_broken_policy():

@@ -4,7 +4,6 @@ a tiny ViT learning two obviously different classes, FedEFM's token features, re
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import numpy as np
@@ -173,15 +172,6 @@ def test_num_classes_mismatch_is_refused(cls_datalist):
 def test_dp_is_refused(cls_datalist):
     with pytest.raises(ValueError, match="differential privacy .* not supported by the classification engine"):
         _engine(cls_datalist, dp_target_epsilon=8.0)
-
-
-def test_classification_info(cls_datalist):
-    from fedseg.data.classification import classification_info
-
-    info = classification_info(cls_datalist)
-    assert info["num_classes"] == 2 and info["label_space"] == LABEL_SPACE
-    assert info["counts"] == {"training": 12, "validation": 4, "test": 6}
-    assert info["class_counts"]["training"] == [6, 6] and info["present_classes"] == [0, 1]
 
 
 # ------------------------------------------------------------------------------------------ training

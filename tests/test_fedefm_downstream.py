@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from fedseg.cli import export_job
 from fedseg.foundation.networks import INPUT_MEAN, INPUT_STD, PATCH_CONV, build_vit, fold_input_standardisation, unetr_key_map
 from fedseg.foundation.unetr import FoundationUNETR
+from fedseg.recipes.export import export_job
 from sim_utils import run_simulator
 
 

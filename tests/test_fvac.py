@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from fedseg.networks.unet import FeatureUNet
 from fedseg.objectives import BatchOutput, RoundContext, build_objective
 from fedseg.objectives.fvac import FVACObjective
-from fedseg.objectives.fvac_losses import fmug_loss, foreground_background_means, fvda_loss
+from fedseg.objectives.fvac_losses import class_means, fmug_loss, fvda_loss
 from fedseg.plots.fvac_figures import save_weight_map_figure
 from fedseg.uncertainty.morphology import pixel_uncertainty, pixel_weight_map
 
@@ -117,6 +117,12 @@ def test_fmug_single_pixel_weight_picks_that_pixels_log_loss():
 
 
 # ------------------------------------------------------------------------------------ FVDA (Eq. 10)
+def _fg_bg(features, labels):
+    """Eq. 10's foreground (every non-background class together) and background feature vectors, each ``(B, C)``."""
+    means = class_means(features, labels, 2, union_foreground=True)
+    return means[:, 1], means[:, 0]
+
+
 def _brute_force_fg_bg(features, labels):
     b, c, hf, wf = features.shape
     h, w = labels.shape[2:]
@@ -140,7 +146,7 @@ def test_fg_bg_means_match_brute_force_with_nearest_resize(label_size):
     g = torch.Generator().manual_seed(label_size)
     features = torch.randn(2, 3, 4, 4, generator=g)
     labels = (torch.rand(2, 1, label_size, label_size, generator=g) < 0.4).float()
-    fg, bg = foreground_background_means(features, labels)
+    fg, bg = _fg_bg(features, labels)
     fg_ref, bg_ref = _brute_force_fg_bg(features, labels)
     torch.testing.assert_close(fg.double(), fg_ref)
     torch.testing.assert_close(bg.double(), bg_ref)
@@ -152,7 +158,7 @@ def test_fg_bg_nearest_resize_reads_even_rows_and_columns():
     # 8x8 mask whose only foreground pixels sit on odd rows: nearest to 4x4 reads rows 0, 2, 4, 6
     labels = torch.zeros(1, 1, 8, 8)
     labels[0, 0, 1::2, :] = 1
-    fg, bg = foreground_background_means(torch.ones(1, 2, 4, 4), labels)
+    fg, bg = _fg_bg(torch.ones(1, 2, 4, 4), labels)
     torch.testing.assert_close(fg, torch.zeros(1, 2))
     torch.testing.assert_close(bg, torch.ones(1, 2))
 

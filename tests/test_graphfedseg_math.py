@@ -20,7 +20,6 @@ from fedseg.strategies.collaboration_graph import (
     effective_weight,
     flatten_params,
     graph_rows_closed_form,
-    neighbour_direction,
     neighbour_direction_from_flat,
     pairwise_cosine,
     project_to_simplex,
@@ -298,7 +297,8 @@ def test_similarity_regulariser_matches_sum_of_cosines(exclude_self):
     keys = similarity_keys(models[0])
     W_row = rng.dirichlet(np.ones(4))
     i, lambda1 = 1, 0.05
-    direction = neighbour_direction(models, W_row, keys, exclude=i if exclude_self else None)
+    vectors = torch.stack([flatten_params(m, keys) for m in models])
+    direction = neighbour_direction_from_flat(vectors, W_row, exclude=i if exclude_self else None)
 
     theta = flatten_params(models[i], keys).double().requires_grad_(True)
     reg = similarity_regulariser(theta, direction.double(), lambda1)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fedseg.cli import export_job
 from fedseg.recipes import available_methods
+from fedseg.recipes.export import export_job
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
 

@@ -18,13 +18,13 @@ from scipy import ndimage
 
 from fedseg.data.datalist import load_datalist
 from fedseg.data.labels import LabelSpace
+from fedseg.data.synthetic import generate_federation
 from fedseg.data.synthetic.volumes import (
     FOV_BAND_MM,
     ORGAN_WIDTH_BAND_MM,
     ORIENTATIONS,
     VOLUME_FAMILIES,
     VOLUME_PROFILES,
-    generate_volume_federation,
     generate_volume_site,
     volume_family_fields,
     volume_family_label_space,
@@ -36,14 +36,14 @@ SPLITS = ("training", "validation", "test")
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return generate_volume_federation("prostate3d", SITES, tmp_path_factory.mktemp("p3d_tiny"), profile="tiny")
+    return generate_federation("prostate3d", SITES, tmp_path_factory.mktemp("p3d_tiny"), profile="tiny")
 
 
 @pytest.fixture(scope="module")
 def default3(tmp_path_factory):
     """The default profile's clinical spacings, three volumes a site (the site's draws do not depend on the count)."""
     root = tmp_path_factory.mktemp("p3d_default")
-    return generate_volume_federation("prostate3d", SITES, root, profile="default", num_volumes=3)
+    return generate_federation("prostate3d", SITES, root, profile="default", num_images=3)
 
 
 def _data(path: Path) -> dict:

@@ -376,11 +376,11 @@ def test_command_check_ignores_only_the_out_value(reproduce):
     assert not reproduce.stored_command_matches("fedseg bench --family fundus --seeds 0 --rounds 20 --out /tmp/b", expected)
     assert not reproduce.stored_command_matches("fedseg bench --family fundus --seeds 0 --rounds 40", expected)
     assert not reproduce.stored_command_matches(None, expected)
-    assert reproduce.stored_command_matches("benchmarks/gpu_check.py --out /tmp/gpu", "python benchmarks/gpu_check.py --out X")
+    assert reproduce.stored_command_matches("benchmarks/gpu/gpu_check.py --out /tmp/gpu", "python benchmarks/gpu/gpu_check.py --out X")
 
 
 GPU_CHECK = {
-    "benchmark": "gpu_check", "date": "2026-11-26T10:17:27+00:00", "command": "python benchmarks/gpu_check.py --out /tmp/gpu",
+    "benchmark": "gpu_check", "date": "2026-11-26T10:17:27+00:00", "command": "python benchmarks/gpu/gpu_check.py --out /tmp/gpu",
     "device": {"cpu_count": 16, "torch": "2.11.0+cu130", "cuda": True, "device": "NVIDIA H100 80GB HBM3",
                "cuda_version": "13.0", "gpu_memory_gib": 79.2, "gpu_count": 1},
     "steps": {
@@ -416,7 +416,7 @@ GPU_CHECK = {
 
 
 def test_gpu_check_tables(reproduce, tmp_path, capsys):
-    runs = {"gpu": {"out": "gpu", "result": "gpu_check.json", "commands": ["python benchmarks/gpu_check.py --out {out}"]}}
+    runs = {"gpu": {"out": "gpu", "result": "gpu_check.json", "commands": ["python benchmarks/gpu/gpu_check.py --out {out}"]}}
     tables = {f"gpu-{part}": {"run": "gpu", "render": "gpu-check", "part": part, "title": f"GPU {part}"}
               for part in ("tests", "engine", "simulator", "site-ranks", "networks-96")}
     (tmp_path / "gpu").mkdir()

@@ -68,7 +68,7 @@ class Resumed:
 def resume_run(root: Path):
     """Shared run ``resume`` (tests/sim_utils.py): FedEvi, 2 sites, 4 rounds, a persistent checkpoint folder; the
     simulator is killed once round 1 is checkpointed, then the same job runs again in a fresh workspace."""
-    from fedseg.cli import export_job
+    from fedseg.recipes.export import export_job
 
     folder = root / "persistent"
     job = export_job("fedevi", root / "jobs", profile="tiny", num_rounds=ROUNDS, checkpoint_dir=str(folder), local_epochs=1)

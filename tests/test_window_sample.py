@@ -342,7 +342,7 @@ def test_resize_mode_ignores_the_window_option(tmp_path):
 def test_the_option_only_reaches_the_site_objective(method, option, tmp_path):
     """Exported jobs with the default sample and with ``whole_image`` differ in the objective's option only:
     the strategy, its arguments and the site configuration are the same."""
-    from fedseg.cli import export_job
+    from fedseg.recipes.export import export_job
 
     default = export_job(method, tmp_path / "a")
     whole = export_job(method, tmp_path / "b", **{option: "whole_image"})

@@ -13,8 +13,10 @@ from benchmarks.core.outputs import DEFAULT_ROOT, OUT_ROOT
 from benchmarks.core.page import check_pages, update_page
 from benchmarks.core.registry import MissingOutput, ReproduceError, check_registry
 from benchmarks.core.render import RENDERERS, listing, render
+from fedseg.processes import StopOnSignal
 
 
+@StopOnSignal("reproduce.py")  # SIGTERM / Ctrl-C during --run end the commands it runs and their processes
 def main(argv: Optional[Sequence[str]], runs: Mapping[str, Mapping[str, Any]], tables: Mapping[str, Mapping[str, Any]],
          description: str = __doc__) -> int:
     """``reproduce.py``'s command line over the registry ``runs`` / ``tables``; the exit status."""

@@ -27,30 +27,6 @@ DEFAULT_ROOT = RECORDS_ROOT
 #: where ``--run`` writes outputs (workspaces, logs: never in git; ``/bench_out/`` is in .gitignore)
 OUT_ROOT = Path(os.environ.get("FEDSEG_BENCH_OUT") or REPO / "bench_out")
 
-#: benchmark scripts that moved into the folder of the page they feed: a record made before names the old path, and
-#: is the same script's output
-MOVED_SCRIPTS = {
-    "benchmarks/ablation_table.py": "benchmarks/accuracy/ablation_table.py",
-    "benchmarks/compare.py": "benchmarks/accuracy/compare.py",
-    "benchmarks/pathfl_afa_inference.py": "benchmarks/accuracy/pathfl_afa_inference.py",
-    "benchmarks/baseline_cost.py": "benchmarks/cost/baseline_cost.py",
-    "benchmarks/cost_table.py": "benchmarks/cost/cost_table.py",
-    "benchmarks/framework_overhead.py": "benchmarks/cost/framework_overhead.py",
-    "benchmarks/graph_update_time.py": "benchmarks/cost/graph_update_time.py",
-    "benchmarks/many_sites.py": "benchmarks/cost/many_sites.py",
-    "benchmarks/multiclass_cost.py": "benchmarks/cost/multiclass_cost.py",
-    "benchmarks/poc_overhead.py": "benchmarks/cost/poc_overhead.py",
-    "benchmarks/site_cost.py": "benchmarks/cost/site_cost.py",
-    "benchmarks/window_sample.py": "benchmarks/cost/window_sample.py",
-    "benchmarks/fullsize_ct.py": "benchmarks/fullsize/fullsize_ct.py",
-    "benchmarks/native_resolution.py": "benchmarks/fullsize/native_resolution.py",
-    "benchmarks/engine_throughput.py": "benchmarks/gpu/engine_throughput.py",
-    "benchmarks/gpu_check.py": "benchmarks/gpu/gpu_check.py",
-    "benchmarks/foundation_confusion.py": "benchmarks/fedefm/foundation_confusion.py",
-    "benchmarks/vit_from_scratch.py": "benchmarks/fedefm/vit_from_scratch.py",
-    "benchmarks/fedevi_weights_trace.py": "benchmarks/fedevi_protocol/fedevi_weights_trace.py",
-}
-
 
 def record_run(run_id: str, out_root: Path, records_root: Path, runs: Mapping[str, Mapping[str, Any]]) -> List[Path]:
     """Record run ``run_id``'s output from ``out_root`` into ``records_root`` (:func:`records.record_output`).
@@ -72,15 +48,12 @@ def record_run(run_id: str, out_root: Path, records_root: Path, runs: Mapping[st
 def _normalise(command: str) -> List[str]:
     """A command's words without the interpreter: ``python -m fedseg bench`` / ``python benchmarks/x.py`` ->
     ``fedseg bench`` / ``benchmarks/x.py`` (``fedseg bench`` records ``fedseg ...``, scripts their ``sys.argv``);
-    a moved script's old path is its new one (:data:`MOVED_SCRIPTS`); the value of ``--out`` (``--out X`` or
-    ``--out=X``) becomes ``{out}``: where a run wrote is not what it ran."""
+    the value of ``--out`` (``--out X`` or ``--out=X``) becomes ``{out}``: where a run wrote is not what it ran."""
     words = shlex.split(command)
     if words and Path(words[0]).name.startswith("python"):
         words = words[1:]
         if words[:1] == ["-m"]:
             words = words[1:]
-    if words:
-        words[0] = MOVED_SCRIPTS.get(words[0], words[0])
     out = []
     for word in words:
         if out and out[-1] == "--out":

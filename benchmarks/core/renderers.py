@@ -332,7 +332,7 @@ def render_versus(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
     loads: its ratios would not be a cost measurement)."""
     from fedseg.bench.report import format_seed_difference
     from fedseg.bench.tables import (
-        _diff_cell, _label_entry, approach_title, caption, column_spread, paired_test, seed_cell, seed_difference,
+        approach_title, caption, column_spread, diff_cell, label_entry, paired_test, seed_cell, seed_difference,
     )
 
     results = outputs[0]
@@ -342,7 +342,7 @@ def render_versus(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
     if missing:
         raise ReproduceError(f"table {table_id!r}: {missing} are not approaches of the bench ({sorted(present)})")
     versus = {c: select_seeds(results, results.get("seeds") or [], baseline=c) for c in against}
-    titles = {c: approach_title(_label_entry(results, c)) for c in against}
+    titles = {c: approach_title(label_entry(results, c)) for c in against}
     timed = table.get("round_time", True)
     head = ["approach", "Dice"] + [f"Δ Dice vs {titles[c]}: {what}" for c in against
                                    for what in ("per seed (seeds ahead)", "per image (Wilcoxon p)")] + (
@@ -359,7 +359,7 @@ def render_versus(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
                 continue
             comparison = (versus[c].get("comparisons") or {}).get(name)
             cells += [format_seed_difference(seed_difference(versus[c], comparison)),
-                      _diff_cell(paired_test(comparison, "dice"), "wilcoxon_p")]
+                      diff_cell(paired_test(comparison, "dice"), "wilcoxon_p")]
         if timed:
             ratio = ((results.get("timing") or {}).get(entry["label"]) or {}).get("round_wall_ratio_to_fedavg")
             cells.append("-" if ratio is None else f"{ratio:.2f}x")

@@ -109,7 +109,7 @@ def main(argv=None) -> Dict[str, Any]:
                         help="'name:key=value,...' with keys tcp, tri, fetch, omp, threads, exe, method")
     args = parser.parse_args(argv)
 
-    from fedseg.cli import export_job
+    from fedseg.recipes.export import export_job
     from fedseg.data.synthetic import generate_federation
 
     out = Path(args.out).resolve()

@@ -31,7 +31,7 @@ from typing import Any, Dict, List
 
 def run(method: str, k: int, out: Path, rounds: int, threads: int) -> Dict[str, Any]:
     from fedseg.bench.simulator import run_simulator
-    from fedseg.cli import export_job
+    from fedseg.recipes.export import export_job
     from fedseg.data.synthetic import generate_federation
 
     sites = [f"site-{i + 1}" for i in range(k)]

@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
+from fedseg.processes import StopOnSignal
+
 REPO = Path(__file__).resolve().parents[2]
 RUN_POC = REPO / "poc_workspace" / "run_poc.py"
 
@@ -42,9 +44,11 @@ def parse_variant(spec: str) -> Dict[str, str]:
     return settings
 
 
+# SIGTERM / Ctrl-C end the POC run and its processes too; run_poc.py gets the time to stop and clean its POC
+@StopOnSignal("poc_overhead", grace_s=150.0)
 def main(argv=None) -> Dict[str, Any]:
     from fedseg.bench.simulator import machine_info, median_task_breakdown, patch_job, round_timings
-    from fedseg.cli import export_job
+    from fedseg.recipes.export import export_job
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="output folder (jobs, reports, JSON)")

@@ -36,9 +36,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import torch
+
+from fedseg.processes import StopOnSignal
 
 
 def _sync(device: torch.device) -> None:
@@ -204,6 +206,7 @@ def device_info(device: torch.device) -> Dict[str, Any]:
     return info
 
 
+@StopOnSignal("round_limit")  # SIGTERM / Ctrl-C end the bench and the loops it started too
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     from fedseg.bench.bench import code_version
 

@@ -52,6 +52,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from fedseg.processes import StopOnSignal
+
 REPO = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # run as a script: the repository root on the path, for the package `benchmarks`
     sys.path.insert(0, str(REPO))
@@ -519,6 +521,7 @@ def to_markdown(result: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@StopOnSignal("gpu_check")  # a lease's time limit (SIGTERM) ends the simulators, benches and tests it started too
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for gpu_check.json / gpu_check.md (created)")

@@ -9,6 +9,7 @@ Layout (a map of the architecture):
     uncertainty/, metrics/  shared maths, each tested against an independent reference
     fl/          the NVFlare controller (server) and the client loop (site)
     recipes/     one NVFlare recipe per method; `fedseg export` writes jobs/<method>
+    methods.py   the method table: each method's recipe, objective, strategy and kind; every method list
     plots/       report figures
 """
 

@@ -28,8 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional
 
-# the job writer lives beside the recipes (fedseg.recipes.export); re-exported here for scripts that import it from the CLI
-from fedseg.recipes.export import export_job  # noqa: F401
+from fedseg.processes import StopOnSignal
+from fedseg.recipes.export import export_job
 
 #: built-in synthetic families (== fedseg.data.synthetic.FAMILIES, checked by a test; kept literal so that
 #: building the parser does not import numpy/scipy)
@@ -718,7 +718,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> None:
     args = build_parser().parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
-    args.func(args)
+    with StopOnSignal(f"fedseg {args.cmd}"):  # SIGTERM / Ctrl-C end the simulators and every other process it started
+        args.func(args)
 
 
 if __name__ == "__main__":

@@ -40,15 +40,6 @@ def parse_authorization(policy: Dict[str, Any], site_org: str = "any_org"):
         raise ValueError(f"invalid authorization policy: {e}") from None
 
 
-def role_has_right(authorizer, role: str, right: str, site_org: str = "any_org", user_org: str = "any_org") -> bool:
-    """Whether an admin with ``role`` (of ``user_org``) holds ``right`` at a site of ``site_org`` under a parsed policy."""
-    from nvflare.fuel.sec.authz import AuthzContext, Person
-
-    user = Person(f"someone@{user_org}", user_org, role)
-    ok, _ = authorizer.authorize(AuthzContext(right=right, user=user, submitter=user))
-    return bool(ok)
-
-
 class SitePolicyBuilder(Builder):
     """Writes the fedseg component allow list (and optionally the authorization policy) into every server/site kit.
 

@@ -109,13 +109,13 @@ def mask_dtype(num_classes: int, label_values: Optional[Mapping[str, int]] = Non
     values of ``label_values``; 0 / 255 for a binary space) is an integer in 0..255, uint16 up to 65535, else float32."""
     import numpy as np
 
-    from .data.labels import BINARY, LabelSpace, _parse_values
+    from .data.labels import BINARY, LabelSpace, parse_label_values
 
     if class_indices:
         values = np.arange(int(num_classes))
     else:
         names = BINARY.names if int(num_classes) == 2 else ("background",) + tuple(f"class{i}" for i in range(1, int(num_classes)))
-        space = LabelSpace(names=names, values=_parse_values(label_values, "label_values") if label_values else None)
+        space = LabelSpace(names=names, values=parse_label_values(label_values, "label_values") if label_values else None)
         values = space.output_values()
     integral = bool(np.all(np.mod(values, 1) == 0)) and values.min() >= 0
     if integral and values.max() <= 255:

@@ -27,6 +27,7 @@ from fedseg.bench.runs import (
 )
 from fedseg.bench.simulator import machine_info
 from fedseg.fl.site_data import FOUNDATION_FAMILY  # FedEFM's phase-1 classification silos (fedseg.data.synthetic.xray_builtin)
+from fedseg.processes import raise_if_stopping
 
 
 def is_bundle_federation(mapping: Mapping[str, Any]) -> bool:
@@ -299,6 +300,7 @@ def run_bench(
     lock = threading.Lock()
 
     def execute(i: int) -> None:
+        raise_if_stopping()  # a stopped bench (SIGTERM, Ctrl-C) starts no further run, in no thread
         spec = specs[i]
         print(f"[{_dt.datetime.now():%H:%M:%S}] [{i + 1}/{len(specs)}] {spec.label} seed {spec.seed} ...", flush=True)
         run_started = time.perf_counter()

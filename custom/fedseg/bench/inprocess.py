@@ -15,10 +15,10 @@ from typing import Dict, List, Optional
 
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-from fedseg.cli import export_job
 from fedseg.fl.client import SiteService, result_model
 from fedseg.fl.controller import FedSegController
 from fedseg.recipes.base import build_initial_network
+from fedseg.recipes.export import export_job
 
 
 def controller_args(method: str, tmp: Path, **recipe_args) -> Dict:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from fedseg.fl.component_policy import prepare_simulator_workspace
+from fedseg.processes import name_process, raise_if_stopping
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +79,11 @@ def run_simulator_command(cmd: Sequence[str], workspace: Path, env: Dict[str, st
         if workspace.exists():
             shutil.rmtree(workspace)
         prepare_simulator_workspace(workspace)  # jobs carry no code: the simulated sites allow fedseg's components
+        raise_if_stopping()  # a thread of a command being stopped starts no simulator
         deadline = time.monotonic() + timeout
         proc = subprocess.Popen(list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
+        name_process(proc.pid, f"the simulator of {workspace.name}")
         failed = None
         while True:
             try:

@@ -16,17 +16,10 @@ from fedseg.bench.report import BASELINE, MODEL_SUFFIXES, format_p, format_seed_
 from fedseg.bench.runs import task_metrics
 from fedseg.data.labels import split_metric_key
 from fedseg.fl.report import metric_header
+from fedseg.methods import PUBLISHED_METHODS, method_titles
 
-#: how a method or reference is named on the results page
-METHOD_NAMES = {
-    "fedavg": "FedAvg", "fedevi": "FedEvi", "graphfedseg": "GraphFedSeg", "fvac": "FVAC", "pathfl": "PathFL",
-    "fedefm": "FedEFM", "fedefm_downstream": "FedEFM downstream", "local": "local only", "pooled": "pooled",
-    # the papers' baselines
-    "fedprox": "FedProx", "scaffold": "SCAFFOLD", "fedadam": "FedAdam", "fedavgm": "FedAvgM", "fedbn": "FedBN", "ditto": "Ditto",
-    "fedrep": "FedRep", "moon": "MOON", "feddyn": "FedDyn", "fedce": "FedCE",
-}
-#: the five published methods the suite ships (every other method is a baseline)
-PUBLISHED_METHODS = ("graphfedseg", "fedevi", "fvac", "pathfl", "fedefm", "fedefm_downstream")
+#: how a method (its row's title, ``fedseg.methods``) or a reference is named on the results page
+METHOD_NAMES = {**method_titles(), "local": "local only", "pooled": "pooled"}
 #: a method's ``server_optimizer`` option as a name suffix (``fedseg.strategies.server_step``)
 SERVER_STEP_NAMES = {"sgd-momentum": " + server momentum", "adam": " + server Adam"}
 #: train_config keys of the label space (shown as classes and regions, not as ``--set`` values)
@@ -64,7 +57,7 @@ def _arg_text(key: str, value: Any) -> str:
     return f"{key} from `{match.group(1)}`" if match else f"{key}={value}"
 
 
-def _label_entry(results: Mapping[str, Any], label: str) -> Mapping[str, Any]:
+def label_entry(results: Mapping[str, Any], label: str) -> Mapping[str, Any]:
     """The global-model approach entry of a run label (timing rows are per label)."""
     for entry in results.get("approaches", {}).values():
         if entry.get("label") == label and entry.get("model", "global") == "global":
@@ -74,7 +67,7 @@ def _label_entry(results: Mapping[str, Any], label: str) -> Mapping[str, Any]:
 
 def baseline_title(results: Mapping[str, Any]) -> str:
     base = results.get("baseline")
-    return approach_title(_label_entry(results, base)) if base else "-"
+    return approach_title(label_entry(results, base)) if base else "-"
 
 
 # --------------------------------------------------------------------------------------- caption
@@ -293,7 +286,8 @@ def paired_test(comparison: Optional[Mapping[str, Any]], metric: str) -> Optiona
     return (tests.get("per_site") or {}).get(site) if site is not None else tests.get("all")
 
 
-def _diff_cell(test: Optional[Mapping[str, Any]], p_key: str) -> str:
+def diff_cell(test: Optional[Mapping[str, Any]], p_key: str) -> str:
+    """A paired test's table cell: ``"+0.012 (0.031)"`` (mean difference, then ``test[p_key]``), ``"-"`` without one."""
     if not test or test.get("mean_diff") is None:
         return "-"
     return f"{test['mean_diff']:+.3f} ({format_p(test.get(p_key))})"
@@ -345,7 +339,7 @@ def accuracy_table(results: Mapping[str, Any], extra_metrics: Sequence[str] = ()
     for name, entry in results.get("approaches", {}).items():
         cells = [seed_cell(column_spread(entry, m), _digits(at_site(m)[0])) for m in metrics]
         is_base = name == base_label
-        cells += ["" if is_base else _diff_cell(paired_test(comparisons.get(name), m), p_key) for m in tests]
+        cells += ["" if is_base else diff_cell(paired_test(comparisons.get(name), m), p_key) for m in tests]
         if per_seed:
             cells.append("" if is_base else format_seed_difference(seed_difference(results, comparisons.get(name))))
         lines.append(f"| {approach_title(entry)} | " + " | ".join(cells) + " |")
@@ -396,7 +390,7 @@ def cost_table(results: Mapping[str, Any]) -> List[str]:
         traffic = "-" if up is None else f"{up:.2f} / {down or 0:.2f}"
         mem = "-" if t.get("peak_site_memory_mb") is None else f"{t['peak_site_memory_mb']:.0f}"
         wall = seed_cell(t.get("wall_s_per_run") or {}, 1) + ("" if t.get("kind") == "method" else " (in process)")
-        lines.append(f"| {approach_title(_label_entry(results, label))} | {med} | {ratio} | {traffic} | {mem} | {wall} |")
+        lines.append(f"| {approach_title(label_entry(results, label))} | {med} | {ratio} | {traffic} | {mem} | {wall} |")
     return lines
 
 
@@ -424,7 +418,7 @@ def glance_rows(results: Mapping[str, Any], data: str, table_id: str, link: Opti
         ValueError: the run's baseline is not FedAvg (the glance table compares every method with FedAvg).
     """
     base_label = results.get("baseline")
-    base = _label_entry(results, base_label) if base_label else {}
+    base = label_entry(results, base_label) if base_label else {}
     if base.get("method") != BASELINE:
         raise ValueError(f"table {table_id}: its baseline is {base_label!r}, not FedAvg; the glance table compares "
                          "with FedAvg (leave this table out of it)")
@@ -443,7 +437,7 @@ def glance_rows(results: Mapping[str, Any], data: str, table_id: str, link: Opti
             ratio += f" (`{timing_table}`)"
         score = seed_cell(entry["summary"]["mean"][metric], _digits(metric))
         prefix = "accuracy " if classification else ""
-        return [title, data, f"{prefix}{score} ({base_score})", _diff_cell(paired_test(comparisons.get(name), test_key), p_key),
+        return [title, data, f"{prefix}{score} ({base_score})", diff_cell(paired_test(comparisons.get(name), test_key), p_key),
                 ratio, source]
 
     approaches = results.get("approaches", {})

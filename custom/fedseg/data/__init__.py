@@ -27,8 +27,6 @@ Public names (re-exported here):
     default_data_root                          $FEDSEG_DATASETS/<folder>: where an importer reads without --src
 """
 
-import sys as _sys
-
 from .datalist import (
     SPLITS,
     DatalistError,
@@ -67,22 +65,6 @@ from .importers import (
     participant_split,
     read_manifest,
 )
-from .importers import retina as _retina
-from .synthetic import volumes as _synthetic_volumes, xray as _synthetic_xray, xray_builtin as _xray_builtin
-
-#: module paths from before the split into synthetic/ and importers/ that scripts still import (benchmarks/, users'):
-#: each is the moved module itself. Registered here rather than as files at the old paths, which would make git see
-#: those modules as rewritten in place instead of moved (their history would stop following them).
-_OLD_PATHS = {
-    "retina": _retina,
-    "synthetic_volumes": _synthetic_volumes,
-    "synthetic_xray": _synthetic_xray,
-    "xray_builtin": _xray_builtin,
-}
-for _name, _module in _OLD_PATHS.items():
-    _sys.modules.setdefault(f"{__name__}.{_name}", _module)
-    globals()[_name] = _module
-del _name, _module
 
 __all__ = [
     "SPLITS",

@@ -35,16 +35,14 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from .datalist import (
     SPLITS,
     DatalistError,
-    _check_disjoint,
-    _check_split_structure,
-    _resolve_entry,
+    check_disjoint,
+    check_split_structure,
     datalist_label_space,
     entry_label_space,
-    _read_json,
-    _resolve_datalist_path,
-    _validate_fov,
     monai_reader_name,
     read_datalist_json,
+    resolve_entry,
+    validate_fov,
     validate_pair,
 )
 from .image_modes import SUPPORTED_MODES
@@ -89,19 +87,18 @@ def check_datalist(
     Raises:
         DatalistError: naming each offending file (and its split/index).
     """
-    path = _resolve_datalist_path(path).absolute()
-    data = _read_json(path)  # not JSON / not an object / missing: DatalistError naming the file
+    path, data = read_datalist_json(path)  # not JSON / not an object / missing: DatalistError naming the file
     problems: List[str] = []
     for split in splits:
         try:
-            _check_split_structure(data, split, path)
+            check_split_structure(data, split, path)
         except DatalistError as e:
             problems.append(str(e))
     if problems:
         raise DatalistError(_summary(path, problems))
     space = datalist_label_space(data, path)  # labels / label_values / regions / num_classes: DatalistError naming the file
     try:  # the same image in two splits (a train/test leak)
-        _check_disjoint({s: [_resolve_entry(dict(e), path.parent) for e in data[s]] for s in splits}, path)
+        check_disjoint({s: [resolve_entry(dict(e), path.parent) for e in data[s]] for s in splits}, path)
     except DatalistError as e:
         problems.append(str(e))
     if allow_external_paths is None:
@@ -141,7 +138,7 @@ def check_datalist(
                 try:
                     info = validate_pair(resolved["image"], resolved["label"], entry_label_space(space, entry, where))
                     if "fov" in resolved:
-                        _validate_fov(resolved["fov"], info["spatial_shape"])
+                        validate_fov(resolved["fov"], info["spatial_shape"])
                 except DatalistError as e:
                     problems.append(f"{e} ({where})")
                 except Exception as e:  # a reader failing in a way validate_pair does not wrap

@@ -29,7 +29,6 @@ __all__ = [
     "datalist_task",
     "label_space",
     "load_classification_datalist",
-    "classification_info",
 ]
 
 CLASSIFICATION_TASK = "classification"
@@ -113,23 +112,3 @@ def load_classification_datalist(
             resolved.append(item)
         out[split] = resolved
     return out
-
-
-def classification_info(path: os.PathLike) -> Dict[str, Any]:
-    """Aggregate description (numbers and class names only, no file names) of a classification datalist:
-    ``{"label_space", "num_classes", "counts": {split: n}, "class_counts": {split: [n per class]},
-    "present_classes": [indices with training images]}``. Files are not decoded."""
-    path, info = read_datalist_json(path)
-    space = label_space(info, path)
-    data = load_classification_datalist(path, check_files=False)
-    class_counts = {s: [0] * len(space) for s in data}
-    for split, entries in data.items():
-        for e in entries:
-            class_counts[split][e["label"]] += 1
-    return {
-        "label_space": space,
-        "num_classes": len(space),
-        "counts": {s: len(v) for s, v in data.items()},
-        "class_counts": class_counts,
-        "present_classes": [k for k, n in enumerate(class_counts["training"]) if n],
-    }

@@ -42,6 +42,11 @@ __all__ = [
     "datalist_label_space",
     "entry_label_space",
     "summarise_datalist",
+    "read_datalist_json",
+    "check_split_structure",
+    "resolve_entry",
+    "check_disjoint",
+    "validate_fov",
     "read_array",
     "monai_reader_name",
     "write_json_atomic",
@@ -191,8 +196,12 @@ def validate_pair(
     }
 
 
-def _validate_fov(fov_path: Path, spatial: Tuple[int, ...]) -> None:
-    """A field-of-view mask is a binary mask of the image's spatial size."""
+def validate_fov(fov_path: Path, spatial: Tuple[int, ...]) -> None:
+    """Check that the field-of-view mask at ``fov_path`` is binary and of the image's ``spatial`` shape.
+
+    Raises:
+        DatalistError: the mask is unreadable, of another size, or not binary.
+    """
     fov = read_array(fov_path, "fov mask")
     if _label_spatial_shape(fov, fov_path) != spatial:
         raise DatalistError(f"size mismatch: fov mask {fov_path} has shape {fov.shape}, image is {spatial}")
@@ -238,8 +247,12 @@ def _read_json(path: Path) -> Dict[str, Any]:
     return data
 
 
-def _check_split_structure(data: Mapping[str, Any], split: str, path: Path) -> None:
-    """The split exists, is a non-empty list, and every entry is a dict with string image/label."""
+def check_split_structure(data: Mapping[str, Any], split: str, path: Path) -> None:
+    """Check that ``data[split]`` exists, is a non-empty list, and every entry is a dict with string image/label.
+
+    Raises:
+        DatalistError: naming the split (and the entry's index) in ``path``.
+    """
     if split not in data:
         raise DatalistError(f"split '{split}' missing from datalist {path}")
     entries = data[split]
@@ -265,7 +278,7 @@ def _join(base: Path, value: Any, only_if_exists: bool) -> Any:
     return value if only_if_exists and not os.path.exists(joined) else joined
 
 
-def _resolve_entry(entry: Dict[str, Any], base: Path) -> Dict[str, Any]:
+def resolve_entry(entry: Dict[str, Any], base: Path) -> Dict[str, Any]:
     """Resolve paths as ``load_decathlon_datalist(..., is_segmentation=True, base_dir=base)`` does,
     plus ``fov`` always (MONAI would leave a missing fov relative, hiding the error)."""
     return {k: _join(base, v, only_if_exists=k not in _PATH_KEYS) for k, v in entry.items()}
@@ -299,12 +312,12 @@ def load_datalist(
     path = _resolve_datalist_path(path).absolute()
     data = _read_json(path)
     for split in splits:
-        _check_split_structure(data, split, path)
+        check_split_structure(data, split, path)
 
     out: Dict[str, List[Dict[str, Any]]] = {
-        split: [_resolve_entry(dict(entry), path.parent) for entry in data[split]] for split in splits
+        split: [resolve_entry(dict(entry), path.parent) for entry in data[split]] for split in splits
     }
-    _check_disjoint(out, path)
+    check_disjoint(out, path)
     space = datalist_label_space(data, path)
     if space.values is not None:
         # every entry carries the stored mask encoding it is decoded with (the bundle's LabelsToClassesd reads it
@@ -323,7 +336,7 @@ def load_datalist(
             try:
                 info = validate_pair(entry["image"], entry["label"], entry_label_space(space, entry, where))
                 if "fov" in entry:
-                    _validate_fov(Path(entry["fov"]), info["spatial_shape"])
+                    validate_fov(Path(entry["fov"]), info["spatial_shape"])
             except DatalistError as exc:
                 raise DatalistError(f"{exc} ({where})") from exc
     return out
@@ -343,13 +356,19 @@ def entry_label_space(space: "LabelSpace", entry: Mapping[str, Any], where: str 
         return space
     from dataclasses import replace
 
-    from .labels import _parse_values
+    from .labels import parse_label_values
 
-    return replace(space, values=_parse_values(entry["label_values"], where), declared=True)
+    return replace(space, values=parse_label_values(entry["label_values"], where), declared=True)
 
 
-def _check_disjoint(splits: Mapping[str, List[Dict[str, Any]]], path: Path) -> None:
-    """An image listed in two splits (or twice) silently inflates scores; refuse it."""
+def check_disjoint(splits: Mapping[str, List[Dict[str, Any]]], path: Path) -> None:
+    """Check that no image (an entry's resolved ``"image"``) is listed twice across ``splits``.
+
+    An image in two splits silently inflates scores (a train/test leak).
+
+    Raises:
+        DatalistError: naming the image and both of its places in ``path``.
+    """
     seen: Dict[str, str] = {}
     for split, entries in splits.items():
         for i, entry in enumerate(entries):

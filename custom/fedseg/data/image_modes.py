@@ -67,8 +67,3 @@ def to_pipeline_mode(img: Any) -> Any:
     if mode in ("LA", "1"):
         return img.convert("L")
     raise ImageModeError(f"unsupported image mode {mode!r}; supported: {SUPPORTED_MODES}")
-
-
-def pipeline_array(img: Any) -> np.ndarray:
-    """``np.asarray(to_pipeline_mode(img))``: ``(H, W)`` uint8/float32 or ``(H, W, 3)`` uint8."""
-    return np.asarray(to_pipeline_mode(img))

@@ -107,7 +107,7 @@ class LabelSpace:
                 )
             if names is None:
                 names = ("background",) + tuple(f"class{i}" for i in range(1, declared_n))
-        value_map = _parse_values(values, where) if values is not None else None
+        value_map = parse_label_values(values, where) if values is not None else None
         if names is None:
             n = (max(value_map.values()) + 1) if value_map else 2
             names = ("background", "foreground") if n == 2 else ("background",) + tuple(f"class{i}" for i in range(1, n))
@@ -345,7 +345,14 @@ def _parse_names(labels: Any, where: str) -> Tuple[str, ...]:
     return names
 
 
-def _parse_values(values: Any, where: str) -> Dict[float, int]:
+def parse_label_values(values: Any, where: str) -> Dict[float, int]:
+    """A ``label_values`` field (stored mask value -> class index, keys numbers or their strings) as
+    ``{float(value): index}``.
+
+    Raises:
+        LabelSpaceError: naming ``where``, for an empty or non-mapping field, a key that is not a number, an index
+            that is not an int >= 0, or a stored value listed twice (``"255"`` and ``255.0``).
+    """
     if not isinstance(values, Mapping) or not values:
         raise LabelSpaceError(f"label_values in {where} must map stored mask values to class indices, got {values!r}")
     out: Dict[float, int] = {}
@@ -438,5 +445,5 @@ def parse_label_values_option(text: Optional[str]) -> Optional[Dict[str, int]]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise LabelSpaceError(f"--label-values must be a JSON object such as '{{\"255\": 0, \"128\": 1, \"0\": 2}}': {exc}") from None
-    _parse_values(value, "--label-values")
+    parse_label_values(value, "--label-values")
     return value

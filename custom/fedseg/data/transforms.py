@@ -164,14 +164,14 @@ class LabelsToClassesd(MapTransform):
     def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
         from dataclasses import replace
 
-        from fedseg.data.labels import BINARY, LabelSpace, _parse_values
+        from fedseg.data.labels import BINARY, LabelSpace, parse_label_values
 
         d = dict(data)
         values = d.pop(self.values_key, None)
         names = BINARY.names if self.num_classes == 2 else ("background",) + tuple(f"class{i}" for i in range(1, self.num_classes))
         space = LabelSpace(names=names)
         if values is not None:
-            space = replace(space, values=_parse_values(values, self.values_key))
+            space = replace(space, values=parse_label_values(values, self.values_key))
         for key in self.key_iterator(d):
             mask = d[key]
             source = _source_name(mask)
@@ -201,12 +201,12 @@ class ClassesToLabelValuesd(MapTransform):
         super().__init__(keys, allow_missing_keys)
         from dataclasses import replace
 
-        from fedseg.data.labels import BINARY, LabelSpace, _parse_values
+        from fedseg.data.labels import BINARY, LabelSpace, parse_label_values
 
         names = BINARY.names if int(num_classes) == 2 else ("background",) + tuple(f"class{i}" for i in range(1, int(num_classes)))
         space = LabelSpace(names=names)
         if label_values is not None and not indices:
-            space = replace(space, values=_parse_values(label_values, "label_values"))
+            space = replace(space, values=parse_label_values(label_values, "label_values"))
         self.table = torch.as_tensor(space.output_values() if not indices else np.arange(len(names)), dtype=torch.float32)
 
     def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:

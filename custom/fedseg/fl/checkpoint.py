@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from fedseg.fl.report import _jsonable
+from fedseg.fl.report import jsonable
 
 CHECKPOINT_NAME = "round_checkpoint.pt"
 CHECKPOINT_FORMAT = 1
@@ -53,7 +53,7 @@ def comparable_config(config: Dict[str, Any]) -> Dict[str, Any]:
     """The configuration as JSON would hold it (tuples -> lists, ...), without :data:`OPERATIONAL_KEYS`,
     so that a stored and a fresh one compare equal when the job computes the same rounds."""
     kept = {k: v for k, v in config.items() if k not in OPERATIONAL_KEYS}
-    return json.loads(json.dumps(_jsonable(kept), sort_keys=True, default=str))
+    return json.loads(json.dumps(jsonable(kept), sort_keys=True, default=str))
 
 
 def save_checkpoint(
@@ -89,7 +89,7 @@ def save_checkpoint(
         "completed_round": int(completed_round),
         "global": {k: v.detach().cpu() for k, v in global_params.items()},
         "strategy": strategy_state,
-        "report": {"rounds": _jsonable(rounds), "resumed_at": [int(r) for r in resumed_at]},
+        "report": {"rounds": jsonable(rounds), "resumed_at": [int(r) for r in resumed_at]},
     }
     if model_selection is not None:
         state["model_selection"] = model_selection

@@ -41,18 +41,6 @@ def class_allow_list(extra: Iterable[str] = ()) -> List[str]:
     return merged
 
 
-def is_allowed(component_path: str, allow_list: Iterable[str]) -> bool:
-    """NVFlare's matching rule: an exact class path, or a prefix ending with "." (or a dotted package prefix)."""
-    for prefix in allow_list:
-        if component_path == prefix:
-            return True
-        if prefix.endswith(".") and component_path.startswith(prefix):
-            return True
-        if not prefix.endswith(".") and component_path.startswith(prefix + "."):
-            return True
-    return False
-
-
 def add_to_resources(resources_path: os.PathLike, extra: Iterable[str] = ()) -> List[str]:
     """Merge :func:`class_allow_list` into a site's resources JSON (created if absent); returns the list written.
 

@@ -24,14 +24,15 @@ REPORT_NAME = "report.json"
 SUMMARY_NAME = "summary.md"
 
 
-def _jsonable(value: Any) -> Any:
-    """Tensors/arrays -> lists, NaN/Inf -> None (JSON has no NaN)."""
+def jsonable(value: Any) -> Any:
+    """``value`` made JSON-safe, recursively: tensors / arrays -> lists, dict keys -> str, tuples -> lists,
+    NaN / Inf -> None (JSON has no NaN)."""
     if hasattr(value, "tolist"):
         value = value.tolist()
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
@@ -62,7 +63,7 @@ class RunReport:
         task = (self.config.get("train_config") or {}).get("task")
         note = CLASSIFICATION_NOTE if task == "classification" else METRIC_NOTE
         final = {**self.final, "note": note} if self.final else self.final
-        return _jsonable(
+        return jsonable(
             {
                 "method": self.method,
                 "config": self.config,

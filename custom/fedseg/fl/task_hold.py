@@ -12,7 +12,8 @@ few milliseconds to fetch it. NVFlare's own server loop can wait for a task (``S
 answered "try again" is asked again every ``poll_s`` until a task is there or ``hold_s`` has passed, so the site
 gets its task as soon as the controller schedules it. The answer is NVFlare's own (task, try again or end of run);
 only its timing changes. At most ``max_held`` requests wait at once (each holds one of the server's message
-threads), the others are answered at once as before.
+threads), the others are answered at once as before. The runner's method and the "try again" task name are NVFlare
+internals, used through ``fedseg.fl.nvflare_internals``.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
-from nvflare.private.defs import SpecialTaskName
+
+from fedseg.fl.nvflare_internals import (TRY_AGAIN_TASK, replace_process_task_request, restore_process_task_request,
+                                         task_request_runner)
 
 #: the name NVFlare's server answers with when it has no task for the site yet
-TRY_AGAIN = SpecialTaskName.TRY_AGAIN
+TRY_AGAIN = TRY_AGAIN_TASK
 
 
 class TaskRequestHold:
@@ -49,8 +51,7 @@ class TaskRequestHold:
         self.stop = stop or (lambda: False)
         self.held = 0
         self._lock = threading.Lock()
-        self._original = runner.process_task_request
-        runner.process_task_request = self.process_task_request
+        self._original = replace_process_task_request(runner, self.process_task_request)
 
     def process_task_request(self, client: Any, fl_ctx: FLContext) -> tuple:
         answer = self._original(client, fl_ctx)
@@ -72,8 +73,7 @@ class TaskRequestHold:
 
     def release(self) -> None:
         """Put the runner's own ``process_task_request`` back (requests already waiting finish their wait)."""
-        if self.runner.process_task_request == self.process_task_request:
-            self.runner.process_task_request = self._original
+        restore_process_task_request(self.runner, self.process_task_request, self._original)
 
 
 def hold_task_requests(fl_ctx: FLContext, hold_s: float, stop: Optional[Callable[[], bool]] = None,
@@ -86,8 +86,8 @@ def hold_task_requests(fl_ctx: FLContext, hold_s: float, stop: Optional[Callable
     """
     if not hold_s:
         return None
-    runner = fl_ctx.get_prop(FLContextKey.RUNNER) if fl_ctx is not None else None
-    if runner is None or not callable(getattr(runner, "process_task_request", None)):
+    runner = task_request_runner(fl_ctx)
+    if runner is None:
         return None
     return TaskRequestHold(runner, hold_s, stop=stop, **kwargs)
 

@@ -48,7 +48,8 @@ PROFILES: Dict[str, Dict[str, int]] = {
 }
 
 
-def _pair(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
+def image_size_pair(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
+    """A 2D image size as ``(H, W)`` ints: ``96 -> (96, 96)``, ``(96, 128) -> (96, 128)``; ValueError for other lengths."""
     pair = (int(size), int(size)) if isinstance(size, int) else tuple(int(s) for s in size)
     if len(pair) != 2:
         raise ValueError(f"a 2D image size needs two sides, got {size}")
@@ -98,7 +99,7 @@ class ViTClassifier(nn.Module):
         # constructor arguments stored under their own names: NVFlare's job export reads them back
         self.in_channels = in_channels
         self.num_classes = num_classes
-        self.img_size = _pair(img_size)
+        self.img_size = image_size_pair(img_size)
         self.patch_size = patch_size
         self.hidden_size = hidden_size
         self.mlp_dim = mlp_dim
@@ -213,8 +214,16 @@ def unetr_key_map(vit_state_dict: Mapping[str, torch.Tensor]) -> Tuple[Dict[str,
     return mapping, dropped
 
 
-def _foundation_shape(state: Mapping[str, torch.Tensor]) -> Dict[str, object]:
-    """Architecture read off the tensors: channels, width, MLP width, patch, depth, qkv bias."""
+def foundation_shape(state: Mapping[str, torch.Tensor]) -> Dict[str, object]:
+    """The architecture of a ViT read off its ``state_dict`` (keys with or without the ``vit.`` prefix).
+
+    Returns:
+        ``{"in_channels", "hidden_size", "patch": (ph, pw), "mlp_dim", "depth", "qkv_bias", "tokens"}``, ``tokens``
+        being the position embedding's length: the number of patch tokens (the class token has none).
+
+    Raises:
+        ValueError: the state has no 2D convolutional patch embedding.
+    """
     strip = {(k[4:] if k.startswith("vit.") else k): v for k, v in state.items()}
     conv = strip.get("patch_embedding.patch_embeddings.weight")
     if conv is None or conv.dim() != 4:
@@ -271,7 +280,7 @@ def unetr_from_foundation(
         ValueError: patch not 16, an input side not a multiple of 16, deeper than 12 blocks (or shallower without ``partial_depth``), or any
             mapped tensor whose shape differs (e.g. position embeddings of another image size).
     """
-    arch = _foundation_shape(vit_state_dict)
+    arch = foundation_shape(vit_state_dict)
     if arch["patch"] != (UNETR_PATCH, UNETR_PATCH):
         raise ValueError(f"UNETR uses {UNETR_PATCH}x{UNETR_PATCH} patches; the foundation's are {arch['patch']}")
     depth = int(arch["depth"])  # type: ignore[arg-type]
@@ -280,7 +289,7 @@ def unetr_from_foundation(
             f"UNETR's ViT has {UNETR_DEPTH} blocks; the foundation has {depth}"
             + ("" if depth > UNETR_DEPTH else " (pass partial_depth=True to load them into the first blocks)")
         )
-    size = _pair(img_size)
+    size = image_size_pair(img_size)
     if any(s % UNETR_PATCH for s in size):
         raise ValueError(f"UNETR input sides must be multiples of {UNETR_PATCH}, got {size}")
 

@@ -21,7 +21,7 @@ from typing import Optional, Sequence, Union
 import torch
 from monai.networks.nets import UNETR
 
-from fedseg.foundation.networks import UNETR_PATCH, _foundation_shape, _pair, unetr_from_foundation
+from fedseg.foundation.networks import UNETR_PATCH, foundation_shape, image_size_pair, unetr_from_foundation
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def build_unetr(
         ValueError: the foundation's channels, width or MLP width differ from the arguments, or
             :func:`~fedseg.foundation.networks.unetr_from_foundation` refuses it (patch, depth, size).
     """
-    size = _pair(img_size)
+    size = image_size_pair(img_size)
     if any(s % UNETR_PATCH for s in size):
         raise ValueError(f"UNETR input sides must be multiples of {UNETR_PATCH}, got {size}")
     if not foundation_ckpt:
@@ -85,7 +85,7 @@ def build_unetr(
             return build()
 
     state = load_foundation_state(foundation_ckpt)
-    arch = _foundation_shape(state)
+    arch = foundation_shape(state)
     wanted = {"in_channels": in_channels, "hidden_size": hidden_size, "mlp_dim": mlp_dim, "qkv_bias": qkv_bias}
     differ = {k: (arch[k], v) for k, v in wanted.items() if arch[k] != v}
     if differ:
@@ -133,7 +133,7 @@ class FoundationUNETR(UNETR):
         # global RNG), then given storage and every tensor of ``built`` (UNETR has no buffer outside its state dict)
         with torch.device("meta"):
             super().__init__(
-                in_channels=in_channels, out_channels=out_channels, img_size=_pair(img_size), feature_size=feature_size,
+                in_channels=in_channels, out_channels=out_channels, img_size=image_size_pair(img_size), feature_size=feature_size,
                 hidden_size=hidden_size, mlp_dim=mlp_dim, num_heads=num_heads, proj_type="conv",
                 norm_name=norm_name, dropout_rate=dropout_rate, spatial_dims=2, qkv_bias=qkv_bias,
             )
@@ -141,7 +141,7 @@ class FoundationUNETR(UNETR):
         self.load_state_dict(built.state_dict())
         # the constructor arguments, under their own names, for NVFlare's job serialisation
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self.img_size = list(_pair(img_size))
+        self.img_size = list(image_size_pair(img_size))
         self.mlp_dim, self.num_heads, self.feature_size = int(mlp_dim), int(num_heads), int(feature_size)
         self.norm_name, self.dropout_rate, self.qkv_bias = norm_name, float(dropout_rate), bool(qkv_bias)
         self.foundation_ckpt = str(foundation_ckpt) if foundation_ckpt else None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import math
 import os
-from typing import Any, Dict, Optional
+from typing import Dict, Optional
 
 import torch
 from nvflare.app_opt.pt.ditto import PTDittoHelper
@@ -32,18 +32,20 @@ from .site_records import KeepsRoundRecords, cpu_copy, refuse_dp
 
 class RoundKeyedDittoHelper(PTDittoHelper):
     """NVFlare's Ditto helper whose storage is the objective's round-keyed site records and whose local
-    training is the engine's (``local_train``)."""
+    training is the engine's (``local_train``). ``fresh_optimizer_state`` is the optimiser's state as built, for a
+    round with no personal model kept before it."""
 
     def __init__(self, records, **kwargs):
         super().__init__(**kwargs)
         self.records = records
+        self.fresh_optimizer_state = copy.deepcopy(self.optimizer.state_dict())
 
     def load_model(self, global_weights, round_: int = 0) -> Optional[int]:
         """``v`` (and its optimiser state) after the newest round ``< round_``, else ``global_weights``."""
         kept = self.records.before(round_)
         if kept is None:
             self.model.load_state_dict(global_weights)
-            self.optimizer.load_state_dict(self._fresh_optimizer_state)
+            self.optimizer.load_state_dict(self.fresh_optimizer_state)
             self.epoch_of_start_time = 0
             return None
         self.model.load_state_dict(kept[1]["model"])
@@ -102,7 +104,6 @@ class DittoObjective(KeepsRoundRecords, ClientObjective):
                 device=engine.device, app_dir=ctx.state_dir or os.getcwd(), ditto_lambda=self.ditto_lambda,
                 model_epochs=epochs,
             )
-            self.helper._fresh_optimizer_state = copy.deepcopy(optimizer.state_dict())
         self.helper.records = self.site_records(ctx)
         return self.helper
 

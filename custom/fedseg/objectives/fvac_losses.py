@@ -54,30 +54,6 @@ FVDA_FOREGROUND = ("union", "per_class")
 FVDA_MEAN = ("image", "class")
 
 
-def foreground_background_means(features: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 10: foreground and background feature vectors of each image.
-
-    ``S`` = ``labels`` resized to the feature map's size (nearest, :func:`resize_mask_nearest`);
-    ``F_fg = (1 / (H' W')) sum_{h,w} F[:, h, w] * [S(h, w) > 0]``, ``F_bg`` likewise with ``[S = 0]``.
-
-    The sum is divided by ``H' W'`` — all pixels of the map — not by the number of foreground
-    (background) pixels, exactly as printed in the paper. ``F_fg`` is therefore the foreground mean
-    scaled by the foreground fraction, and ``F_fg + F_bg`` is the mean of the whole map. A mask with no
-    foreground gives ``F_fg = 0`` rather than a division by zero. In a multi-class mask the foreground is the
-    union of the non-background classes (the paper's masks are binary; ``per_class`` in :func:`fvda_loss` is the
-    other reading).
-
-    Args:
-        features: ``(B, C, H', W')``.
-        labels: integer-valued ``(B, 1, H, W)``; any spatial size (usually the input size).
-
-    Returns:
-        ``(F_fg, F_bg)``, each ``(B, C)``.
-    """
-    means = class_means(features, labels, 2, union_foreground=True)
-    return means[:, 1], means[:, 0]
-
-
 def class_means(features: torch.Tensor, labels: torch.Tensor, num_classes: int, union_foreground: bool = False,
                 mean: str = "image") -> torch.Tensor:
     """Eq. 10 for every class: ``F_k = (1 / N) sum_{h,w} F[:, h, w] * [S(h, w) = k]``, ``(B, K, C)``.

@@ -1,41 +1,29 @@
-"""Name -> objective class. Methods register themselves here so a job config can name them."""
+"""Name -> objective class, imported lazily so that a site only imports the method it runs.
+
+A method's own objective is named in its row of the method table (:mod:`fedseg.methods`); the entries here are the
+objectives no row brings.
+"""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Callable, Dict
+from collections import ChainMap
+from typing import Any, Dict
+
+from fedseg.methods import OBJECTIVE_CLASSES
+from fedseg.registry import LazyRegistry
 
 from .base import ClientObjective
 
-_REGISTRY: Dict[str, str] = {
-    # name -> "module:Class"; imported lazily so a site only imports the method it runs
-    "fedavg": "fedseg.objectives.base:ClientObjective",
-    "graphfedseg": "fedseg.objectives.graphfedseg:GraphFedSegObjective",
-    "fedevi": "fedseg.objectives.fedevi:FedEviObjective",
-    "fvac": "fedseg.objectives.fvac:FVACObjective",
-    "pathfl": "fedseg.objectives.pathfl:PathFLObjective",
-    "fedefm": "fedseg.objectives.fedefm:FedEFMObjective",
+#: objectives that no method row brings: name -> "module:Class"
+OTHER_OBJECTIVES: Dict[str, str] = {
+    # FedEFM's overseas experts and its plain-CE classification baseline (an option of the fedefm method)
     "cross_entropy": "fedseg.objectives.fedefm:CrossEntropyObjective",
-    # the papers' baselines
-    "fedprox": "fedseg.objectives.fedprox:FedProxObjective",
-    "scaffold": "fedseg.objectives.scaffold:ScaffoldObjective",
-    "fedbn": "fedseg.objectives.local_layers:FedBNObjective",
-    "fedrep": "fedseg.objectives.fedrep:FedRepObjective",
-    "ditto": "fedseg.objectives.ditto:DittoObjective",
-    "moon": "fedseg.objectives.moon:MOONObjective",
-    "feddyn": "fedseg.objectives.feddyn:FedDynObjective",
-    "fedce": "fedseg.objectives.fedce:FedCEObjective",
 }
 
-
-def register_objective(name: str, target: str) -> None:
-    """Register ``target`` ("package.module:Class") under ``name``."""
-    _REGISTRY[name] = target
+#: every objective a job may name: the method table's and the others
+OBJECTIVES = LazyRegistry("client objective", ChainMap(OBJECTIVE_CLASSES, OTHER_OBJECTIVES))
 
 
 def build_objective(name: str, **options: Any) -> ClientObjective:
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown client objective {name!r}; known: {sorted(_REGISTRY)}")
-    module, cls = _REGISTRY[name].split(":")
-    factory: Callable[..., ClientObjective] = getattr(importlib.import_module(module), cls)
-    return factory(**options)
+    """The objective registered under ``name``, built with ``options`` (ValueError naming the known ones if none)."""
+    return OBJECTIVES.get(name)(**options)

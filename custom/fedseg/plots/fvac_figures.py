@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 
-def _display(arr: torch.Tensor) -> np.ndarray:
+def display_array(arr: torch.Tensor) -> np.ndarray:
     """(C, W, H) channel-first tensor -> (H, W, C) or (H, W) for imshow.
 
     Same orientation convention as :mod:`fedseg.plots.overlays`: MONAI's PIL reader yields (C, W, H),
@@ -47,11 +47,11 @@ def save_weight_map_figure(images: torch.Tensor, labels: torch.Tensor, alpha: to
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(3, n, figsize=(2.4 * n + 0.6, 6.9), squeeze=False)
     for col in range(n):
-        img = _display(images[col])
+        img = display_array(images[col])
         img = (img - img.min()) / max(float(img.max() - img.min()), 1e-8)  # normalised images are not in [0, 1]
         axes[0][col].imshow(img, cmap=None if img.ndim == 3 else "gray")
-        axes[1][col].imshow(_display(labels[col]), cmap="gray", vmin=0, vmax=1)
-        heat = axes[2][col].imshow(_display(alpha[col]) * n_pixels, cmap="magma")
+        axes[1][col].imshow(display_array(labels[col]), cmap="gray", vmin=0, vmax=1)
+        heat = axes[2][col].imshow(display_array(alpha[col]) * n_pixels, cmap="magma")
         fig.colorbar(heat, ax=axes[2][col], fraction=0.046, pad=0.02)
         for row, title in enumerate(("image", "truth", "alpha x HW")):
             axes[row][col].set_axis_off()

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from .fvac_figures import _display  # noqa: E402
+from .fvac_figures import display_array  # noqa: E402
 
 
 def save_style_figure(originals: torch.Tensor, restyled: torch.Tensor, hybrids: torch.Tensor, path: Path) -> Path:
@@ -33,7 +33,7 @@ def save_style_figure(originals: torch.Tensor, restyled: torch.Tensor, hybrids: 
     fig, axes = plt.subplots(3, n, figsize=(2.4 * n + 0.6, 7.2), squeeze=False)
     for col in range(n):
         for row, (batch, title) in enumerate(((originals, "original"), (restyled, "restyled"), (hybrids, "hybrid"))):
-            img = _display(batch[col]).clip(0.0, 1.0)
+            img = display_array(batch[col]).clip(0.0, 1.0)
             axes[row][col].imshow(img, cmap=None if img.ndim == 3 else "gray", vmin=0, vmax=1)
             axes[row][col].set_axis_off()
             if col == 0:

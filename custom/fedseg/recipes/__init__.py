@@ -1,46 +1,20 @@
-"""One recipe per method. ``RECIPES[name]`` is the class; ``fedseg export`` writes ``jobs/<name>``
-(:func:`fedseg.recipes.export.export_job`)."""
+"""One recipe per method, listed in the method table (:mod:`fedseg.methods`): ``get_recipe_class(name)`` is the
+class; ``fedseg export`` writes ``jobs/<name>`` (:func:`fedseg.recipes.export.export_job`)."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any, Dict, Optional, Sequence
 
-_RECIPES: Dict[str, str] = {
-    "fedavg": "fedseg.recipes.fedavg:FedAvgRecipe",
-    "fedefm": "fedseg.recipes.fedefm:FedEFMRecipe",
-    "fedefm_downstream": "fedseg.recipes.fedefm_downstream:FedEFMDownstreamRecipe",
-    "fedevi": "fedseg.recipes.fedevi:FedEviRecipe",
-    "fvac": "fedseg.recipes.fvac:FVACRecipe",
-    "graphfedseg": "fedseg.recipes.graphfedseg:GraphFedSegRecipe",
-    "pathfl": "fedseg.recipes.pathfl:PathFLRecipe",
-    # the papers' baselines
-    "fedprox": "fedseg.recipes.fedprox:FedProxRecipe",
-    "scaffold": "fedseg.recipes.scaffold:ScaffoldRecipe",
-    "fedadam": "fedseg.recipes.fedadam:FedAdamRecipe",
-    "fedavgm": "fedseg.recipes.fedavgm:FedAvgMRecipe",
-    "fedbn": "fedseg.recipes.fedbn:FedBNRecipe",
-    "ditto": "fedseg.recipes.ditto:DittoRecipe",
-    "fedrep": "fedseg.recipes.fedrep:FedRepRecipe",
-    "moon": "fedseg.recipes.moon:MOONRecipe",
-    "feddyn": "fedseg.recipes.feddyn:FedDynRecipe",
-    "fedce": "fedseg.recipes.fedce:FedCERecipe",
-}
+from fedseg.methods import PROTOCOL_METHODS, PUBLISHED_METHODS, RECIPES, available_methods
+
+__all__ = ["PROTOCOL_METHODS", "PUBLISHED_METHODS", "available_methods", "comparison_protocol", "get_recipe_class",
+           "paper_protocol"]
 
 
 def get_recipe_class(method: str):
-    if method not in _RECIPES:
-        raise ValueError(f"unknown method {method!r}; known: {sorted(_RECIPES)}")
-    module, cls = _RECIPES[method].split(":")
-    return getattr(importlib.import_module(module), cls)
-
-
-def available_methods():
-    return sorted(_RECIPES)
-
-
-#: the published methods of the suite, whose ``paper`` profiles are their authors' local protocols
-PUBLISHED_METHODS = ("graphfedseg", "fedevi", "fvac", "pathfl", "fedefm_downstream")
+    """``method``'s recipe class (its module imported now; ValueError naming the known methods if none)."""
+    return RECIPES.get(method)
 
 
 def paper_protocol(method: str, spatial_dims: Optional[int] = None, spatial_mode: Optional[str] = None) -> Dict[str, Any]:
@@ -56,7 +30,7 @@ def paper_protocol(method: str, spatial_dims: Optional[int] = None, spatial_mode
     """
     from fedseg.config import LOCAL_PROTOCOL_KEYS, resolve_profile
 
-    module = importlib.import_module(_RECIPES[method].split(":")[0]) if method in _RECIPES else None
+    module = _recipe_module(method) if method in RECIPES else None
     profiles = getattr(module, "PAPER_PROFILES", None) if module is not None else None
     if not profiles or "paper" not in profiles:
         raise ValueError(f"method {method!r} has no paper profile to take a local protocol from; "
@@ -66,14 +40,18 @@ def paper_protocol(method: str, spatial_dims: Optional[int] = None, spatial_mode
             "train_config": {k: resolved["train_config"][k] for k in LOCAL_PROTOCOL_KEYS}}
 
 
+def _recipe_module(method: str):
+    """The module of ``method``'s recipe, where its ``PAPER_PROFILES`` are."""
+    return importlib.import_module(RECIPES.target(method).split(":")[0])
+
+
 def _has_paper_profile(method: str) -> bool:
-    module = importlib.import_module(_RECIPES[method].split(":")[0])
-    return "paper" in (getattr(module, "PAPER_PROFILES", None) or {})
+    return "paper" in (getattr(_recipe_module(method), "PAPER_PROFILES", None) or {})
 
 
 def comparison_protocol(methods: Sequence[str], protocol: Optional[str] = None) -> str:
     """The method whose ``paper`` protocol a comparison of ``methods`` shares: ``protocol`` when given, else the one
-    published method among ``methods`` (:data:`PUBLISHED_METHODS`), else ``fedavg``'s.
+    published segmentation method among ``methods`` (:data:`fedseg.methods.PROTOCOL_METHODS`), else ``fedavg``'s.
 
     Raises:
         ValueError: ``protocol`` is unknown, or ``methods`` hold several published methods and no ``protocol``.
@@ -81,7 +59,7 @@ def comparison_protocol(methods: Sequence[str], protocol: Optional[str] = None) 
     if protocol is not None:
         get_recipe_class(protocol)
         return protocol
-    published = sorted({m for m in methods if m in PUBLISHED_METHODS})
+    published = sorted({m for m in methods if m in PROTOCOL_METHODS})
     if len(published) > 1:
         raise ValueError(f"the methods {published} each have their authors' local protocol; name the one this comparison "
                          "uses (fedseg bench --protocol METHOD)")

@@ -1,22 +1,26 @@
 """The recipe every method shares: one controller + one site script, configured by name and options.
 
-A method's recipe module only picks the strategy, the objective, their options and a ``paper`` profile.
+A method's recipe module only gives its strategy's and objective's options and a ``paper`` profile; the method table
+(``fedseg.methods``) names the strategy and the objective.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from nvflare.app_opt.pt.job_config.base_fed_job import BaseFedJob
 from nvflare.recipe.spec import ExecEnv, Recipe
 
 from fedseg.bundle import build_network, bundle_network_fields, is_bundle_path
-from fedseg.config import default_task_timeout
+from fedseg.config import default_task_timeout, resolve_profile
 from fedseg.fl.audit import ResultAuditFilter
 from fedseg.fl.controller import FedSegController
 from fedseg.fl.protocol import EVALUATE_TASK, TRAIN_TASK
 from fedseg.fl.site_executor import FedSegRanksExecutor, FedSegScriptExecutor, FedSegSiteExecutor, torchrun_command
+from fedseg.methods import get_method
+from fedseg.objectives.registry import OBJECTIVES
+from fedseg.processes import Stopped, stopping
 from fedseg.recipes.environments import ExecEnvError, deployment_failure, prepare_env
 from fedseg.recipes.tracking import add_tensorboard
 from fedseg.strategies.registry import get_strategy_class
@@ -64,20 +68,6 @@ class SiteScript:
 #: average before a site picks it up (a few small messages a second per idle site; NVFlare's own default is 2 s)
 TASK_REQUEST_INTERVAL = 0.05
 
-#: recipe options that configure the job rather than training (everything else is a train_config override)
-JOB_OPTIONS = (
-    "min_clients", "task_timeout", "task_check_period", "script_args", "site_executor", "site_ranks", "screening",
-    "checkpoint_dir",
-    "task_request_interval", "server_optimizer", "server_lr", "server_momentum", "server_betas", "server_eps",
-)
-
-
-def split_options(options: Dict[str, Any]) -> tuple:
-    """``(job_options, train_overrides)`` from a method recipe's ``**options``."""
-    job = {k: v for k, v in options.items() if k in JOB_OPTIONS}
-    return job, {k: v for k, v in options.items() if k not in JOB_OPTIONS}
-
-
 def build_initial_network(train_config: Dict[str, Any]):
     """The bundle's network with the job's overrides — the same constructor (and ``init_seed``) the sites use."""
     return build_network(train_config)
@@ -88,13 +78,19 @@ class FedSegRecipe(Recipe):
     ``jobs/<method>``) or run as it is in an execution environment, ``recipe.execute(SimEnv(...))`` (or ``PocEnv``,
     ``ProdEnv``; ``jobs/job.py``). The job carries no code; every participant runs its installed fedseg.
 
+    A method's recipe passes its name, its strategy's and objective's options, and its ``profile``, ``PAPER_PROFILES``,
+    ``num_rounds`` and ``**options`` as it received them; this class resolves the training configuration from them.
+
     Args:
         name: job name (also the exported folder's job name).
-        method: method name recorded in report.json.
-        strategy / strategy_args: server strategy and its options.
-        objective / objective_args: client objective and its options.
-        num_rounds: communication rounds.
-        train_config: effective training hyper-parameters (see ``fedseg.config``).
+        method: method name recorded in report.json; its row of the method table (``fedseg.methods``) names the
+            server strategy and the client objective the job runs.
+        strategy_args / objective_args: the strategy's and the objective's options.
+        profile: a base profile (``fedseg.config.PROFILES``: "default", "tiny", ...) or one of ``profiles``.
+        profiles: the method's own profiles (its ``PAPER_PROFILES``), beside and over the base ones.
+        num_rounds: communication rounds; None = the profile's.
+        **train_overrides: training hyper-parameters over the profile's (``fedseg.config.BASE_TRAIN_CONFIG`` keys;
+            a None value keeps the profile's). The effective ones are ``self.train_config``.
         min_clients: sites needed to start, and fewest valid results a round may continue with.
         task_timeout: seconds a site may take for one task before it is left out of that round; None =
             ``fedseg.config.default_task_timeout(train_config)`` (written into the exported job); 0 = no limit.
@@ -122,12 +118,11 @@ class FedSegRecipe(Recipe):
         *,
         name: str,
         method: str,
-        strategy: str,
-        objective: str,
-        num_rounds: int,
-        train_config: Dict[str, Any],
         strategy_args: Optional[Dict[str, Any]] = None,
         objective_args: Optional[Dict[str, Any]] = None,
+        profile: str = "default",
+        profiles: Optional[Mapping[str, Dict[str, Any]]] = None,
+        num_rounds: Optional[int] = None,
         min_clients: int = 2,
         task_timeout: Optional[int] = None,
         task_check_period: float = 0.5,
@@ -142,12 +137,19 @@ class FedSegRecipe(Recipe):
         server_momentum: float = DEFAULT_SERVER_MOMENTUM,
         server_betas: Sequence[float] = (0.9, 0.99),
         server_eps: float = 1e-3,
+        **train_overrides: Any,
     ):
         if not (isinstance(task_request_interval, (int, float)) and 0 < task_request_interval <= 60):
             raise ValueError(f"task_request_interval must be in (0, 60] seconds, got {task_request_interval!r}")
+        spec = get_method(method)
+        strategy, objective = spec.strategy, spec.objective
+        OBJECTIVES.target(objective)  # an objective no site could build fails here, not at the sites
+        resolved = resolve_profile(profile, profiles, num_rounds, **train_overrides)
+        self.check_train_config(resolved["train_config"])
+        num_rounds = resolved["num_rounds"]
         self.name = name
         self.method = method
-        self.train_config = dict(train_config)
+        self.train_config = dict(resolved["train_config"])
         initial_network = build_initial_network(self.train_config)
         if is_bundle_path(self.train_config.get("bundle")):
             # a user's bundle: one absolute path in the job, and what the server checks of its network
@@ -202,6 +204,10 @@ class FedSegRecipe(Recipe):
         # MLflow can be added beside it)
         add_tensorboard(self)
 
+    def check_train_config(self, train_config: Dict[str, Any]) -> None:
+        """Refuse a resolved training configuration the method cannot train (before anything is built); a method's
+        recipe overrides it (PathFL: 2-D only). Raises ValueError."""
+
     def process_env(self, env: ExecEnv) -> None:
         """Ready ``env`` for this job before NVFlare deploys it (NVFlare calls this in ``run`` / ``execute``): in
         ``SimEnv`` fedseg's component allow list goes into the simulated workspace; ``PocEnv`` and ``ProdEnv`` are checked
@@ -219,6 +225,8 @@ class FedSegRecipe(Recipe):
         except ExecEnvError:
             raise
         except Exception as e:  # noqa: BLE001 - explained for the environments we know, re-raised as is otherwise
+            if stopping() is not None:  # NVFlare's simulator turns the stop signal into a failed run (status -9)
+                raise Stopped(stopping()) from e
             explained = deployment_failure(env, self.name, e)
             if explained is None:
                 raise

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from fedseg.config import resolve_profile
-from fedseg.recipes.base import FedSegRecipe, split_options
+from fedseg.recipes.base import FedSegRecipe
 from fedseg.recipes.fedavg import PAPER_PROFILES
 
 
@@ -16,12 +15,10 @@ class DittoRecipe(FedSegRecipe):
 
     def __init__(self, *, name: str = "ditto", profile: str = "default", num_rounds: Optional[int] = None,
                  ditto_lambda: float = 0.1, personal_epochs: Optional[int] = None, **options: Any):
-        job_options, train_overrides = split_options(options)
-        if train_overrides.get("dp_target_epsilon") is not None:
+        if options.get("dp_target_epsilon") is not None:
             raise ValueError("Ditto does not support differential privacy (dp_target_epsilon)")
-        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
         super().__init__(
-            name=name, method="ditto", strategy="ditto", strategy_args={"weighting": "samples"},
-            objective="ditto", objective_args={"ditto_lambda": ditto_lambda, "personal_epochs": personal_epochs},
-            num_rounds=resolved["num_rounds"], train_config=resolved["train_config"], **job_options,
+            name=name, method="ditto", strategy_args={"weighting": "samples"},
+            objective_args={"ditto_lambda": ditto_lambda, "personal_epochs": personal_epochs},
+            profile=profile, profiles=PAPER_PROFILES, num_rounds=num_rounds, **options,
         )

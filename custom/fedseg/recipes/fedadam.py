@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from fedseg.config import resolve_profile
-from fedseg.recipes.base import FedSegRecipe, split_options
+from fedseg.recipes.base import FedSegRecipe
 from fedseg.recipes.fedavg import PAPER_PROFILES
 
 
@@ -18,12 +17,10 @@ class FedAdamRecipe(FedSegRecipe):
     def __init__(self, *, name: str = "fedadam", profile: str = "default", num_rounds: Optional[int] = None,
                  server_optimizer: str = "adam", server_lr: float = 1e-2, beta1: float = 0.9, beta2: float = 0.99,
                  tau: float = 1e-3, momentum: float = 0.0, **options: Any):
-        job_options, train_overrides = split_options(options)
-        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
         super().__init__(
-            name=name, method="fedadam", strategy="fedopt",
+            name=name, method="fedadam",
             strategy_args={"server_optimizer": server_optimizer, "server_lr": server_lr, "beta1": beta1, "beta2": beta2,
                            "tau": tau, "momentum": momentum},
-            objective="fedavg", objective_args={},
-            num_rounds=resolved["num_rounds"], train_config=resolved["train_config"], **job_options,
+            objective_args={},
+            profile=profile, profiles=PAPER_PROFILES, num_rounds=num_rounds, **options,
         )

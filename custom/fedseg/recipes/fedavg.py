@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from fedseg.config import resolve_profile
-from fedseg.recipes.base import FedSegRecipe, split_options
+from fedseg.recipes.base import FedSegRecipe
 
 # McMahan et al. report no segmentation setting; "paper" here mirrors the GraphFedSeg comparison
 # (Adam 5e-4, batch 4, E = 2, 250 rounds) so FedAvg numbers line up with the headline method.
@@ -29,16 +28,13 @@ class FedAvgRecipe(FedSegRecipe):
         trim: float = 0.1,
         **options: Any,
     ):
-        job_options, train_overrides = split_options(options)
-        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
         super().__init__(
             name=name,
             method="fedavg",
-            strategy="fedavg",
             # aggregation="median" / "trimmed_mean": robust FedAvg for federations that cannot trust every site
             strategy_args={"weighting": weighting, "aggregation": aggregation, "trim": trim},
-            objective="fedavg",
-            num_rounds=resolved["num_rounds"],
-            train_config=resolved["train_config"],
-            **job_options,
+            profile=profile,
+            profiles=PAPER_PROFILES,
+            num_rounds=num_rounds,
+            **options,
         )

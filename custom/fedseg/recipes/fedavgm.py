@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from fedseg.config import resolve_profile
-from fedseg.recipes.base import FedSegRecipe, split_options
+from fedseg.recipes.base import FedSegRecipe
 from fedseg.recipes.fedavg import PAPER_PROFILES
 
 #: server momentum: NVFlare's FedOpt default. Measured on the real retina federation at 100 rounds: 0.6 holds its lead
@@ -25,12 +24,10 @@ class FedAvgMRecipe(FedSegRecipe):
     def __init__(self, *, name: str = "fedavgm", profile: str = "default", num_rounds: Optional[int] = None,
                  server_lr: float = 1.0, momentum: float = DEFAULT_MOMENTUM, weighting: str = "samples",
                  **options: Any):
-        job_options, train_overrides = split_options(options)
-        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
         super().__init__(
-            name=name, method="fedavgm", strategy="fedopt",
+            name=name, method="fedavgm",
             strategy_args={"server_optimizer": "sgd", "server_lr": server_lr, "momentum": momentum,
                            "weighting": weighting},
-            objective="fedavg", objective_args={},
-            num_rounds=resolved["num_rounds"], train_config=resolved["train_config"], **job_options,
+            objective_args={},
+            profile=profile, profiles=PAPER_PROFILES, num_rounds=num_rounds, **options,
         )

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from fedseg.config import resolve_profile
-from fedseg.recipes.base import FedSegRecipe, split_options
+from fedseg.recipes.base import FedSegRecipe
 from fedseg.recipes.fedavg import PAPER_PROFILES
 
 #: FedBN's normalisation when the job does not set one
@@ -23,11 +22,8 @@ DEFAULT_NORM = "instance_affine"
 
 class FedBNRecipe(FedSegRecipe):
     def __init__(self, *, name: str = "fedbn", profile: str = "default", num_rounds: Optional[int] = None, **options: Any):
-        job_options, train_overrides = split_options(options)
-        train_overrides.setdefault("norm", DEFAULT_NORM)
-        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
+        options.setdefault("norm", DEFAULT_NORM)
         super().__init__(
-            name=name, method="fedbn", strategy="fedbn", strategy_args={"weighting": "samples"},
-            objective="fedbn", objective_args={},
-            num_rounds=resolved["num_rounds"], train_config=resolved["train_config"], **job_options,
+            name=name, method="fedbn", strategy_args={"weighting": "samples"}, objective_args={},
+            profile=profile, profiles=PAPER_PROFILES, num_rounds=num_rounds, **options,
         )

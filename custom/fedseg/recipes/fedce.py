@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from fedseg.config import resolve_profile
-from fedseg.recipes.base import FedSegRecipe, split_options
+from fedseg.recipes.base import FedSegRecipe
 from fedseg.recipes.fedevi import PAPER_PROFILES
 
 
@@ -15,10 +14,7 @@ class FedCERecipe(FedSegRecipe):
 
     def __init__(self, *, name: str = "fedce", profile: str = "default", num_rounds: Optional[int] = None,
                  mode: str = "plus", epsilon: float = 1e-6, **options: Any):
-        job_options, train_overrides = split_options(options)
-        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
         super().__init__(
-            name=name, method="fedce", strategy="fedce", strategy_args={"mode": mode, "epsilon": epsilon},
-            objective="fedce", objective_args={},
-            num_rounds=resolved["num_rounds"], train_config=resolved["train_config"], **job_options,
+            name=name, method="fedce", strategy_args={"mode": mode, "epsilon": epsilon}, objective_args={},
+            profile=profile, profiles=PAPER_PROFILES, num_rounds=num_rounds, **options,
         )

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from fedseg.config import resolve_profile
-from fedseg.recipes.base import FedSegRecipe, split_options
+from fedseg.recipes.base import FedSegRecipe
 from fedseg.recipes.fvac import PAPER_PROFILES
 
 
@@ -15,10 +14,7 @@ class FedDynRecipe(FedSegRecipe):
 
     def __init__(self, *, name: str = "feddyn", profile: str = "default", num_rounds: Optional[int] = None,
                  alpha: float = 0.01, **options: Any):
-        job_options, train_overrides = split_options(options)
-        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
         super().__init__(
-            name=name, method="feddyn", strategy="feddyn", strategy_args={"alpha": alpha},
-            objective="feddyn", objective_args={"alpha": alpha},
-            num_rounds=resolved["num_rounds"], train_config=resolved["train_config"], **job_options,
+            name=name, method="feddyn", strategy_args={"alpha": alpha}, objective_args={"alpha": alpha},
+            profile=profile, profiles=PAPER_PROFILES, num_rounds=num_rounds, **options,
         )

@@ -20,10 +20,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from fedseg.bundle import refuse_user_bundle
-from fedseg.config import BASE_TRAIN_CONFIG, resolve_profile
+from fedseg.config import BASE_TRAIN_CONFIG
 from fedseg.data.synthetic.xray import DEVICES
 from fedseg.fl.site_data import FOUNDATION_FAMILY
-from fedseg.recipes.base import FedSegRecipe, split_options
+from fedseg.recipes.base import FedSegRecipe
 
 #: every FedEFM run is an image classification over the global label space
 CLASSIFICATION_DEFAULTS = {
@@ -90,20 +90,17 @@ class FedEFMRecipe(FedSegRecipe):
         unseen: Optional[float] = None,
         **options: Any,
     ):
-        job_options, train_overrides = split_options(options)
         for key, value in CLASSIFICATION_DEFAULTS.items():
-            train_overrides.setdefault(key, value)
+            options.setdefault(key, value)
         if unseen is not None:
-            train_overrides["data_unseen"] = float(unseen)
-        if train_overrides["data_family"] == FOUNDATION_FAMILY and "num_classes" not in train_overrides:
+            options["data_unseen"] = float(unseen)
+        if options["data_family"] == FOUNDATION_FAMILY and "num_classes" not in options:
             # the built-in label space: 4 device classes per scanner style
-            train_overrides["num_classes"] = len(DEVICES) * int(train_overrides.get("data_scanners") or BASE_TRAIN_CONFIG["data_scanners"])
-        refuse_user_bundle(train_overrides, "FedEFM's pre-training trains its own classification ViT over silos' class labels; a segmentation bundle cannot stand in for it")
-        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
+            options["num_classes"] = len(DEVICES) * int(options.get("data_scanners") or BASE_TRAIN_CONFIG["data_scanners"])
+        refuse_user_bundle(options, "FedEFM's pre-training trains its own classification ViT over silos' class labels; a segmentation bundle cannot stand in for it")
         super().__init__(
             name=name,
             method="fedefm",
-            strategy="fedefm",
             strategy_args={
                 "mode": mode,
                 "topology": topology,
@@ -111,7 +108,6 @@ class FedEFMRecipe(FedSegRecipe):
                 "gossip_self_weight": gossip_self_weight,
                 "weighting": weighting,
             },
-            objective="fedefm",
             objective_args={
                 "alpha": alpha,
                 "temperature": temperature,
@@ -121,7 +117,8 @@ class FedEFMRecipe(FedSegRecipe):
                 "overseas_epochs": overseas_epochs,
                 "gossip_self_weight": gossip_self_weight,
             },
-            num_rounds=resolved["num_rounds"],
-            train_config=resolved["train_config"],
-            **job_options,
+            profile=profile,
+            profiles=PAPER_PROFILES,
+            num_rounds=num_rounds,
+            **options,
         )

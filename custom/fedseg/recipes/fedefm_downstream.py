@@ -18,11 +18,10 @@ Built-in data: catheter/guidewire segmentation on synthetic X-ray sites (family 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from fedseg.bundle import refuse_user_bundle
-from fedseg.config import resolve_profile
-from fedseg.recipes.base import FedSegRecipe, split_options
+from fedseg.recipes.base import FedSegRecipe
 
 DOWNSTREAM_DEFAULTS = {
     "task": "segmentation",
@@ -66,27 +65,26 @@ class FedEFMDownstreamRecipe(FedSegRecipe):
         weighting: str = "samples",
         **options: Any,
     ):
-        job_options, train_overrides = split_options(options)
         for key, value in DOWNSTREAM_DEFAULTS.items():
-            train_overrides.setdefault(key, value)
+            options.setdefault(key, value)
         if foundation_ckpt:
             path = Path(foundation_ckpt)
             if not path.is_absolute() or not path.is_file():
                 raise FileNotFoundError(f"foundation_ckpt must be an existing absolute path, got {foundation_ckpt!r}")
-            train_overrides["foundation_ckpt"] = str(path)
-        train_overrides["partial_depth"] = bool(partial_depth)
-        refuse_user_bundle(train_overrides, "FedEFM's downstream fine-tunes the UNETR of bundles/unetr_seg from the foundation's ViT encoder; another bundle's network has no such encoder")
-        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
-        if int(resolved["train_config"].get("spatial_dims") or 2) == 3:
-            # the foundation is a 2-D ViT over 2-D patches; a 3-D UNETR (or slices through this 2-D one) is not offered
-            raise ValueError("FedEFM's downstream UNETR is 2-D only: it fine-tunes a 2-D foundation ViT; volumes are refused")
+            options["foundation_ckpt"] = str(path)
+        options["partial_depth"] = bool(partial_depth)
+        refuse_user_bundle(options, "FedEFM's downstream fine-tunes the UNETR of bundles/unetr_seg from the foundation's ViT encoder; another bundle's network has no such encoder")
         super().__init__(
             name=name,
             method="fedefm_downstream",
-            strategy="fedavg",
             strategy_args={"weighting": weighting},
-            objective="fedavg",
-            num_rounds=resolved["num_rounds"],
-            train_config=resolved["train_config"],
-            **job_options,
+            profile=profile,
+            profiles=PAPER_PROFILES,
+            num_rounds=num_rounds,
+            **options,
         )
+
+    def check_train_config(self, train_config: Dict[str, Any]) -> None:
+        if int(train_config.get("spatial_dims") or 2) == 3:
+            # the foundation is a 2-D ViT over 2-D patches; a 3-D UNETR (or slices through this 2-D one) is not offered
+            raise ValueError("FedEFM's downstream UNETR is 2-D only: it fine-tunes a 2-D foundation ViT; volumes are refused")

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from fedseg.config import resolve_profile
 from fedseg.uncertainty.window_sample import check_window_count
 from fedseg.objectives.fedevi import DEFAULT_SURROGATE_WINDOWS
-from fedseg.recipes.base import FedSegRecipe, split_options
+from fedseg.recipes.base import FedSegRecipe
 
 # the authors' local training protocol, read off their public code (spec: shared/methods/fedevi.md; the ablation
 # of each difference from the suite's default: docs/results/fedevi-protocol.md). Their FedAvg trains with a
@@ -80,8 +79,6 @@ class FedEviRecipe(FedSegRecipe):
         clamp_epistemic: Optional[bool] = None,
         **options: Any,
     ):
-        job_options, train_overrides = split_options(options)
-        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
         surrogate = {"uncertainty_grid": "image", "clamp_epistemic": True, **PAPER_OBJECTIVE_ARGS.get(profile, {})}
         if uncertainty_grid is not None:
             surrogate["uncertainty_grid"] = uncertainty_grid
@@ -90,7 +87,6 @@ class FedEviRecipe(FedSegRecipe):
         super().__init__(
             name=name,
             method="fedevi",
-            strategy="fedevi",
             strategy_args={
                 "delta": delta,
                 "weight_form": weight_form,
@@ -100,7 +96,6 @@ class FedEviRecipe(FedSegRecipe):
                 "use_reliability": use_reliability,
                 "accumulate": accumulate,
             },
-            objective="fedevi",
             objective_args={
                 "kl_weight": kl_weight,
                 "anneal_rounds": anneal_rounds,
@@ -108,7 +103,8 @@ class FedEviRecipe(FedSegRecipe):
                 "surrogate_windows": check_window_count(surrogate_windows, "surrogate_windows"),
                 **surrogate,
             },
-            num_rounds=resolved["num_rounds"],
-            train_config=resolved["train_config"],
-            **job_options,
+            profile=profile,
+            profiles=PAPER_PROFILES,
+            num_rounds=num_rounds,
+            **options,
         )

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from fedseg.config import resolve_profile
-from fedseg.recipes.base import FedSegRecipe, split_options
+from fedseg.recipes.base import FedSegRecipe
 from fedseg.recipes.fedavg import PAPER_PROFILES
 
 
@@ -19,10 +18,7 @@ class FedProxRecipe(FedSegRecipe):
 
     def __init__(self, *, name: str = "fedprox", profile: str = "default", num_rounds: Optional[int] = None,
                  mu: float = 0.01, **options: Any):
-        job_options, train_overrides = split_options(options)
-        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
         super().__init__(
-            name=name, method="fedprox", strategy="fedavg", strategy_args={"weighting": "samples"},
-            objective="fedprox", objective_args={"mu": mu},
-            num_rounds=resolved["num_rounds"], train_config=resolved["train_config"], **job_options,
+            name=name, method="fedprox", strategy_args={"weighting": "samples"}, objective_args={"mu": mu},
+            profile=profile, profiles=PAPER_PROFILES, num_rounds=num_rounds, **options,
         )

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from fedseg.config import resolve_profile
-from fedseg.recipes.base import FedSegRecipe, split_options
+from fedseg.recipes.base import FedSegRecipe
 
 PAPER_PROFILES = {
     "paper": {
@@ -52,24 +51,21 @@ class FVACRecipe(FedSegRecipe):
         record_terms: int = 0,
         **options: Any,
     ):
-        job_options, train_overrides = split_options(options)
-        train_overrides.setdefault("data_family", "vessel")
+        options.setdefault("data_family", "vessel")
         if profile == "default":
-            train_overrides.setdefault("local_epochs", DEFAULT_LOCAL_EPOCHS)
-        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
+            options.setdefault("local_epochs", DEFAULT_LOCAL_EPOCHS)
         super().__init__(
             name=name,
             method="fvac",
-            strategy="fedavg",
             strategy_args={"weighting": "uniform"},
-            objective="fvac",
             objective_args={"beta": beta, "use_fmug": use_fmug, "use_fvda": use_fvda, "feature_layer": feature_layer,
                             "fvda_foreground": fvda_foreground,
                             # the printed Eq. 10 unless asked (off: the exported job is unchanged)
                             **({"fvda_mean": fvda_mean} if fvda_mean != "image" else {}),
                             # the term sizes among the train metrics (off: the exported job is unchanged)
                             **({"record_terms": record_terms} if record_terms else {})},
-            num_rounds=resolved["num_rounds"],
-            train_config=resolved["train_config"],
-            **job_options,
+            profile=profile,
+            profiles=PAPER_PROFILES,
+            num_rounds=num_rounds,
+            **options,
         )

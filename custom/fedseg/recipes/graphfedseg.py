@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Union
 
-from fedseg.config import resolve_profile
 from fedseg.uncertainty.window_sample import check_window_count
 from fedseg.objectives.graphfedseg import DEFAULT_UNCERTAINTY_WINDOWS
-from fedseg.recipes.base import FedSegRecipe, split_options
+from fedseg.recipes.base import FedSegRecipe
 
 # the authors' code's local protocol: 4 polyp sites, their U-Net, 250 rounds, 384 x 384 (their prepared data)
 PAPER_PROFILES = {
@@ -150,10 +149,8 @@ class GraphFedSegRecipe(FedSegRecipe):
         uncertainty_windows: Union[int, str, None] = DEFAULT_UNCERTAINTY_WINDOWS,
         **options: Any,
     ):
-        job_options, train_overrides = split_options(options)
-        if uncertainty == "mc_dropout" and not train_overrides.get("dropout"):
-            train_overrides["dropout"] = MC_DROPOUT_DEFAULT_RATE
-        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
+        if uncertainty == "mc_dropout" and not options.get("dropout"):
+            options["dropout"] = MC_DROPOUT_DEFAULT_RATE
         args = method_args(profile, alpha=alpha, gamma=gamma, lam=lam, lambda1=lambda1, similarity=similarity,
                            similarity_snap=similarity_snap, prior=prior, graph_in_aggregation=graph_in_aggregation,
                            initial_graph=initial_graph, regulariser=regulariser, top_k=top_k,
@@ -164,21 +161,20 @@ class GraphFedSegRecipe(FedSegRecipe):
         super().__init__(
             name=name,
             method="graphfedseg",
-            strategy="graphfedseg",
             strategy_args={
                 **{k: v for k, v in args.items() if k != "uncertainty_loss_weight"},
                 "solver": solver,
                 "uncertainty": uncertainty,
                 "mc_samples": mc_samples,
             },
-            objective="graphfedseg",
             objective_args={
                 "uncertainty": uncertainty,
                 "mc_samples": mc_samples,
                 **{k: args[k] for k in objective_keys},
                 "uncertainty_windows": check_window_count(uncertainty_windows, "uncertainty_windows"),
             },
-            num_rounds=resolved["num_rounds"],
-            train_config=resolved["train_config"],
-            **job_options,
+            profile=profile,
+            profiles=PAPER_PROFILES,
+            num_rounds=num_rounds,
+            **options,
         )

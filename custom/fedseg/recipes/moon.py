@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from fedseg.config import resolve_profile
-from fedseg.recipes.base import FedSegRecipe, split_options
+from fedseg.recipes.base import FedSegRecipe
 from fedseg.recipes.fvac import PAPER_PROFILES
 
 
@@ -15,10 +14,8 @@ class MOONRecipe(FedSegRecipe):
 
     def __init__(self, *, name: str = "moon", profile: str = "default", num_rounds: Optional[int] = None,
                  mu: float = 1.0, temperature: float = 0.5, representation: str = "bottleneck", **options: Any):
-        job_options, train_overrides = split_options(options)
-        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
         super().__init__(
-            name=name, method="moon", strategy="fedavg", strategy_args={"weighting": "samples"},
-            objective="moon", objective_args={"mu": mu, "temperature": temperature, "representation": representation},
-            num_rounds=resolved["num_rounds"], train_config=resolved["train_config"], **job_options,
+            name=name, method="moon", strategy_args={"weighting": "samples"},
+            objective_args={"mu": mu, "temperature": temperature, "representation": representation},
+            profile=profile, profiles=PAPER_PROFILES, num_rounds=num_rounds, **options,
         )

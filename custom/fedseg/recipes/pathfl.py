@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from fedseg.config import resolve_profile
-from fedseg.recipes.base import FedSegRecipe, split_options
+from fedseg.recipes.base import FedSegRecipe
 
 PAPER_PROFILES = {
     "paper": {
@@ -72,16 +71,12 @@ class PathFLRecipe(FedSegRecipe):
         cse_statistics: str = "image",
         **options: Any,
     ):
-        job_options, train_overrides = split_options(options)
-        train_overrides.setdefault("data_family", "nuclei")
+        options.setdefault("data_family", "nuclei")
         # the alignment layer exists only when AFA is on, so AFA-off runs train FedAvg's exact network
-        train_overrides["feature_alignment"] = bool(use_afa)
-        resolved = resolve_profile(profile, PAPER_PROFILES, num_rounds, **train_overrides)
-        check_two_dimensional(resolved["train_config"])
+        options["feature_alignment"] = bool(use_afa)
         super().__init__(
             name=name,
             method="pathfl",
-            strategy="pathfl",
             strategy_args={
                 "use_cse": use_cse,
                 "use_afa": use_afa,
@@ -89,7 +84,6 @@ class PathFLRecipe(FedSegRecipe):
                 "weighting": weighting,
                 "afa_at_inference": afa_at_inference,
             },
-            objective="pathfl",
             objective_args={
                 "use_cse": use_cse,
                 "use_afa": use_afa,
@@ -98,7 +92,11 @@ class PathFLRecipe(FedSegRecipe):
                 "ssa_noise_size": ssa_noise_size,
                 "cse_statistics": cse_statistics,
             },
-            num_rounds=resolved["num_rounds"],
-            train_config=resolved["train_config"],
-            **job_options,
+            profile=profile,
+            profiles=PAPER_PROFILES,
+            num_rounds=num_rounds,
+            **options,
         )
+
+    def check_train_config(self, train_config: Dict[str, Any]) -> None:
+        check_two_dimensional(train_config)

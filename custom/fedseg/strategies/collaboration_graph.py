@@ -345,12 +345,19 @@ def row_norms(vectors: torch.Tensor) -> torch.Tensor:
 def neighbour_direction_from_flat(
     vectors: torch.Tensor, W_row: ArrayLike, exclude: Optional[int] = None, norms: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
-    """``sum_j W_ij theta_j / ||theta_j||`` from stacked flattened models.
+    """``(D,)`` direction ``d_i = sum_j W_ij theta_j / ||theta_j||`` from stacked flattened models.
+
+    The regulariser of Eq. (5) is then ``-(lambda1/2) <theta_i/||theta_i||, d_i>``, which equals
+    ``-(lambda1/2) sum_j W_ij cos(theta_i, theta_j)`` without sending K models.
+
+    j range: the paper's text under Eq. (5) says theta_j are the *other* clients' models of the
+    previous round (the spec: "the K-1 neighbour models"), so GraphFedSeg passes ``exclude=i``; with
+    ``exclude=None`` every j is summed (pFedGraph's code, where j = i is the client's own previous model).
 
     Args:
-        vectors: ``(K, D)`` flattened neighbour models.
+        vectors: ``(K, D)`` flattened neighbour models (:func:`flatten_params` over :func:`similarity_keys`).
         W_row: ``(K,)`` row i of the graph.
-        exclude: index left out of the sum (client i itself; see ``neighbour_direction``).
+        exclude: index left out of the sum (client i itself).
         norms: ``(K,)`` ``row_norms(vectors)`` when already known (the server builds one direction per
             site from the same models, so it computes them once per round).
 
@@ -369,29 +376,6 @@ def neighbour_direction_from_flat(
     return (scale.to(vectors.dtype)[None, :] @ vectors).reshape(-1)
 
 
-def neighbour_direction(
-    models: Sequence[Params], W_row: ArrayLike, keys: Optional[Sequence[str]] = None, exclude: Optional[int] = None
-) -> torch.Tensor:
-    """``(D,)`` direction ``d_i = sum_j W_ij theta_j / ||theta_j||`` over the flattened ``keys``.
-
-    The regulariser of Eq. (5) is then ``-(lambda1/2) <theta_i/||theta_i||, d_i>``, which equals
-    ``-(lambda1/2) sum_j W_ij cos(theta_i, theta_j)`` without sending K models.
-
-    j range: the paper's text under Eq. (5) says theta_j are the *other* clients' models of the
-    previous round (the spec: "the K-1 neighbour models"), so GraphFedSeg passes ``exclude=i``; with
-    ``exclude=None`` every j is summed (pFedGraph's code, where j = i is the client's own previous model).
-
-    Args:
-        models: K state dicts (previous round's local models).
-        W_row: ``(K,)`` row i of W.
-        keys: keys to flatten, default ``similarity_keys(models[0])``.
-        exclude: index to leave out.
-    """
-    keys = similarity_keys(models[0]) if keys is None else list(keys)
-    vectors = torch.stack([flatten_params(m, keys) for m in models])
-    return neighbour_direction_from_flat(vectors, W_row, exclude)
-
-
 def similarity_regulariser(
     theta: Union[torch.Tensor, Sequence[torch.Tensor]],
     direction: Union[torch.Tensor, Sequence[torch.Tensor]],
@@ -403,7 +387,7 @@ def similarity_regulariser(
         theta: the client's current parameters, either flattened ``(D,)`` or as a sequence of parameter
             tensors (requires grad during training). The sequence form is what training uses: it reads
             the parameters in place, so no ``(D,)`` copy is made (and back-propagated through) every step.
-        direction: from ``neighbour_direction`` (constant), with the same structure as ``theta``:
+        direction: from :func:`neighbour_direction_from_flat` (constant), with the same structure as ``theta``:
             ``(D,)``, or one tensor per parameter with that parameter's number of entries.
         lambda1: regulariser weight; the minus sign maximises similarity, as in the paper's Eq. (5).
     """
@@ -543,7 +527,6 @@ __all__ = [
     "two_site_identity_holds",
     "top_k_regulariser",
     "uncertainty_prior",
-    "neighbour_direction",
     "neighbour_direction_from_flat",
     "pairwise_cosine",
     "project_to_simplex",

@@ -7,7 +7,8 @@ floating-point entries), the score, the site name and the previous contribution 
 aggregated difference to the global model. The aggregator combines a gradient-space score (one minus the
 running mean cosine between a site's update and the others' weighted sum) and the performance-space scores
 into the contribution weights ``fedce_coef``, which weight the average and go to the sites with the next
-model. Its running state (weights, cosine means) is part of the server checkpoint.
+model. Its running state (weights, cosine means) is part of the server checkpoint; the aggregator keeps it in
+private attributes, read and written through ``fedseg.fl.nvflare_internals``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_opt.pt.fedce import FedCEModelAggregator
 
+from fedseg.fl.nvflare_internals import fedce_contribution_weights, fedce_cosine_means, fedce_state, restore_fedce_state
 from fedseg.objectives.fedce import MINUS_SCORE, WEIGHTS
 
 from .base import ClientUpdate, Exchange, Params, ServerStrategy, SitePayload, parameter_keys
@@ -53,7 +55,7 @@ class FedCEStrategy(ServerStrategy):
 
     @property
     def contribution_weights(self) -> Dict[str, float]:
-        return dict(self.aggregator._contribution_weights)
+        return fedce_contribution_weights(self.aggregator)
 
     def payload(self, site: str, round_: int) -> SitePayload:
         return SitePayload(params=self._global, meta={WEIGHTS: self.contribution_weights})
@@ -80,22 +82,16 @@ class FedCEStrategy(ServerStrategy):
                 new_global[k] = updates[sites[0]].params[k].clone()
         self._global = new_global
         weights = result.meta[WEIGHTS]
+        cosine_means = fedce_cosine_means(self.aggregator)
         return {
             "aggregation_weight": {s: float(weights[s]) for s in sites},
             MINUS_SCORE: {s: float(updates[s].meta[MINUS_SCORE]) for s in sites},
-            "fedce_cosine_mean": {s: float(self.aggregator._cosine_means[s]) for s in sites},
+            "fedce_cosine_mean": {s: float(cosine_means[s]) for s in sites},
         }
 
     def state_dict(self) -> Dict[str, Any]:
-        return {
-            **super().state_dict(),
-            "contribution_weights": dict(self.aggregator._contribution_weights),
-            "cosine_means": dict(self.aggregator._cosine_means),
-            "cosine_counts": dict(self.aggregator._cosine_counts),
-        }
+        return {**super().state_dict(), **fedce_state(self.aggregator)}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.aggregator._contribution_weights = dict(state["contribution_weights"])
-        self.aggregator._cosine_means = dict(state["cosine_means"])
-        self.aggregator._cosine_counts = dict(state["cosine_counts"])
+        restore_fedce_state(self.aggregator, state)

@@ -1,38 +1,25 @@
-"""Name -> strategy class, imported lazily."""
+"""Name -> strategy class, imported lazily.
+
+Every strategy is brought by a row of the method table (:mod:`fedseg.methods`): a method's own strategy is named in
+its row; FedProx, MOON and FVAC aggregate with FedAvg's ``fedavg``, FedAvgM with FedAdam's ``fedopt``.
+"""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Dict, Type
+from typing import Any, Type
+
+from fedseg.methods import STRATEGY_CLASSES
+from fedseg.registry import LazyRegistry
 
 from .base import ServerStrategy
 
-_REGISTRY: Dict[str, str] = {
-    "fedavg": "fedseg.strategies.fedavg:FedAvgStrategy",
-    "graphfedseg": "fedseg.strategies.graphfedseg:GraphFedSegStrategy",
-    "fedevi": "fedseg.strategies.fedevi:FedEviStrategy",
-    "pathfl": "fedseg.strategies.pathfl:PathFLStrategy",
-    "fedefm": "fedseg.strategies.fedefm:FedEFMStrategy",
-    # the papers' baselines (FedProx and MOON aggregate as FedAvg: "fedavg")
-    "scaffold": "fedseg.strategies.scaffold:ScaffoldStrategy",
-    "fedopt": "fedseg.strategies.fedopt:FedOptStrategy",
-    "fedbn": "fedseg.strategies.local_layers:FedBNStrategy",
-    "fedrep": "fedseg.strategies.local_layers:FedRepStrategy",
-    "ditto": "fedseg.strategies.ditto:DittoStrategy",
-    "feddyn": "fedseg.strategies.feddyn:FedDynStrategy",
-    "fedce": "fedseg.strategies.fedce:FedCEStrategy",
-}
-
-
-def register_strategy(name: str, target: str) -> None:
-    _REGISTRY[name] = target
+#: every strategy a job may name
+STRATEGIES = LazyRegistry("server strategy", STRATEGY_CLASSES)
 
 
 def get_strategy_class(name: str) -> Type[ServerStrategy]:
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown server strategy {name!r}; known: {sorted(_REGISTRY)}")
-    module, cls = _REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    """The strategy class registered under ``name`` (ValueError naming the known ones if none)."""
+    return STRATEGIES.get(name)
 
 
 def build_strategy(name: str, **options: Any) -> ServerStrategy:

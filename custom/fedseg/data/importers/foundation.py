@@ -43,7 +43,8 @@ from ..synthetic.files import save_png_atomic, site_seed
 from ..synthetic.xray import DEVICES, xray_frame
 from ..synthetic.xray_builtin import FOUNDATION_IMAGE_SIZES, FOUNDATION_PER_CLASS, builtin_label_space, scanner_anatomy
 from .nuclei import DEFAULT_NUCLEI_ROOT
-from .retina import DEFAULT_RETINA_ROOT, _check_sources, _subject, read_manifest
+from .common import check_sources, read_manifest
+from .retina import DEFAULT_RETINA_ROOT, retina_subject
 from .sources import resolve_source
 from .xray_angio import arcade_crops
 
@@ -56,9 +57,9 @@ def retina_items(src: str | os.PathLike) -> List[Dict[str, str]]:
     """Fundus images labelled by their data set, ``retina/<site>``; group = subject."""
     root = resolve_source(src, DEFAULT_RETINA_ROOT, "retina")
     rows = read_manifest(root, required=("site", "id", "image"), what="retina")
-    _check_sources([{**r, "mask": r.get("mask") or r["image"]} for r in rows], root, root / "manifest.csv")
+    check_sources([{**r, "mask": r.get("mask") or r["image"]} for r in rows], root, root / "manifest.csv")
     return [
-        {"image": str(root / r["image"]), "label": f"retina/{r['site']}", "group": f"{r['site']}/{_subject(r['id'])}"}
+        {"image": str(root / r["image"]), "label": f"retina/{r['site']}", "group": f"{r['site']}/{retina_subject(r['id'])}"}
         for r in rows
     ]
 
@@ -67,7 +68,7 @@ def nuclei_items(src: str | os.PathLike) -> List[Dict[str, str]]:
     """H&E tiles labelled ``nuclei/monuseg-<organ>`` or ``nuclei/tnbc``; group = slide / patient."""
     root = resolve_source(src, DEFAULT_NUCLEI_ROOT, "nuclei")
     rows = read_manifest(root, required=("site", "id", "image", "slide", "organ"), what="nuclei")
-    _check_sources([{**r, "mask": r.get("mask") or r["image"]} for r in rows], root, root / "manifest.csv")
+    check_sources([{**r, "mask": r.get("mask") or r["image"]} for r in rows], root, root / "manifest.csv")
     items = []
     for r in rows:
         if r["site"] == "TNBC":

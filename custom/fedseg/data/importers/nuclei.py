@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..datalist import SPLITS, DatalistError, load_datalist, write_json_atomic
-from .retina import _OFFICIAL_TEST, _OFFICIAL_TRAIN, _OFFICIAL_VAL, _check_sources, _split_groups, _stable_rng, read_manifest
+from .common import OFFICIAL_TEST, OFFICIAL_TRAIN, OFFICIAL_VAL, check_sources, read_manifest, split_groups, stable_rng
 from .sources import resolve_source
 
 __all__ = ["import_nuclei", "LAYOUTS", "DEFAULT_NUCLEI_ROOT", "DEFAULT_ORGAN_MIN_IMAGES"]
@@ -88,7 +88,7 @@ def _split_by_slide(
             f"for non-empty {'/'.join(splits)} splits (images of one slide stay in one split)"
         )
     try:
-        chosen = _split_groups(list(groups), rng, fractions, splits)
+        chosen = split_groups(list(groups), rng, fractions, splits)
     except DatalistError as exc:
         raise DatalistError(f"{where}: {exc} (fractions {fractions})") from None
     return {s: [r for g in sorted(chosen[s]) for r in groups[g]] for s in splits}
@@ -100,17 +100,17 @@ def _site_splits(
 ) -> Tuple[Dict[str, List[Dict[str, str]]], str]:
     """Assign a site's rows to training/validation/test; returns (splits, rule text)."""
     where = f"manifest {manifest}: site {site}"
-    rng = _stable_rng(*rng_key, seed)
+    rng = stable_rng(*rng_key, seed)
     official = [r["split"].lower() for r in rows]
-    unknown = sorted(set(official) - _OFFICIAL_TRAIN - _OFFICIAL_VAL - _OFFICIAL_TEST - {""})
+    unknown = sorted(set(official) - OFFICIAL_TRAIN - OFFICIAL_VAL - OFFICIAL_TEST - {""})
     if unknown:
         raise DatalistError(f"{where} has unknown split value(s) {unknown}")
     if any(official) and not all(official):
         raise DatalistError(f"{where} has an official split on some rows but not others; give every row a split or none")
-    test = [r for r in rows if r["split"].lower() in _OFFICIAL_TEST]
+    test = [r for r in rows if r["split"].lower() in OFFICIAL_TEST]
     if test:
-        train = [r for r in rows if r["split"].lower() in _OFFICIAL_TRAIN]
-        val = [r for r in rows if r["split"].lower() in _OFFICIAL_VAL]
+        train = [r for r in rows if r["split"].lower() in OFFICIAL_TRAIN]
+        val = [r for r in rows if r["split"].lower() in OFFICIAL_VAL]
         if not train:
             raise DatalistError(
                 f"{where} has {len(test)} official test image(s) but no official training images to train on"
@@ -258,7 +258,7 @@ def import_nuclei(
         ids = [r["id"] for r in site_rows]
         if len(set(ids)) != len(ids):
             raise DatalistError(f"manifest {manifest}: site {site} lists an id twice")
-        _check_sources(site_rows, root, manifest)
+        check_sources(site_rows, root, manifest)
         try:
             plans[site] = _site_splits(
                 site, site_rows, ("nuclei", layout, site), seed, val_fraction, test_fraction, manifest

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..datalist import SPLITS, DatalistError, read_array, validate_pair, write_json_atomic
 from ..labels import LabelSpace
-from .retina import _check_sources, _stable_rng, read_manifest
+from .common import check_sources, read_manifest, stable_rng
 from .sources import resolve_source
 
 __all__ = ["ODOC_FOLDER", "ODOC_TASKS", "import_odoc"]
@@ -121,7 +121,7 @@ def import_odoc(
     rows = [r for r in read_manifest(root, required=_REQUIRED, what="odoc_prostate_samples") if r["task"] == spec["manifest_task"]]
     if not rows:
         raise DatalistError(f"no {spec['manifest_task']} rows in {manifest}")
-    _check_sources(rows, root, manifest)
+    check_sources(rows, root, manifest)
     declared = {k: spec[k] for k in ("labels", "label_values", "regions") if k in spec}
     space = LabelSpace.from_datalist(declared, f"the {task} label space")
     available = list(dict.fromkeys(r["site"] for r in rows))
@@ -185,7 +185,7 @@ def _site_splits(site: str, rows: List[Dict[str, str]], seed: int, val_fraction:
             train.append(row)
     if len(train) < 2:
         # the manifest's own train rows cannot give both training and validation: move test files in, seeded
-        rng = _stable_rng("odoc", site, "test", seed)
+        rng = stable_rng("odoc", site, "test", seed)
         need = 2 - len(train)
         if len(test) - need < 1:
             raise DatalistError(f"{site}: {len(rows)} rows name {len(seen)} distinct files; need >= 3 for non-empty splits")
@@ -193,6 +193,6 @@ def _site_splits(site: str, rows: List[Dict[str, str]], seed: int, val_fraction:
         test = [r for r in test if r not in moved]
         train += moved
         notes.append(f"{site}: {need} test file(s) moved to training/validation so that every split is non-empty")
-    order = [train[i] for i in _stable_rng("odoc", site, seed).permutation(len(train))]
+    order = [train[i] for i in stable_rng("odoc", site, seed).permutation(len(train))]
     n_val = max(1, int(round(val_fraction * len(train))))
     return {"training": order[n_val:], "validation": order[:n_val], "test": test}, notes

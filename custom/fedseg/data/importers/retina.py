@@ -30,10 +30,8 @@ Metrics are still computed at each image's own size.
 
 from __future__ import annotations
 
-import csv
 import os
 import re
-import zlib
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -41,9 +39,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..datalist import SPLITS, DatalistError, load_datalist, read_datalist_json, write_json_atomic
+from .common import OFFICIAL_TEST, OFFICIAL_TRAIN, OFFICIAL_VAL, check_sources, read_manifest, split_groups, stable_rng
 from .sources import resolve_source
 
-__all__ = ["import_retina", "participant_split", "read_manifest", "DEFAULT_RETINA_ROOT", "DEFAULT_RESCALE"]
+__all__ = ["import_retina", "participant_split", "retina_subject", "DEFAULT_RETINA_ROOT", "DEFAULT_RESCALE"]
 
 #: the retina data set's folder under ``$FEDSEG_DATASETS``, read when no source folder is given
 #: (:func:`~fedseg.data.importers.sources.resolve_source`)
@@ -53,68 +52,15 @@ DEFAULT_RETINA_ROOT = "retina_vessels"
 DEFAULT_RESCALE = {"CHASE_DB1": 0.5}
 
 _REQUIRED_COLUMNS = ("site", "id", "split", "image", "mask")
-_OFFICIAL_TRAIN = {"train", "training"}
-_OFFICIAL_VAL = {"val", "validation"}
-_OFFICIAL_TEST = {"test", "testing"}
 
 
-def _stable_rng(*parts: Any) -> np.random.Generator:
-    """RNG seeded from a crc32 of the parts (Python's ``hash()`` is salted per process)."""
-    return np.random.default_rng(zlib.crc32("/".join(str(p) for p in parts).encode("utf-8")))
+def retina_subject(image_id: str) -> str:
+    """The subject an image id belongs to: CHASE_DB1-style ``Image_01L``/``Image_01R`` (both eyes) give ``Image_01``.
 
-
-def read_manifest(
-    src_root: str | os.PathLike, required: Sequence[str] = _REQUIRED_COLUMNS, what: str = "retina"
-) -> List[Dict[str, str]]:
-    """Rows of ``<src_root>/manifest.csv`` as dicts of strings.
-
-    Args:
-        required: columns the manifest must have (default: the retina importer's).
-        what: the data set's name for error messages.
-
-    Raises:
-        DatalistError: the manifest is missing, empty, or lacks a required column.
+    An id not ending in a digit then ``L`` or ``R`` is its own subject.
     """
-    manifest = Path(src_root) / "manifest.csv"
-    if not manifest.is_file():
-        raise DatalistError(f"{what} manifest not found: {manifest}")
-    with open(manifest, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in required if c not in (reader.fieldnames or [])]
-        if missing:
-            raise DatalistError(f"manifest {manifest} lacks column(s) {missing}; has {reader.fieldnames}")
-        rows = [{k: (v or "").strip() for k, v in row.items() if k is not None} for row in reader]
-    if not rows:
-        raise DatalistError(f"manifest {manifest} has no rows")
-    return rows
-
-
-def _subject(image_id: str) -> str:
-    """Grouping key: CHASE_DB1-style ``Image_01L``/``Image_01R`` map to the same subject."""
     m = re.fullmatch(r"(.*\d)[LR]", image_id)
     return m.group(1) if m else image_id
-
-
-def _n_of(fraction: float, n: int) -> int:
-    return max(1, int(round(fraction * n)))
-
-
-def _split_groups(
-    groups: List[str], rng: np.random.Generator, fractions: Mapping[str, float], splits: Sequence[str]
-) -> Dict[str, List[str]]:
-    """Seeded split of group keys: every split in ``fractions`` gets ``max(1, round(f * n))``
-    groups; the remaining split in ``splits`` (listed first) takes the rest."""
-    order = [groups[i] for i in rng.permutation(len(groups))]
-    out: Dict[str, List[str]] = {}
-    start = 0
-    for split in splits[1:]:
-        k = _n_of(fractions[split], len(groups))
-        out[split] = order[start : start + k]
-        start += k
-    out[splits[0]] = order[start:]
-    if not out[splits[0]]:
-        raise DatalistError(f"too few subjects ({len(groups)}) for a non-empty {'/'.join(splits)} split")
-    return out
 
 
 def _site_splits(
@@ -122,21 +68,21 @@ def _site_splits(
 ) -> Tuple[Dict[str, List[Dict[str, str]]], str]:
     """Assign a site's manifest rows to training/validation/test; returns (splits, rule text)."""
     official = [r["split"].lower() for r in rows]
-    rng = _stable_rng("retina", site, seed)
+    rng = stable_rng("retina", site, seed)
     by_id = {r["id"]: r for r in rows}
     if all(official):
-        unknown = sorted(set(official) - _OFFICIAL_TRAIN - _OFFICIAL_VAL - _OFFICIAL_TEST)
+        unknown = sorted(set(official) - OFFICIAL_TRAIN - OFFICIAL_VAL - OFFICIAL_TEST)
         if unknown:
             raise DatalistError(f"manifest {manifest}: site {site} has unknown split value(s) {unknown}")
-        test = [r for r in rows if r["split"].lower() in _OFFICIAL_TEST]
-        val = [r for r in rows if r["split"].lower() in _OFFICIAL_VAL]
-        pool = sorted(r["id"] for r in rows if r["split"].lower() in _OFFICIAL_TRAIN)
+        test = [r for r in rows if r["split"].lower() in OFFICIAL_TEST]
+        val = [r for r in rows if r["split"].lower() in OFFICIAL_VAL]
+        pool = sorted(r["id"] for r in rows if r["split"].lower() in OFFICIAL_TRAIN)
         if not test or not pool:
             raise DatalistError(f"manifest {manifest}: site {site} needs official train and test rows")
         if not val:
             if len(pool) < 2:
                 raise DatalistError(f"manifest {manifest}: site {site} has too few official training rows")
-            chosen = set(_split_groups(pool, rng, {"validation": val_fraction}, ("training", "validation"))["validation"])
+            chosen = set(split_groups(pool, rng, {"validation": val_fraction}, ("training", "validation"))["validation"])
             val = [by_id[i] for i in pool if i in chosen]
             pool = [i for i in pool if i not in chosen]
             rule = (
@@ -155,11 +101,11 @@ def _site_splits(
         )
     subjects: "OrderedDict[str, List[str]]" = OrderedDict()
     for image_id in sorted(by_id):
-        subjects.setdefault(_subject(image_id), []).append(image_id)
+        subjects.setdefault(retina_subject(image_id), []).append(image_id)
     keys = list(subjects)
     if len(keys) < 3:
         raise DatalistError(f"manifest {manifest}: site {site} has {len(keys)} subject(s); need >= 3 to split")
-    grouped = _split_groups(
+    grouped = split_groups(
         keys, rng, {"validation": val_fraction, "test": test_fraction}, ("training", "validation", "test")
     )
     splits = {s: [by_id[i] for k in sorted(grouped[s]) for i in subjects[k]] for s in SPLITS}
@@ -180,22 +126,6 @@ def _entry(row: Dict[str, str], root: Path) -> Dict[str, str]:
         entry["fov"] = str(root / row["fov"])
     entry["id"] = row["id"]
     return entry
-
-
-def _check_sources(rows: List[Dict[str, str]], root: Path, manifest: Path) -> None:
-    """Every referenced image/mask/fov exists; the error lists the missing files."""
-    missing = []
-    for row in rows:
-        for key in ("image", "mask", "fov"):
-            if key == "fov" and not row.get("fov"):
-                continue
-            if not row.get(key):
-                raise DatalistError(f"manifest {manifest}: row {row.get('site')}/{row.get('id')} has no {key}")
-            if not (root / row[key]).is_file():
-                missing.append(str(root / row[key]))
-    if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise DatalistError(f"{len(missing)} file(s) listed in {manifest} are missing: {shown}")
 
 
 def import_retina(
@@ -232,7 +162,7 @@ def import_retina(
         raise ValueError(f"need 0 < val_fraction, test_fraction and their sum < 1; got {val_fraction}, {test_fraction}")
     root = resolve_source(src_root, DEFAULT_RETINA_ROOT, "retina")
     manifest = root / "manifest.csv"
-    rows = read_manifest(root)
+    rows = read_manifest(root, _REQUIRED_COLUMNS, "retina")
     out: Dict[str, Path] = {}
     # validate every requested site before writing anything, so a failure leaves out_dir untouched
     plans = {}
@@ -244,7 +174,7 @@ def import_retina(
         ids = [r["id"] for r in site_rows]
         if len(set(ids)) != len(ids):
             raise DatalistError(f"manifest {manifest}: site {site} lists an id twice")
-        _check_sources(site_rows, root, manifest)
+        check_sources(site_rows, root, manifest)
         plans[site] = _site_splits(site, site_rows, seed, val_fraction, test_fraction, manifest)
 
     for site, (splits, rule) in plans.items():
@@ -314,7 +244,7 @@ def participant_split(
         n_train, n_val = len(splits["training"]), len(splits["validation"])
         if k > n_train:
             raise DatalistError(f"cannot split {n_train} training images of {path} among {k} participants")
-        rng = _stable_rng("participants", domain, seed)
+        rng = stable_rng("participants", domain, seed)
         train_shares = np.array_split(rng.permutation(n_train), k)
         val_shares = np.array_split(rng.permutation(n_val), k) if n_val >= k else [np.arange(n_val)] * k
         for j in range(k):

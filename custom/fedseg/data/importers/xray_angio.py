@@ -38,7 +38,7 @@ from PIL import Image
 from scipy import ndimage
 
 from ..datalist import SPLITS, DatalistError, read_array, validate_pair, write_json_atomic
-from .retina import _check_sources, _split_groups, _stable_rng, read_manifest
+from .common import check_sources, read_manifest, split_groups, stable_rng
 from .sources import resolve_source
 
 __all__ = [
@@ -70,7 +70,7 @@ def _rows(root: Path, site: str) -> List[Dict[str, str]]:
     ids = [r["id"] for r in rows]
     if len(set(ids)) != len(ids):
         raise DatalistError(f"manifest {root / 'manifest.csv'}: {site} lists an id twice")
-    _check_sources(rows, root, root / "manifest.csv")
+    check_sources(rows, root, root / "manifest.csv")
     return rows
 
 
@@ -129,7 +129,7 @@ def import_dca1(
     for r in rows:
         groups.setdefault(r["patient"] if by_patient else r["id"], []).append(r)
     keys = list(groups)
-    order = [keys[i] for i in _stable_rng("dca1", "sites", seed).permutation(len(keys))]
+    order = [keys[i] for i in stable_rng("dca1", "sites", seed).permutation(len(keys))]
     unit = "patients" if by_patient else "images"
     plans = {}
     for k, site in enumerate(sites):
@@ -139,8 +139,8 @@ def import_dca1(
                 f"DCA1 site {site!r} gets {len(share)} {unit} ({len(keys)} for {len(sites)} sites); need >= 3 for "
                 "non-empty training/validation/test splits"
             )
-        chosen = _split_groups(
-            share, _stable_rng("dca1", site, seed), {"validation": val_fraction, "test": test_fraction},
+        chosen = split_groups(
+            share, stable_rng("dca1", site, seed), {"validation": val_fraction, "test": test_fraction},
             ("training", "validation", "test"),
         )
         plans[site] = {s: [r for g in sorted(chosen[s]) for r in groups[g]] for s in SPLITS}
@@ -269,7 +269,7 @@ def arcade_crops(
         if group not in classes:
             classes[group] = ARCADE_CLASSES[(len(classes) + int(seed)) % 2]  # alternate over angiograms
         label = classes[group]
-        rng = _stable_rng("arcade", row["id"], seed)
+        rng = stable_rng("arcade", row["id"], seed)
         boxes: List[Tuple[int, int]] = []
         if label == ARCADE_CLASSES[1]:
             labelled, n = ndimage.label(lesion)

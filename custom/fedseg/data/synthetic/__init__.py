@@ -13,8 +13,9 @@ Every image is a pure function of its (family, site, seed, profile, ...), so eac
 data byte for byte. This package re-exports each module's public names.
 """
 
-from . import families, files, fundus, nuclei, volumes, xray, xray_builtin
-from .families import *  # noqa: F401,F403 -- each module's __all__ is this package's
+from . import drawing, families, files, fundus, nuclei, volumes, xray, xray_builtin
+from .drawing import *  # noqa: F401,F403 -- each module's __all__ is this package's
+from .families import *  # noqa: F401,F403
 from .files import *  # noqa: F401,F403
 from .fundus import *  # noqa: F401,F403
 from .nuclei import *  # noqa: F401,F403
@@ -22,5 +23,5 @@ from .volumes import *  # noqa: F401,F403
 from .xray import *  # noqa: F401,F403
 from .xray_builtin import *  # noqa: F401,F403
 
-__all__ = list(dict.fromkeys(name for module in (families, files, fundus, nuclei, xray, volumes, xray_builtin)
+__all__ = list(dict.fromkeys(name for module in (families, files, fundus, nuclei, xray, volumes, xray_builtin, drawing)
                              for name in module.__all__))

@@ -1,5 +1,5 @@
-"""Drawing helpers shared by the built-in synthetic families (``families.py``: vessel, polyp;
-``nuclei.py``; ``xray.py``): rounding of drawn parameters, the scanner style chain,
+"""Drawing helpers shared by the built-in synthetic families (``families.py``: vessel, polyp; ``nuclei.py``;
+``fundus.py``; ``xray.py``; ``volumes.py``): rounding of drawn parameters, the scanner style chain,
 smooth noise fields, branching vessel trees. Imports nothing of the families, which all import it."""
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ import numpy as np
 from PIL import ImageDraw
 from scipy import ndimage
 
+__all__ = ["round_param", "apply_style", "to_uint8", "smooth_noise", "grow_vessel_trees"]
 
-def _r(x: float) -> float:
+
+def round_param(x: float) -> float:
     """Round a drawn parameter so the value recorded in the datalist is exactly the value used."""
     return round(float(x), 4)
 
 
-def _apply_style(img: np.ndarray, style: Dict[str, Any], rng: np.random.Generator, pivot: float) -> np.ndarray:
+def apply_style(img: np.ndarray, style: Dict[str, Any], rng: np.random.Generator, pivot: float) -> np.ndarray:
     """Apply the scanner style to a float RGB image in [0, 1], shape (H, W, 3); returns float32.
 
     Order mirrors an acquisition chain: optics blur, sensor gain/offset/contrast, tone curve
@@ -33,11 +35,12 @@ def _apply_style(img: np.ndarray, style: Dict[str, Any], rng: np.random.Generato
     return np.clip(img, 0.0, 1.0).astype(np.float32)
 
 
-def _to_uint8(img: np.ndarray) -> np.ndarray:
+def to_uint8(img: np.ndarray) -> np.ndarray:
+    """A float image in [0, 1] (values outside are clipped) as uint8 in [0, 255], rounded to nearest; same shape."""
     return np.round(np.clip(img, 0.0, 1.0) * 255.0).astype(np.uint8)
 
 
-def _smooth_noise(rng: np.random.Generator, shape: Tuple[int, int], sigma: float) -> np.ndarray:
+def smooth_noise(rng: np.random.Generator, shape: Tuple[int, int], sigma: float) -> np.ndarray:
     """Gaussian-smoothed white noise rescaled to zero mean, unit std; shape ``shape``, float32.
 
     Large sigmas are filtered on a coarser grid and upsampled (bilinear): the field is smooth at
@@ -53,7 +56,7 @@ def _smooth_noise(rng: np.random.Generator, shape: Tuple[int, int], sigma: float
     return (n - n.mean()) / (n.std() + 1e-8)
 
 
-def _grow_trees(
+def grow_vessel_trees(
     draw: ImageDraw.ImageDraw,
     rng: np.random.Generator,
     k: int,

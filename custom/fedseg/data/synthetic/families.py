@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
@@ -52,7 +51,7 @@ from scipy import ndimage
 from ..datalist import write_json_atomic
 from .files import (check_site_name, existing_datalist, numbered_names, prepare_site_folder,  # noqa: F401
                     remove_stale_files, save_png_atomic, seeded_splits, site_seed, split_counts)
-from .drawing import _apply_style, _grow_trees, _r, _smooth_noise, _to_uint8
+from .drawing import apply_style, grow_vessel_trees, round_param, smooth_noise, to_uint8
 # NUCLEI_FRACTION_BAND is re-exported next to the other families' bands
 from .nuclei import NUCLEI_FRACTION_BAND, draw_nuclei_anatomy, nuclei_image  # noqa: F401
 from .xray import XRAY_IMAGE_SIZES, draw_xray_anatomy, xray_image
@@ -105,12 +104,12 @@ POLYP_FRACTION_BAND = (0.03, 0.30)
 def _draw_style(rng: np.random.Generator, image_size: int) -> Dict[str, Any]:
     """A site's acquisition style. Blur sigma is in pixels of the generated size."""
     return {
-        "gain": [_r(g) for g in rng.uniform(0.75, 1.25, size=3)],
-        "brightness": _r(rng.uniform(-0.08, 0.08)),
-        "contrast": _r(rng.uniform(0.75, 1.3)),
-        "gamma": _r(rng.uniform(0.75, 1.35)),
-        "noise_sigma": _r(rng.uniform(0.004, 0.035)),
-        "blur_sigma": _r(rng.uniform(0.0, 1.0) * image_size / 96.0),
+        "gain": [round_param(g) for g in rng.uniform(0.75, 1.25, size=3)],
+        "brightness": round_param(rng.uniform(-0.08, 0.08)),
+        "contrast": round_param(rng.uniform(0.75, 1.3)),
+        "gamma": round_param(rng.uniform(0.75, 1.35)),
+        "noise_sigma": round_param(rng.uniform(0.004, 0.035)),
+        "blur_sigma": round_param(rng.uniform(0.0, 1.0) * image_size / 96.0),
     }
 
 
@@ -122,13 +121,13 @@ def _draw_style(rng: np.random.Generator, image_size: int) -> Dict[str, Any]:
 def _draw_vessel_anatomy(rng: np.random.Generator) -> Dict[str, Any]:
     """Site-level vessel appearance: width, branching, tortuosity, density, colour."""
     return {
-        "vessel_width_scale": _r(rng.uniform(0.75, 1.35)),
-        "branch_prob": _r(rng.uniform(0.05, 0.14)),
-        "tortuosity": _r(rng.uniform(0.07, 0.2)),
-        "vessel_fov_fraction": _r(rng.uniform(0.07, 0.13)),
-        "vessel_contrast": _r(rng.uniform(0.5, 0.8)),
-        "fov_scale": _r(rng.uniform(0.9, 1.0)),
-        "fundus_rgb": [_r(rng.uniform(0.7, 0.85)), _r(rng.uniform(0.28, 0.42)), _r(rng.uniform(0.08, 0.2))],
+        "vessel_width_scale": round_param(rng.uniform(0.75, 1.35)),
+        "branch_prob": round_param(rng.uniform(0.05, 0.14)),
+        "tortuosity": round_param(rng.uniform(0.07, 0.2)),
+        "vessel_fov_fraction": round_param(rng.uniform(0.07, 0.13)),
+        "vessel_contrast": round_param(rng.uniform(0.5, 0.8)),
+        "fov_scale": round_param(rng.uniform(0.9, 1.0)),
+        "fundus_rgb": [round_param(rng.uniform(0.7, 0.85)), round_param(rng.uniform(0.28, 0.42)), round_param(rng.uniform(0.08, 0.2))],
     }
 
 
@@ -165,7 +164,7 @@ def _vessel_image(rng: np.random.Generator, size: int, anatomy: Dict[str, Any], 
     lo, hi = VESSEL_FOV_FRACTION_BAND
     for attempt in range(4):
         n_trunks = int(rng.integers(4, 7)) if attempt == 0 else 2
-        _grow_trees(draw, rng, k, disc, (cx, cy, radius), s, anatomy, budget, n_trunks)
+        grow_vessel_trees(draw, rng, k, disc, (cx, cy, radius), s, anatomy, budget, n_trunks)
         coverage = np.asarray(canvas, np.float32).reshape(s, k, s, k).mean(axis=(1, 3)) / 255.0
         label = (coverage >= 0.5) & fov
         frac = label.sum() / fov_area
@@ -178,8 +177,8 @@ def _vessel_image(rng: np.random.Generator, size: int, anatomy: Dict[str, Any], 
         label = label & (coverage >= np.quantile(coverage[label], 1.0 - (hi - 0.01) * fov_area / label.sum()))
 
     base = np.asarray(anatomy["fundus_rgb"], np.float32) * rng.uniform(0.92, 1.08, size=3).astype(np.float32)
-    illum = (1.0 - 0.45 * rr**2) * (1.0 + 0.08 * _smooth_noise(rng, (s, s), s / 10))
-    texture = 0.04 * _smooth_noise(rng, (s, s), s / 40) + 0.02 * _smooth_noise(rng, (s, s), 1.0)
+    illum = (1.0 - 0.45 * rr**2) * (1.0 + 0.08 * smooth_noise(rng, (s, s), s / 10))
+    texture = 0.04 * smooth_noise(rng, (s, s), s / 40) + 0.02 * smooth_noise(rng, (s, s), 1.0)
     img = base[None, None, :] * (illum + texture)[..., None]
     d_disc = np.hypot(xx - disc[0], yy - disc[1]) / disc_r
     disc_map = np.exp(-(d_disc**4))
@@ -191,11 +190,11 @@ def _vessel_image(rng: np.random.Generator, size: int, anatomy: Dict[str, Any], 
     alpha = (anatomy["vessel_contrast"] * coverage)[..., None]
     img = img * (1.0 - alpha) + vessel_rgb * alpha
     img = img * fov_soft[..., None]
-    img = _apply_style(img, style, rng, pivot=0.35)
+    img = apply_style(img, style, rng, pivot=0.35)
     # fundus cameras record black outside the aperture whatever the tone curve; keeping it exactly
     # 0 also makes the FOV recoverable from the image (``image.max(-1) > 0``)
     img = img * fov_soft[..., None]
-    return _to_uint8(img), (label.astype(np.uint8) * 255)
+    return to_uint8(img), (label.astype(np.uint8) * 255)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -207,13 +206,13 @@ def _draw_polyp_anatomy(rng: np.random.Generator) -> Dict[str, Any]:
     """Site-level lesion appearance: size band, irregularity, tint, mucosa colour, highlights."""
     lo = rng.uniform(0.04, 0.1)
     return {
-        "lesion_fraction_range": [_r(lo), _r(min(0.26, lo + rng.uniform(0.06, 0.16)))],
-        "irregularity": _r(rng.uniform(0.04, 0.16)),
-        "lesion_tint": [_r(t) for t in rng.uniform(-0.1, 0.1, size=3)],
-        "lesion_texture": _r(rng.uniform(1.5, 3.0)),
-        "mucosa_rgb": [_r(rng.uniform(0.72, 0.88)), _r(rng.uniform(0.36, 0.5)), _r(rng.uniform(0.32, 0.46))],
-        "vignetting": _r(rng.uniform(0.3, 0.65)),
-        "specular_density": _r(rng.uniform(0.004, 0.015)),
+        "lesion_fraction_range": [round_param(lo), round_param(min(0.26, lo + rng.uniform(0.06, 0.16)))],
+        "irregularity": round_param(rng.uniform(0.04, 0.16)),
+        "lesion_tint": [round_param(t) for t in rng.uniform(-0.1, 0.1, size=3)],
+        "lesion_texture": round_param(rng.uniform(1.5, 3.0)),
+        "mucosa_rgb": [round_param(rng.uniform(0.72, 0.88)), round_param(rng.uniform(0.36, 0.5)), round_param(rng.uniform(0.32, 0.46))],
+        "vignetting": round_param(rng.uniform(0.3, 0.65)),
+        "specular_density": round_param(rng.uniform(0.004, 0.015)),
     }
 
 
@@ -274,9 +273,9 @@ def _polyp_image(rng: np.random.Generator, size: int, anatomy: Dict[str, Any], s
     base = np.asarray(anatomy["mucosa_rgb"], np.float32) * rng.uniform(0.93, 1.07, size=3).astype(np.float32)
     lcx, lcy = s / 2 + rng.normal(0, 0.12 * s), s / 2 + rng.normal(0, 0.12 * s)
     rr = np.hypot(xx - lcx, yy - lcy) / (0.75 * s)
-    illum = np.clip(1.0 - anatomy["vignetting"] * rr**2, 0.15, 1.0) * (1.0 + 0.1 * _smooth_noise(rng, (s, s), s / 8))
-    folds = np.exp(-((_smooth_noise(rng, (s, s), s / 12) / 0.18) ** 2))
-    grain = _smooth_noise(rng, (s, s), max(0.6, s / 96))
+    illum = np.clip(1.0 - anatomy["vignetting"] * rr**2, 0.15, 1.0) * (1.0 + 0.1 * smooth_noise(rng, (s, s), s / 8))
+    folds = np.exp(-((smooth_noise(rng, (s, s), s / 12) / 0.18) ** 2))
+    grain = smooth_noise(rng, (s, s), max(0.6, s / 96))
     shade = illum * (1.0 - 0.25 * folds) + 0.03 * grain
     img = base[None, None, :] * shade[..., None]
 
@@ -292,12 +291,12 @@ def _polyp_image(rng: np.random.Generator, size: int, anatomy: Dict[str, Any], s
     img = img * (1.0 - 0.25 * rim)[..., None]
 
     # specular highlights: the brightest peaks of fine noise, more likely on the domes
-    spec_noise = _smooth_noise(rng, (s, s), max(0.7, s / 80)) + 1.5 * dome
+    spec_noise = smooth_noise(rng, (s, s), max(0.7, s / 80)) + 1.5 * dome
     thr = np.quantile(spec_noise, 1.0 - anatomy["specular_density"])
     spec = np.clip((spec_noise - thr) / 0.3, 0.0, 1.0)[..., None]
     img = img * (1.0 - spec) + spec * 1.0
-    img = _apply_style(img, style, rng, pivot=0.45)
-    return _to_uint8(img), (mask.astype(np.uint8) * 255)
+    img = apply_style(img, style, rng, pivot=0.45)
+    return to_uint8(img), (mask.astype(np.uint8) * 255)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from scipy import ndimage
 
-from .drawing import _apply_style, _r, _smooth_noise, _to_uint8
+from .drawing import apply_style, round_param, smooth_noise, to_uint8
 
 __all__ = ["FUNDUS_LABEL_SPACE", "FUNDUS_CDR_BAND", "draw_fundus_anatomy", "fundus_image"]
 
@@ -55,20 +55,20 @@ FUNDUS_CDR_BAND = (0.2, 0.85)
 def draw_fundus_anatomy(rng: np.random.Generator) -> Dict[str, Any]:
     """Site-level appearance: colours, illumination, disc size, cup-to-disc ratio, cup contrast, vessels."""
     return {
-        "retina_rgb": [_r(rng.uniform(0.55, 0.8)), _r(rng.uniform(0.22, 0.38)), _r(rng.uniform(0.06, 0.16))],
-        "disc_rgb": [_r(rng.uniform(0.85, 1.0)), _r(rng.uniform(0.55, 0.75)), _r(rng.uniform(0.3, 0.5))],
+        "retina_rgb": [round_param(rng.uniform(0.55, 0.8)), round_param(rng.uniform(0.22, 0.38)), round_param(rng.uniform(0.06, 0.16))],
+        "disc_rgb": [round_param(rng.uniform(0.85, 1.0)), round_param(rng.uniform(0.55, 0.75)), round_param(rng.uniform(0.3, 0.5))],
         # how much paler the cup is than the rim, and how gradual its border is (fraction of the crop side): the
         # cup border is the ambiguous one in real OD/OC annotation (cup Dice trails disc Dice in every paper)
-        "cup_contrast": _r(rng.uniform(0.03, 0.18)),
-        "cup_edge": _r(rng.uniform(0.02, 0.06)),
-        "illumination": _r(rng.uniform(0.15, 0.5)),
+        "cup_contrast": round_param(rng.uniform(0.03, 0.18)),
+        "cup_edge": round_param(rng.uniform(0.02, 0.06)),
+        "illumination": round_param(rng.uniform(0.15, 0.5)),
         # disc diameter as a fraction of the crop side (REFUGE-like crops show a smaller disc than Drishti-GS)
-        "disc_fraction": _r(rng.uniform(0.35, 0.6)),
-        "disc_aspect": _r(rng.uniform(1.0, 1.2)),
-        "cdr_mean": _r(rng.uniform(0.35, 0.65)),
-        "cdr_std": _r(rng.uniform(0.04, 0.12)),
+        "disc_fraction": round_param(rng.uniform(0.35, 0.6)),
+        "disc_aspect": round_param(rng.uniform(1.0, 1.2)),
+        "cdr_mean": round_param(rng.uniform(0.35, 0.65)),
+        "cdr_std": round_param(rng.uniform(0.04, 0.12)),
         "n_vessels": int(rng.integers(4, 8)),
-        "vessel_width": _r(rng.uniform(0.012, 0.025)),
+        "vessel_width": round_param(rng.uniform(0.012, 0.025)),
     }
 
 
@@ -114,9 +114,9 @@ def fundus_image(rng: np.random.Generator, size: int, anatomy: Dict[str, Any], s
     # retina: base colour, illumination falloff from one side, texture
     angle = rng.uniform(0, 2 * math.pi)
     ramp = ((xx - s / 2) * math.cos(angle) + (yy - s / 2) * math.sin(angle)) / s
-    illum = 1.0 - anatomy["illumination"] * (ramp + 0.5) + 0.06 * _smooth_noise(rng, (s, s), s / 8)
+    illum = 1.0 - anatomy["illumination"] * (ramp + 0.5) + 0.06 * smooth_noise(rng, (s, s), s / 8)
     retina = np.asarray(anatomy["retina_rgb"], np.float32) * rng.uniform(0.93, 1.07, size=3).astype(np.float32)
-    img = retina[None, None, :] * (illum + 0.04 * _smooth_noise(rng, (s, s), max(0.8, s / 60)))[..., None]
+    img = retina[None, None, :] * (illum + 0.04 * smooth_noise(rng, (s, s), max(0.8, s / 60)))[..., None]
     # disc and cup blended in with soft edges (sigmoids of the radial coordinates)
     edge = max(0.5, 0.015 * s)
     disc_soft = 1.0 / (1.0 + np.exp((disc_rho - 1.0) * rd / edge))
@@ -147,7 +147,7 @@ def fundus_image(rng: np.random.Generator, size: int, anatomy: Dict[str, Any], s
     vessel_rgb = np.array([0.45, 0.08, 0.05], np.float32) * illum[..., None]
     alpha = (0.7 * coverage)[..., None]
     img = img * (1.0 - alpha) + vessel_rgb * alpha
-    img = _apply_style(img, style, rng, pivot=0.4)
+    img = apply_style(img, style, rng, pivot=0.4)
 
     classes = disc.astype(np.int64) + cup.astype(np.int64)  # 0 background, 1 rim, 2 cup (cup implies disc)
-    return _to_uint8(img), _STORED[classes]
+    return to_uint8(img), _STORED[classes]

@@ -32,7 +32,7 @@ from typing import Any, Dict, Tuple
 import numpy as np
 from scipy import ndimage
 
-from .drawing import _apply_style, _r, _smooth_noise, _to_uint8
+from .drawing import apply_style, round_param, smooth_noise, to_uint8
 
 __all__ = ["NUCLEI_FRACTION_BAND", "draw_nuclei_anatomy", "nuclei_image"]
 
@@ -47,7 +47,7 @@ _EOSIN_OD = (0.072, 0.990, 0.105)
 def _stain_vector(rng: np.random.Generator, base: Tuple[float, float, float], spread: float) -> list:
     """A site's version of a stain's OD vector: the reference perturbed per channel, unit length."""
     v = np.clip(np.asarray(base) + rng.normal(0.0, spread, size=3), 0.03, None)
-    return [_r(x) for x in v / np.linalg.norm(v)]
+    return [round_param(x) for x in v / np.linalg.norm(v)]
 
 
 def draw_nuclei_anatomy(rng: np.random.Generator) -> Dict[str, Any]:
@@ -55,18 +55,18 @@ def draw_nuclei_anatomy(rng: np.random.Generator) -> Dict[str, Any]:
     return {
         "hematoxylin_od": _stain_vector(rng, _HEMATOXYLIN_OD, 0.08),
         "eosin_od": _stain_vector(rng, _EOSIN_OD, 0.08),
-        "hematoxylin_strength": _r(rng.uniform(0.6, 1.3)),
-        "eosin_strength": _r(rng.uniform(0.15, 0.45)),
+        "hematoxylin_strength": round_param(rng.uniform(0.6, 1.3)),
+        "eosin_strength": round_param(rng.uniform(0.15, 0.45)),
         # magnification: mean nucleus radius in pixels (fixed pixel scale at every image size)
-        "nucleus_radius_px": _r(rng.uniform(2.5, 5.0)),
-        "size_spread": _r(rng.uniform(0.12, 0.3)),
-        "elongation": _r(rng.uniform(1.1, 2.0)),
-        "irregularity": _r(rng.uniform(0.03, 0.12)),
-        "clustering": _r(rng.uniform(0.2, 0.7)),
-        "nuclei_fraction": _r(rng.uniform(0.14, 0.28)),
-        "chromatin_texture": _r(rng.uniform(0.1, 0.35)),
-        "stroma_fibres": _r(rng.uniform(0.15, 0.45)),
-        "lumen_fraction": _r(rng.uniform(0.0, 0.1)),
+        "nucleus_radius_px": round_param(rng.uniform(2.5, 5.0)),
+        "size_spread": round_param(rng.uniform(0.12, 0.3)),
+        "elongation": round_param(rng.uniform(1.1, 2.0)),
+        "irregularity": round_param(rng.uniform(0.03, 0.12)),
+        "clustering": round_param(rng.uniform(0.2, 0.7)),
+        "nuclei_fraction": round_param(rng.uniform(0.14, 0.28)),
+        "chromatin_texture": round_param(rng.uniform(0.1, 0.35)),
+        "stroma_fibres": round_param(rng.uniform(0.15, 0.45)),
+        "lumen_fraction": round_param(rng.uniform(0.0, 0.1)),
     }
 
 
@@ -163,14 +163,14 @@ def nuclei_image(rng: np.random.Generator, size: int, anatomy: Dict[str, Any], s
     # white spaces (lumen, fat): the top quantile of a smooth field; nuclei are not centred in them
     lumen = np.zeros((s, s), bool)
     if anatomy["lumen_fraction"] > 0.005:
-        field = _smooth_noise(rng, (s, s), 9.0)
+        field = smooth_noise(rng, (s, s), 9.0)
         lumen = field > np.quantile(field, 1.0 - anatomy["lumen_fraction"] * rng.uniform(0.5, 1.5))
     label, h_nuclei = _place_nuclei(rng, s, anatomy, lumen)
 
-    chromatin = 1.0 + anatomy["chromatin_texture"] * _smooth_noise(rng, (s, s), 0.7)
-    h_conc = h_nuclei * chromatin + 0.05 * anatomy["hematoxylin_strength"] * (1.0 + 0.5 * _smooth_noise(rng, (s, s), 6.0))
+    chromatin = 1.0 + anatomy["chromatin_texture"] * smooth_noise(rng, (s, s), 0.7)
+    h_conc = h_nuclei * chromatin + 0.05 * anatomy["hematoxylin_strength"] * (1.0 + 0.5 * smooth_noise(rng, (s, s), 6.0))
     e_conc = anatomy["eosin_strength"] * (
-        (1.0 + 0.15 * _smooth_noise(rng, (s, s), 12.0)) * (1.0 + 0.5 * anatomy["stroma_fibres"] * _fibres(rng, s))
+        (1.0 + 0.15 * smooth_noise(rng, (s, s), 12.0)) * (1.0 + 0.5 * anatomy["stroma_fibres"] * _fibres(rng, s))
     )
     open_space = ndimage.gaussian_filter(lumen.astype(np.float32), sigma=1.0)
     e_conc = e_conc * (1.0 - 0.85 * open_space)
@@ -181,5 +181,5 @@ def nuclei_image(rng: np.random.Generator, size: int, anatomy: Dict[str, Any], s
         + np.clip(e_conc, 0.0, None)[..., None] * np.asarray(anatomy["eosin_od"], np.float32)
     )
     img = 0.97 * np.power(10.0, -od).astype(np.float32)
-    img = _apply_style(img, style, rng, pivot=0.6)
-    return _to_uint8(img), (label.astype(np.uint8) * 255)
+    img = apply_style(img, style, rng, pivot=0.6)
+    return to_uint8(img), (label.astype(np.uint8) * 255)

@@ -48,7 +48,6 @@ import copy
 import gzip
 import math
 import os
-import re
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -56,7 +55,7 @@ import numpy as np
 from scipy import ndimage
 
 from ..datalist import write_json_atomic
-from .drawing import _r
+from .drawing import round_param
 from .files import (check_site_name, existing_datalist, numbered_names, prepare_site_folder,
                     remove_stale_files, seeded_splits, site_seed, split_counts)
 
@@ -69,7 +68,6 @@ __all__ = [
     "ORGAN_WIDTH_BAND_MM",
     "FOV_BAND_MM",
     "generate_volume_site",
-    "generate_volume_federation",
     "volume_family_label_space",
     "volume_family_fields",
 ]
@@ -127,8 +125,8 @@ ORIENTATIONS: Tuple[str, ...] = ("RAS", "LPS", "LAS", "PLS", "RAI")
 def _draw_geometry(rng: np.random.Generator, profile: Dict[str, Any]) -> Dict[str, Any]:
     """A site's acquisition geometry. Spacing and FOV are in RAS axis order (x = left-right, y = anterior-posterior,
     z = superior-inferior); ``shape_ras`` is the array shape before the site's orientation is applied."""
-    inplane = _r(rng.uniform(*profile["inplane_spacing"]))
-    thickness = _r(rng.uniform(*profile["slice_thickness"]))
+    inplane = round_param(rng.uniform(*profile["inplane_spacing"]))
+    thickness = round_param(rng.uniform(*profile["slice_thickness"]))
     fov_lr = rng.uniform(*FOV_BAND_MM["inplane"])
     fov_ap = max(FOV_BAND_MM["inplane"][0], fov_lr * rng.uniform(0.85, 1.0))
     fov_si = rng.uniform(*FOV_BAND_MM["through_plane"])
@@ -139,25 +137,25 @@ def _draw_geometry(rng: np.random.Generator, profile: Dict[str, Any]) -> Dict[st
         "spacing_ras": list(spacing),
         "shape_ras": list(shape),
         # the FOV actually covered: a whole number of voxels
-        "fov_mm": [_r(n * s) for n, s in zip(shape, spacing)],
+        "fov_mm": [round_param(n * s) for n, s in zip(shape, spacing)],
         "orientation": orientation,
         # scanner table position of the FOV centre (world origin is arbitrary in MR)
-        "table_position_mm": [_r(rng.uniform(-8, 8)), _r(rng.uniform(-40, -10)), _r(rng.uniform(-80, -30))],
+        "table_position_mm": [round_param(rng.uniform(-8, 8)), round_param(rng.uniform(-40, -10)), round_param(rng.uniform(-80, -30))],
     }
 
 
 def _draw_style(rng: np.random.Generator) -> Dict[str, Any]:
     """A site's scanner chain: bias field, optional endorectal coil, gain/offset (arbitrary units), Rician noise."""
     return {
-        "bias_strength": _r(rng.uniform(0.05, 0.3)),
-        "bias_scale_mm": _r(rng.uniform(25.0, 45.0)),
+        "bias_strength": round_param(rng.uniform(0.05, 0.3)),
+        "bias_scale_mm": round_param(rng.uniform(25.0, 45.0)),
         "endorectal_coil": bool(rng.random() < 0.35),
-        "coil_gain": _r(rng.uniform(0.4, 1.2)),
-        "coil_falloff_mm": _r(rng.uniform(10.0, 20.0)),
-        "gain": _r(math.exp(rng.uniform(math.log(150.0), math.log(2500.0)))),
-        "offset": _r(rng.uniform(0.0, 40.0)),
+        "coil_gain": round_param(rng.uniform(0.4, 1.2)),
+        "coil_falloff_mm": round_param(rng.uniform(10.0, 20.0)),
+        "gain": round_param(math.exp(rng.uniform(math.log(150.0), math.log(2500.0)))),
+        "offset": round_param(rng.uniform(0.0, 40.0)),
         # Rician noise sigma relative to a unit tissue level (before gain)
-        "noise_sigma": _r(rng.uniform(0.01, 0.05)),
+        "noise_sigma": round_param(rng.uniform(0.01, 0.05)),
     }
 
 
@@ -168,21 +166,21 @@ def _draw_prostate_anatomy(rng: np.random.Generator) -> Dict[str, Any]:
     half = rng.uniform(2.5, 5.0)
     pz = rng.uniform(0.65, 0.85)
     return {
-        "organ_width_mm": [_r(max(lo_band, centre - half)), _r(min(hi_band, centre + half))],
-        "ap_ratio": [_r(rng.uniform(0.6, 0.7)), _r(rng.uniform(0.72, 0.85))],
-        "si_ratio": [_r(rng.uniform(0.65, 0.75)), _r(rng.uniform(0.8, 0.95))],
+        "organ_width_mm": [round_param(max(lo_band, centre - half)), round_param(min(hi_band, centre + half))],
+        "ap_ratio": [round_param(rng.uniform(0.6, 0.7)), round_param(rng.uniform(0.72, 0.85))],
+        "si_ratio": [round_param(rng.uniform(0.65, 0.75)), round_param(rng.uniform(0.8, 0.95))],
         "levels": {
-            "tissue": _r(rng.uniform(0.3, 0.42)),
-            "fat": _r(rng.uniform(0.6, 0.8)),
-            "muscle": _r(rng.uniform(0.12, 0.22)),
-            "fluid": _r(rng.uniform(0.85, 1.0)),
-            "capsule": _r(rng.uniform(0.15, 0.28)),
-            "pz": _r(pz),
+            "tissue": round_param(rng.uniform(0.3, 0.42)),
+            "fat": round_param(rng.uniform(0.6, 0.8)),
+            "muscle": round_param(rng.uniform(0.12, 0.22)),
+            "fluid": round_param(rng.uniform(0.85, 1.0)),
+            "capsule": round_param(rng.uniform(0.15, 0.28)),
+            "pz": round_param(pz),
             # T2: the peripheral zone is brighter than the transition zone; the gap is the site's zone contrast
-            "tz": _r(pz - rng.uniform(0.12, 0.3)),
+            "tz": round_param(pz - rng.uniform(0.12, 0.3)),
         },
-        "tz_heterogeneity": _r(rng.uniform(0.06, 0.18)),
-        "texture": _r(rng.uniform(0.02, 0.06)),
+        "tz_heterogeneity": round_param(rng.uniform(0.06, 0.18)),
+        "texture": round_param(rng.uniform(0.02, 0.06)),
     }
 
 
@@ -549,7 +547,7 @@ def generate_volume_site(
         **volume_family_fields(family, profile),
         "geometry": {
             # as stored (array axis order): what the NIfTI header's pixdim and affine say
-            "spacing": [_r(s) for s in nib.affines.voxel_sizes(stored_affine)],
+            "spacing": [round_param(s) for s in nib.affines.voxel_sizes(stored_affine)],
             "orientation": geometry["orientation"],
             "shape": [int(v) for v in stored_shape],
             # in RAS axis order (x left-right, y anterior-posterior, z superior-inferior)
@@ -560,26 +558,6 @@ def generate_volume_site(
         **seeded_splits(names, base_seed, (n_train, n_val, n_test)),
     }
     return write_json_atomic(datalist_path, datalist)
-
-
-def generate_volume_federation(
-    family: str,
-    sites: Sequence[str],
-    out_dir: str | os.PathLike,
-    seed: int = 0,
-    profile: str = "default",
-    **kw: Any,
-) -> Dict[str, Path]:
-    """Generate every site of a volume federation; ``{site: datalist path}`` in ``sites`` order.
-
-    Extra keyword arguments go to :func:`generate_volume_site` (``num_volumes``, ``split_fractions``).
-    """
-    sites = list(sites)
-    if not sites:
-        raise ValueError("generate_volume_federation needs at least one site")
-    if len(set(sites)) != len(sites):
-        raise ValueError(f"duplicate site names in {sites}")
-    return {s: generate_volume_site(family, s, out_dir, seed=seed, profile=profile, **kw) for s in sites}
 
 
 def volume_family_label_space(family: str) -> Dict[str, Any]:

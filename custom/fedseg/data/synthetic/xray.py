@@ -37,7 +37,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from scipy import ndimage, special
 
-from .drawing import _grow_trees, _r, _smooth_noise, _to_uint8
+from .drawing import grow_vessel_trees, round_param, smooth_noise, to_uint8
 
 __all__ = ["DEVICES", "SEGMENTATION_DEVICES", "TARGETS", "XRAY_IMAGE_SIZES", "draw_xray_anatomy", "xray_frame", "xray_image"]
 
@@ -61,25 +61,25 @@ _REF = 256.0
 def draw_xray_anatomy(rng: np.random.Generator) -> Dict[str, Any]:
     """Site-level appearance: contrast, dose/noise, device thickness, background, bones, vessels."""
     return {
-        "background_level": _r(rng.uniform(0.5, 0.72)),
-        "background_gradient": _r(rng.uniform(0.08, 0.25)),
+        "background_level": round_param(rng.uniform(0.5, 0.72)),
+        "background_gradient": round_param(rng.uniform(0.08, 0.25)),
         "n_bones": int(rng.integers(1, 4)),
-        "bone_brightness": _r(rng.uniform(0.06, 0.14)),
-        "vessel_contrast": _r(rng.uniform(0.25, 0.55)),
-        "vessel_fraction": _r(rng.uniform(0.04, 0.09)),
-        "vessel_width_scale": _r(rng.uniform(1.2, 2.0)),
-        "branch_prob": _r(rng.uniform(0.05, 0.12)),
-        "tortuosity": _r(rng.uniform(0.05, 0.14)),
+        "bone_brightness": round_param(rng.uniform(0.06, 0.14)),
+        "vessel_contrast": round_param(rng.uniform(0.25, 0.55)),
+        "vessel_fraction": round_param(rng.uniform(0.04, 0.09)),
+        "vessel_width_scale": round_param(rng.uniform(1.2, 2.0)),
+        "branch_prob": round_param(rng.uniform(0.05, 0.12)),
+        "tortuosity": round_param(rng.uniform(0.05, 0.14)),
         # photons per pixel at full brightness: the Poisson part of the noise (fewer = noisier)
-        "photons": _r(rng.uniform(60.0, 600.0)),
-        "read_noise": _r(rng.uniform(0.005, 0.03)),
-        "catheter_width_px": _r(rng.uniform(5.0, 10.0)),
-        "guidewire_width_px": _r(rng.uniform(1.4, 2.6)),
-        "device_contrast": _r(rng.uniform(0.5, 0.8)),
-        "edge_enhance": _r(rng.uniform(0.0, 0.8)),
-        "blur_px": _r(rng.uniform(0.3, 1.2)),
-        "contrast": _r(rng.uniform(0.85, 1.25)),
-        "gamma": _r(rng.uniform(0.8, 1.25)),
+        "photons": round_param(rng.uniform(60.0, 600.0)),
+        "read_noise": round_param(rng.uniform(0.005, 0.03)),
+        "catheter_width_px": round_param(rng.uniform(5.0, 10.0)),
+        "guidewire_width_px": round_param(rng.uniform(1.4, 2.6)),
+        "device_contrast": round_param(rng.uniform(0.5, 0.8)),
+        "edge_enhance": round_param(rng.uniform(0.0, 0.8)),
+        "blur_px": round_param(rng.uniform(0.3, 1.2)),
+        "contrast": round_param(rng.uniform(0.85, 1.25)),
+        "gamma": round_param(rng.uniform(0.8, 1.25)),
     }
 
 
@@ -138,7 +138,7 @@ def _background(rng: np.random.Generator, s: int, anatomy: Dict[str, Any]) -> np
     angle = rng.uniform(0.0, 2.0 * math.pi)
     ramp = xx * math.cos(angle) + yy * math.sin(angle)  # in [-0.71, 0.71]
     level = anatomy["background_level"] * rng.uniform(0.95, 1.05)
-    img = level + anatomy["background_gradient"] * ramp + 0.04 * _smooth_noise(rng, (s, s), s / 5)
+    img = level + anatomy["background_gradient"] * ramp + 0.04 * smooth_noise(rng, (s, s), s / 5)
     for _ in range(int(anatomy["n_bones"])):
         # an elongated band: distance to a slightly curved line, soft-edged, brighter inside
         theta = rng.uniform(0.0, math.pi)
@@ -164,7 +164,7 @@ def _vessels(rng: np.random.Generator, s: int, anatomy: Dict[str, Any]) -> np.nd
     # the grower stops at a circular field of view: one circumscribing the frame, centred
     fov = (s / 2.0, s / 2.0, 0.72 * s)
     budget = anatomy["vessel_fraction"] * rng.uniform(0.85, 1.15) * s * s
-    _grow_trees(draw, rng, k, start, fov, s, anatomy, budget, int(rng.integers(2, 4)))
+    grow_vessel_trees(draw, rng, k, start, fov, s, anatomy, budget, int(rng.integers(2, 4)))
     return _coverage(canvas, s, k)
 
 
@@ -218,7 +218,7 @@ def xray_frame(
         wire_cov = np.maximum(wire_cov, tip)
         img = img * (1.0 - min(0.95, 1.2 * contrast) * wire_cov)
 
-    image = _to_uint8(_acquire(rng, img, anatomy, s))
+    image = to_uint8(_acquire(rng, img, anatomy, s))
     cath, wire = cath_cov >= 0.5, wire_cov >= 0.5
     masks = {"device": cath | wire, "catheter": cath, "guidewire": wire, "vessel": vessel_cov >= 0.5}
     return image, masks
