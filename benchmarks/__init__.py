@@ -2,7 +2,8 @@
 
 * ``reproduce.py`` — the command: ``python benchmarks/reproduce.py TABLE [--run]``, ``--check-page``, ``--list``;
 * ``core/`` — what every page shares: run records (``records``), registry entries and outputs (``registry``,
-  ``outputs``), rendering (``render``, ``renderers``), the page check (``page``) and figures (``figures``);
+  ``outputs``), rendering (``render``, ``renderers``; a bench's tables and captions: ``tables``), the page check
+  (``page``) and figures (``figures``);
 * ``registry.py`` — every page's registry gathered;
 * one folder per results page, holding its registry (``registry.py``) and the scripts that make its records:
   ``overview/`` (``docs/benchmarks.md``), ``accuracy/``, ``fedevi_protocol/``, ``server_step/``, ``cost/``,

@@ -42,14 +42,31 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
-# `benchmarks` is this folder, imported from the repository root: first on the path, and a `benchmarks` module that is
-# not this folder (opacus installs one) set aside
+# `benchmarks` is this folder, imported from the repository root: the root goes first on the path, ahead of the
+# top-level `benchmarks` another distribution installs (opacus)
 if sys.path[:1] != [str(REPO)]:
     sys.path.insert(0, str(REPO))
-_other = sys.modules.get("benchmarks")
-if _other is not None and Path(getattr(_other, "__file__", None) or "").parent != REPO / "benchmarks":
-    for _name in [m for m in sys.modules if m == "benchmarks" or m.startswith("benchmarks.")]:
-        del sys.modules[_name]
+
+
+def _own_package() -> None:
+    """Import ``benchmarks`` and check that it is this folder.
+
+    Raises:
+        ImportError: another ``benchmarks`` was imported earlier in this process (before the repository root was on
+            the path); its modules are left in place (code that imported them may hold them), so the process
+            cannot import this one under the same name.
+    """
+    import benchmarks
+
+    here = REPO / "benchmarks"
+    if [Path(p).resolve() for p in getattr(benchmarks, "__path__", [])] != [here]:
+        raise ImportError(f"the package 'benchmarks' of this process is {getattr(benchmarks, '__file__', benchmarks)!r}, "
+                          f"not {here}: it was imported before {__file__} put the repository root first on sys.path; "
+                          "load reproduce.py (or put the repository root on sys.path) before anything imports "
+                          "'benchmarks'")
+
+
+_own_package()
 
 from benchmarks.core import registry as _registry  # noqa: E402
 from benchmarks.core.cli import main as _main  # noqa: E402

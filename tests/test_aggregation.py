@@ -69,3 +69,27 @@ def test_uniform_weighting_ignores_sizes():
     strategy.aggregate(0, updates, exchange=None)
     assert strategy.global_params()["w"].item() == pytest.approx(0.5)
     assert sample_weights({"a": 1, "b": 3}, sites) == [0.25, 0.75]
+
+
+@pytest.mark.parametrize("path, args", [
+    ("fedseg.strategies.fedevi:FedEviStrategy", dict(delta=0.5, weight_form="paper", beta0="uniform", clip=0.01,
+                                                     use_gap=False, use_reliability=True, accumulate=False)),
+    ("fedseg.strategies.pathfl:PathFLStrategy", dict(use_cse=False, use_afa=True, use_ssa=False, weighting="uniform",
+                                                     afa_at_inference=False)),
+    ("fedseg.strategies.fedefm:FedEFMStrategy", dict(mode="dfl", topology="full", overseas=False, gossip_self_weight=0.25,
+                                                     weighting="uniform", aggregation="median", trim=0)),
+    ("fedseg.strategies.fedopt:FedOptStrategy", dict(server_optimizer="sgd", server_lr=0.5, beta1=0.8,
+                                                     beta2=0.95, tau=0.01, momentum=0.6, weighting="uniform")),
+])
+def test_a_strategy_config_is_its_name_then_each_constructor_argument_as_given(path, args):
+    """``report.json['config']`` of a strategy built with every argument off its default: the strategy's name, then
+    the arguments in the constructor's order with the values given (``ServerStrategy.attributes_config``)."""
+    import importlib
+    import inspect
+
+    module, name = path.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    assert list(inspect.signature(cls.__init__).parameters)[1:] == list(args)
+    config = cls(**args).config()
+    assert list(config) == ["strategy", *args]
+    assert config == {"strategy": cls.name, **args}

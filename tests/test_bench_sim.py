@@ -103,7 +103,7 @@ def test_outputs_and_paired_test_equal_scipy_on_site_files(bench):
     assert "Wilcoxon" in (bench / "results.md").read_text()
     # provenance for the results page: the commit of this code in results.json and in every run, the spatial mode
     from fedseg.bench.bench import code_version
-    from fedseg.bench.tables import accuracy_table, caption
+    from benchmarks.core.tables import accuracy_table, caption
 
     assert results["code_version"] == code_version()
     assert all(json.loads(p.read_text())["code_version"] == code_version() for p in (bench / "runs").glob("*.json"))

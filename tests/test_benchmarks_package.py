@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,3 +82,23 @@ def test_two_pages_declaring_one_table_are_refused(registry):
     b = types.SimpleNamespace(__name__="b", PAGE="y.md", RUNS={}, TABLES={"t": {"render": "cost", "title": "T"}})
     with pytest.raises(ValueError, match=r"b: table id\(s\) \['t'\] declared by another page"):
         registry.gather([a, b])
+
+
+def test_reproduce_imports_this_package_and_leaves_another_alone(tmp_path):
+    """Another distribution's top-level ``benchmarks`` (opacus installs one): ``reproduce.py`` puts this repository
+    first on the path, so a fresh process imports this folder; where the other was imported first, it is named and
+    left in place (nothing removed from ``sys.modules`` under the code that imported it)."""
+    other = tmp_path / "benchmarks"
+    other.mkdir()
+    (other / "__init__.py").write_text("")
+    load = (f"import importlib.util, sys\nspec = importlib.util.spec_from_file_location('r', {str(BENCHMARKS / 'reproduce.py')!r})\n"
+            "try:\n    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+            "except ImportError as e:\n    print('refused:', e)\nprint(sys.modules['benchmarks'].__file__)\n")
+    # the other package first on the path (the working folder), as an installed one would be without reproduce.py
+    fresh = subprocess.run([sys.executable, "-c", load], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert fresh.stdout.strip() == str(BENCHMARKS / "__init__.py")
+    first = subprocess.run([sys.executable, "-c", "import benchmarks\n" + load], cwd=tmp_path, capture_output=True,
+                           text=True, check=True)
+    refused, kept = first.stdout.strip().splitlines()
+    assert refused.startswith("refused: the package 'benchmarks' of this process is") and str(other) in refused
+    assert kept == str(other / "__init__.py")

@@ -168,6 +168,36 @@ def test_job_scheduler_builder_refuses_a_bad_interval():
             JobSchedulerBuilder(bad)
 
 
+def test_server_file_builders_edit_the_provisioned_server_kit(tmp_path):
+    """``nvflare provision`` of the POC project (no process started): LoopbackServerBuilder rewrites the server's
+    service target to 127.0.0.1 (the port kept) and JobSchedulerBuilder sets the scheduler's retry interval, each in
+    the file StaticFileBuilder wrote."""
+    repo = Path(__file__).resolve().parents[1]
+    prod = provision(repo / "poc_workspace" / "project.yml", tmp_path / "ws")
+    target = json.loads((prod / "server" / "startup" / "fed_server.json").read_text())["servers"][0]["service"]["target"]
+    host, port = target.rsplit(":", 1)
+    assert host == "127.0.0.1" and port.isdigit()
+    server = json.loads((prod / "server" / "local" / "resources.json.default").read_text())
+    (scheduler,) = [c for c in server["components"] if c["id"] == "job_scheduler"]
+    assert scheduler["args"]["min_schedule_interval"] == 2.0
+
+
+def test_server_file_builders_name_what_is_missing(tmp_path):
+    """A server file builder in a project without a server, or listed before StaticFileBuilder wrote the file, stops
+    provisioning with an error naming the builder."""
+    from types import SimpleNamespace
+
+    from fedseg.deploy import JobSchedulerBuilder, LoopbackServerBuilder
+
+    ctx = SimpleNamespace(get_kit_dir=lambda server: str(tmp_path), get_local_dir=lambda server: str(tmp_path))
+    for builder in (LoopbackServerBuilder(), JobSchedulerBuilder()):
+        name = type(builder).__name__
+        with pytest.raises(ValueError, match=f"{name}: the project has no server"):
+            builder.build(SimpleNamespace(get_server=lambda: None), ctx)
+        with pytest.raises(FileNotFoundError, match=f"list {name} after StaticFileBuilder"):
+            builder.build(SimpleNamespace(get_server=lambda: object()), ctx)
+
+
 def deployment_run(root: Path):
     """Shared run ``deployment`` (tests/sim_utils.py): ``deploy_utils.deployment_scenario`` in a process of its own
     (a fork of the session's launcher: ``sim_utils.run_call``), its output in ``ROOT/scenario.log``; the readers get

@@ -317,6 +317,21 @@ def test_weight_map_figure_writes_png(tmp_path, in_channels):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_panel_grid_titles_each_row_once_hides_every_axis_and_closes_the_figure(tmp_path):
+    """``save_panel_grid`` (both site-local figures end with it): a row's title over its first panel only, no
+    panel's axes shown, the PNG written under new folders, the figure closed."""
+    import matplotlib.pyplot as plt
+
+    from fedseg.plots.fvac_figures import save_panel_grid
+
+    fig, axes = plt.subplots(2, 3, squeeze=False)
+    path = save_panel_grid(fig, axes, ("top", "bottom"), tmp_path / "a" / "b" / "grid.png", dpi=40)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [[ax.get_title(loc="left") for ax in row] for row in axes] == [["top", "", ""], ["bottom", "", ""]]
+    assert not any(ax.axison for row in axes for ax in row)
+    assert not plt.fignum_exists(fig.number)
+
+
 def test_record_terms_reports_each_term_s_share_of_the_loss_and_gradient():
     """``record_terms``: the train metrics carry FVDA's share of the loss and its gradient norm against the main
     term's, checked against the two terms computed here with plain cross-entropy (``use_fmug=False``) and autograd."""

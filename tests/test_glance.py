@@ -73,7 +73,7 @@ def test_a_bench_of_other_fedavg_runs_cannot_lend_its_baselines(reproduce, tmp_p
 
 def test_which_to_use_ranks_the_source_with_the_benches_it_draws_baselines_from(reproduce, tmp_path):
     from benchmarks.core.outputs import merge_benches
-    from fedseg.bench.tables import recommendation
+    from benchmarks.core.tables import recommendation
 
     _, b, runs, tables = _benches(tmp_path)
     text = reproduce.render("use", tmp_path, runs=runs, tables=tables)

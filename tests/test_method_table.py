@@ -13,8 +13,8 @@ from typing import Any, Dict, Optional
 import pytest
 import torch
 
+from benchmarks.core import tables
 from fedseg import methods
-from fedseg.bench import tables
 from fedseg.fl.controller import FedSegController
 from fedseg.methods import MethodSpec, get_method, register_method, unregister_method
 from fedseg.objectives.base import BatchOutput, ClientObjective

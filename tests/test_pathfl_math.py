@@ -383,3 +383,16 @@ def test_engine_intensity_statistics_match_numpy(tmp_path):
     )
     np.testing.assert_allclose(mean.numpy(), pixels.mean(0), atol=1e-6)
     np.testing.assert_allclose(std.numpy(), pixels.std(0), atol=1e-6)
+
+
+def test_style_figure_writes_a_png_and_refuses_unequal_batches(tmp_path):
+    """The site-local CSE figure (original / restyled / hybrid rows) is a PNG; batches of different shapes are
+    refused before anything is drawn."""
+    from fedseg.plots.pathfl_figures import save_style_figure
+
+    x = torch.rand(2, 3, 12, 12)
+    path = save_style_figure(x, x.flip(-1), 0.5 * x, tmp_path / "figs" / "pathfl_cse_examples.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="equally shaped"):
+        save_style_figure(x, x[:1], x, tmp_path / "bad.png")
+    assert not (tmp_path / "bad.png").exists()

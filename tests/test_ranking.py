@@ -77,7 +77,7 @@ def test_glance_adds_the_best_baseline_of_a_recorded_bench():
     import json
     from pathlib import Path
 
-    from fedseg.bench.tables import PUBLISHED_METHODS, approach_title, glance_rows
+    from benchmarks.core.tables import PUBLISHED_METHODS, approach_title, glance_rows
 
     folder = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "polyp"
     results = json.loads((folder / "results.json").read_text())
@@ -96,7 +96,7 @@ def test_glance_adds_the_best_baseline_of_a_recorded_bench():
 
 
 def test_server_step_rows_are_named_by_their_step():
-    from fedseg.bench.tables import approach_title
+    from benchmarks.core.tables import approach_title
 
     assert approach_title({"method": "graphfedseg", "label": "graphfedseg+m",
                            "variant_args": {"server_optimizer": "sgd-momentum"}}) == "GraphFedSeg + server momentum"

@@ -1,4 +1,4 @@
-"""``benchmarks/reproduce.py`` and :mod:`fedseg.bench.tables`: results-page tables from a bench's ``results.json``.
+"""``benchmarks/reproduce.py`` and :mod:`benchmarks.core.tables`: results-page tables from a bench's ``results.json``.
 
 The results are built in the test from per-image rows (through :func:`fedseg.bench.report.build_results`, as
 ``fedseg bench`` does); every number in a rendered table is checked against numpy / scipy applied to those rows
@@ -120,7 +120,7 @@ def _pairs(records, label, base, metric, model="global"):
 
 # ------------------------------------------------------------------------------------------ accuracy
 def test_accuracy_table_cells_match_the_per_seed_finals_and_scipy(seg_records, seg_results):
-    from fedseg.bench.tables import accuracy_table
+    from benchmarks.core.tables import accuracy_table
 
     lines = accuracy_table(seg_results)
     assert _header(lines)[:5] == ["Dice (mean of rim, cup)", "Dice rim", "Dice cup", "Dice disc", "HD95 (px)"]
@@ -149,7 +149,7 @@ def test_accuracy_table_cells_match_the_per_seed_finals_and_scipy(seg_records, s
 
 
 def test_accuracy_extra_metrics_and_single_seed(seg_records):
-    from fedseg.bench.tables import accuracy_note, accuracy_table
+    from benchmarks.core.tables import accuracy_note, accuracy_table
 
     one = build_results([r for r in seg_records if r["seed"] == 0], SITES, {**HEADER, "seeds": [0]})
     lines = accuracy_table(one, extra_metrics=["assd"])
@@ -163,7 +163,7 @@ def test_accuracy_extra_metrics_and_single_seed(seg_records):
 
 
 def test_classification_accuracy_table_uses_mcnemar():
-    from fedseg.bench.tables import accuracy_table, glance_rows
+    from benchmarks.core.tables import accuracy_table, glance_rows
 
     def rec(label, seed, correct):
         per_image = {"s1": [{"id": f"{i}.png", "label": 0, "prediction": 0 if c else 1, "correct": float(c)}
@@ -193,7 +193,7 @@ def test_classification_accuracy_table_uses_mcnemar():
 
 # ---------------------------------------------------------------------------------------------- cost
 def test_cost_table_matches_the_round_walls(seg_records, seg_results):
-    from fedseg.bench.tables import cost_note, cost_table
+    from benchmarks.core.tables import cost_note, cost_table
 
     lines = cost_table(seg_results)
 
@@ -213,7 +213,7 @@ def test_cost_table_matches_the_round_walls(seg_records, seg_results):
 
 # ------------------------------------------------------------------------------------------- caption
 def test_caption_carries_budget_machine_date_and_commit(seg_results):
-    from fedseg.bench.tables import caption
+    from benchmarks.core.tables import caption
 
     text = caption(seg_results, "Toy federation", "A note.")
     assert text.startswith("**Toy federation.** 2 sites, 7 test images, seeds 0, 1, 2;")
@@ -229,7 +229,7 @@ def test_caption_carries_budget_machine_date_and_commit(seg_results):
 
 
 def test_budget_names_per_method_local_epochs_and_sets(seg_records):
-    from fedseg.bench.tables import budget_text
+    from benchmarks.core.tables import budget_text
 
     fvac = [{**r, "label": "fvac", "method": "fvac", "id": r["id"].replace("fedevi", "fvac"),
              "train_config": {**TRAIN_CONFIG, "local_epochs": 5}} for r in seg_records if r["label"] == "fedevi"]
@@ -244,7 +244,7 @@ def test_budget_names_per_method_local_epochs_and_sets(seg_records):
 
 # -------------------------------------------------------------------------------------------- glance
 def test_glance_rows_from_an_accuracy_run(seg_records, seg_results):
-    from fedseg.bench.tables import accuracy_table, cost_table, glance_rows, glance_table
+    from benchmarks.core.tables import accuracy_table, cost_table, glance_rows, glance_table
 
     rows = glance_rows(seg_results, "toy data", "toy-accuracy", link="docs/benchmarks.md")
     assert [r[0] for r in rows] == ["FedEvi", "GraphFedSeg", "GraphFedSeg (personalised)"]  # methods, not references
@@ -519,7 +519,7 @@ def test_bench_writes_the_code_version_into_results_and_runs(tmp_path, tiny_data
     run_file.write_text(json.dumps({**json.loads(run_file.read_text()), "code_version": {"commit": "0ld0ld0", "dirty": False}}))
     again = bench.run_bench(str(out), methods=(), references=("local",), seeds=(0,), site_datalists=str(mapping))
     assert again["run_code_versions"] == {"0ld0ld0": ["reference-local-seed0"]}
-    from fedseg.bench.tables import code_text
+    from benchmarks.core.tables import code_text
 
     assert code_text(again) == f"code {bench.version_label(version)} (runs: 0ld0ld0 ×1)"
 
@@ -815,7 +815,7 @@ def test_a_one_site_column_shows_that_sites_value_and_its_paired_test(reproduce,
 def test_input_text_names_the_sites_where_their_inputs_differ():
     """One text where every site reaches the network alike; else each text with its sites (CHASE_DB1 is rescaled by
     0.5 in the retina federation, DRIVE and STARE are not)."""
-    from fedseg.bench.tables import input_text
+    from benchmarks.core.tables import input_text
 
     patch = {"spatial_mode": "patch", "rescale": 1.0, "spatial_dims": 2, "input_size": 64}
     same = {"spatial": {"a": patch, "b": dict(patch)}}
@@ -830,11 +830,11 @@ def test_input_text_names_the_sites_where_their_inputs_differ():
 def test_every_method_and_reference_has_a_page_name():
     """The results page names each method as its paper does (FedProx, SCAFFOLD, ...), not by its CLI label."""
     from fedseg.bench.bench import REFERENCES
-    from fedseg.bench.tables import METHOD_NAMES, approach_title
+    from benchmarks.core.tables import METHOD_NAMES, approach_title
     from fedseg.recipes import available_methods
 
     missing = [m for m in [*available_methods(), *REFERENCES] if m not in METHOD_NAMES]
-    assert not missing, f"add a page name to fedseg.bench.tables.METHOD_NAMES for {missing}"
+    assert not missing, f"add a page name to benchmarks.core.tables.METHOD_NAMES for {missing}"
     assert approach_title({"method": "scaffold", "label": "scaffold"}) == "SCAFFOLD"
     assert approach_title({"method": "fedbn", "label": "fedbn", "model": "personalized"}) == "FedBN (personalised)"
 

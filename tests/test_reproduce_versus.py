@@ -9,8 +9,8 @@ import pytest
 from scipy import stats as sps
 from test_reproduce import SEEDS, SITES, _fmt_p, _pairs, _pm, _row, _site_mean_per_seed, _store_bench, seg_record
 
+from benchmarks.core.tables import approach_title, glance_rows
 from fedseg.bench.report import build_results
-from fedseg.bench.tables import approach_title, glance_rows
 
 
 @pytest.fixture(scope="module")

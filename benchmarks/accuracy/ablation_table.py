@@ -23,6 +23,8 @@ import json
 import statistics
 from typing import Any, Dict, List, Optional
 
+from fedseg.markdown import markdown_table
+
 
 def _mean(values: List[Optional[float]]) -> Optional[float]:
     values = [v for v in values if v is not None]
@@ -59,7 +61,7 @@ def table(results: Dict[str, Any], personalised: bool = False) -> str:
         header += ["personalised mean Dice", "personalised mean HD95"]
     header += ["median round wall (s)", "vs FedAvg", "median task times (s)", "median site compute (s)", "vs FedAvg",
                "median peak mem (MB)", "vs FedAvg (MB)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    cells_of_rows = []
     for label, entry, compute, memory in rows:
         g = entry.get("global", {})
         options = ", ".join(f"{k}={v}" for k, v in entry["variant_args"].items()) or "defaults"
@@ -75,8 +77,8 @@ def table(results: Dict[str, Any], personalised: bool = False) -> str:
         cells.append(", ".join(f"{t} {v:.2f}" for t, v in entry.get("median_task_times", {}).items()) or "-")
         cells += [_fmt(compute, 2), f"{compute / base_compute:.2f}x" if compute and base_compute else "-"]
         cells += [_fmt(memory, 0), f"{memory - base_memory:+.0f}" if memory is not None and base_memory is not None else "-"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        cells_of_rows.append(cells)
+    return "\n".join(markdown_table(header, cells_of_rows))
 
 
 def main(argv=None) -> str:

@@ -169,7 +169,7 @@ def curve_points(run_ids: Sequence[str], root: Path, runs: Mapping[str, Any],
                  spec_labels: Optional[Mapping[str, str]] = None) -> List[Dict[str, Any]]:
     """Per bench and approach: the validation Dice per round (mean over sites) averaged over seeds, and its std;
     ``spec_labels`` names each bench in the legend."""
-    from fedseg.bench.tables import approach_title
+    from benchmarks.core.tables import approach_title
 
     spec_labels = spec_labels or {}
     curves = []

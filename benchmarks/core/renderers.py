@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import posixpath
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from benchmarks.core.outputs import load_output, merge_benches, select_seeds
 from benchmarks.core.registry import MissingOutput, ReproduceError, run_ids
 from benchmarks.core.runs import load_runs, median_round_wall, per_image
+from fedseg.markdown import markdown_table
 
 
 def remake(table_id: str) -> str:
@@ -46,36 +47,35 @@ def stale(results: Mapping[str, Any]) -> str:
 
 
 def render_accuracy(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
-    from fedseg.bench.tables import accuracy_note, accuracy_table, caption
+    from benchmarks.core.tables import accuracy_note, accuracy_rows, caption
 
     results = outputs[0]
-    lines = accuracy_table(results, table.get("metrics", ()))
+    header, rows = accuracy_rows(results, table.get("metrics", ()))
     note = f"{accuracy_note(results)} {remake(table_id)}{stale(results)}"
     if table.get("paper"):
-        lines = with_paper_column(lines, results, table["paper"])
+        header, rows = with_paper_column(header, rows, results, table["paper"])
         note += f" Paper column: {table['paper']['note']}"
-    return [caption(results, table["title"], note), "", *lines]
+    return [caption(results, table["title"], note), "", *markdown_table(header, rows)]
 
 
-def with_paper_column(lines: List[str], results: Mapping[str, Any], paper: Mapping[str, Any]) -> List[str]:
-    """``lines`` of :func:`fedseg.bench.tables.accuracy_table` (one row per ``results["approaches"]`` entry, in order)
-    with a last column: ``paper["values"][label]`` (a published number, typed into the registry with its source) on
-    the first row of each label, blank elsewhere."""
-    head, rule, *rows = lines
+def with_paper_column(header: Sequence[str], rows: Sequence[Sequence[str]], results: Mapping[str, Any],
+                      paper: Mapping[str, Any]) -> Tuple[List[str], List[List[str]]]:
+    """The header and rows of :func:`benchmarks.core.tables.accuracy_rows` (one row per ``results["approaches"]``
+    entry, in order) with a last column: ``paper["values"][label]`` (a published number, typed into the registry with
+    its source) on the first row of each label, blank elsewhere."""
     entries = list(results.get("approaches", {}).values())
     if len(rows) != len(entries):
         raise ReproduceError(f"{len(rows)} table rows for {len(entries)} approaches: cannot add the paper column")
-    out = [f"{head} {paper['title']} |", f"{rule}---|"]
-    seen = set()
+    out, seen = [], set()
     for row, entry in zip(rows, entries):
         label = entry["label"]
-        out.append(f"{row} {'' if label in seen else paper['values'].get(label, '')} |")
+        out.append([*row, "" if label in seen else paper["values"].get(label, "")])
         seen.add(label)
-    return out
+    return [*header, paper["title"]], out
 
 
 def render_cost(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
-    from fedseg.bench.tables import caption, cost_note, cost_table
+    from benchmarks.core.tables import caption, cost_note, cost_table
 
     results = outputs[0]
     return [caption(results, table["title"], f"{cost_note(results)} {remake(table_id)}{stale(results)}"), "",
@@ -85,7 +85,7 @@ def render_cost(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[
 def other_runs(table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]]) -> str:
     """`` Other runs: `id`: date, code ...`` for the runs after the first of a multi-run table (their budget where it
     differs from the first's), or ``""``."""
-    from fedseg.bench.tables import budget_text, code_text
+    from benchmarks.core.tables import budget_text, code_text
 
     first = budget_text(outputs[0]) if outputs[0].get("budget") else ""
     parts = []
@@ -99,20 +99,21 @@ def other_runs(table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]]) -> s
 def render_overview(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
     """Rows = runs (one per data set), columns = every approach any run has: the mean test score over sites (Dice or
     accuracy; mean ± std over seeds). The caption is the first run's; the others' budget, date and code follow."""
+    from benchmarks.core.tables import approach_title, caption, data_text, seed_cell
     from fedseg.bench.runs import task_metrics
-    from fedseg.bench.tables import approach_title, caption, data_text, seed_cell
     from fedseg.fl.report import metric_header
 
     names: Dict[str, str] = {}
     for results in outputs:
         for key, entry in results["approaches"].items():
             names.setdefault(approach_title(entry), key)
-    lines = ["| data | sites | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
+    rows = []
     for results, run_id in zip(outputs, run_ids(table)):
         metric = task_metrics(results.get("task", "segmentation"))[0]
         by_title = {approach_title(e): e for e in results["approaches"].values()}
         cells = [seed_cell(by_title[n]["summary"]["mean"][metric], 3) if n in by_title else "-" for n in names]
-        lines.append(f"| `{run_id}` (mean {metric_header(metric)}) | {data_text(results)} | " + " | ".join(cells) + " |")
+        rows.append([f"`{run_id}` (mean {metric_header(metric)})", data_text(results), *cells])
+    lines = markdown_table(["data", "sites", *names], rows)
     note = ("Cells: unweighted mean over sites of each site's test mean (mean ± std over seeds where there are several)."
             + other_runs(table, outputs) + f" {remake(table_id)}" + "".join(stale(o) for o in outputs))
     return [caption(outputs[0], table["title"], note), "", *lines]
@@ -173,7 +174,7 @@ def render_glance(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
                   link: Optional[str] = None, ignore_command: bool = False, **_) -> List[str]:
     """"Results at a glance": the rows of every listed accuracy table whose output exists (:func:`glance_rows`), each
     linking to its table's page, and above them which approach to use on each federation."""
-    from fedseg.bench.tables import glance_rows, glance_table, recommendation_text
+    from benchmarks.core.tables import glance_rows, glance_table, recommendation_text
 
     found, missing = _glance_sources(table_id, table, root, tables, runs, ignore_command)
     rows, used, uses = [], [], []
@@ -210,18 +211,19 @@ def render_verdicts(table_id: str, table: Mapping[str, Any], outputs: Sequence[D
                     link: Optional[str] = None, ignore_command: bool = False, **_) -> List[str]:
     """The glance's verdict lines as a table: per source table (federation), which approach to use by the rule, why,
     and a link to the source table; ``"glance"``: the glance table's id, which the caption links to."""
-    from fedseg.bench.tables import recommendation
+    from benchmarks.core.tables import recommendation
 
     found, missing = _glance_sources(table_id, table, root, tables, runs, ignore_command)
-    lines = ["| federation | use | by the rule | table |", "|---|---|---|---|"]
+    rows = []
     for source, src, _, ranked in found:
         if ranked is None:
             continue
         verdict = recommendation(ranked)
         target = page_link(table, src, link)
         cell = f"[{source}]({target}#{source})" if target else f"`{source}`"
-        lines.append(f"| {src.get('data') or src['title']} | **{verdict['use']}** | {verdict['how']} "
-                     f"({verdict['evidence']}) | {cell} |")
+        rows.append([src.get("data") or src["title"], f"**{verdict['use']}**", f"{verdict['how']} ({verdict['evidence']})",
+                     cell])
+    lines = markdown_table(["federation", "use", "by the rule", "table"], rows)
     glance = table.get("glance")
     glance_cell = ""
     if glance in tables:
@@ -239,7 +241,7 @@ def render_ranking(table_id: str, table: Mapping[str, Any], outputs: Sequence[Di
     """Which approach to use on a bench's federation by the page's rule (``fedseg.bench.ranking``): the approaches by
     mean Dice, the leader against each, the verdict; the caption says which to use. The table's entry sets
     ``baseline`` so that the bench is re-aggregated from its run records (the ranking needs the per-image scores)."""
-    from fedseg.bench.tables import caption, ranking_table, recommendation_text
+    from benchmarks.core.tables import caption, ranking_table, recommendation_text
 
     results = outputs[0]
     if not results.get("ranking"):
@@ -261,10 +263,10 @@ def render_pairs(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict
     what the pair tests (an ablation: the one part in which A and B differ); ``"rule": true`` adds the first metric's
     per-seed difference (seeds ahead) and the verdict by the page's rule (:func:`fedseg.bench.ranking.rule_verdict`:
     "A beats B", "B beats A" or "level")."""
+    from benchmarks.core.tables import approach_title, caption, column_header
     from fedseg.bench.ranking import rule_verdict
     from fedseg.bench.report import format_seed_difference
     from fedseg.bench.stats import compare, summarise_seeds
-    from fedseg.bench.tables import approach_title, caption, column_header
 
     results = outputs[0]
     runs = load_runs(Path(results["_output_dir"]))
@@ -296,11 +298,10 @@ def render_pairs(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict
     names = [column_header(results, m) for m in metrics]  # "Dice FOV", as the accuracy tables name it
     published = any(len(pair) > 2 for pair in table["pairs"])
     head = (["part tested"] if parts else []) + ["method (A vs B)"] + [
-        f"{h}: A | {h}: B | Δ {h} A − B (Wilcoxon p, pairs)" for h in names] + (
+        column for h in names for column in (f"{h}: A", f"{h}: B", f"Δ {h} A − B (Wilcoxon p, pairs)")] + (
         [f"Δ {names[0]} per seed (seeds ahead)", "by the rule"] if rule else []) + [
         "round wall A / B"] + (["paper"] if published else [])
-    header = "| " + " | ".join(head) + " |"
-    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    rows = []
     for i, (a, b, *paper) in enumerate(table["pairs"]):
         cells = ([parts[i]] if parts else []) + [
             f"{approach_title(results['approaches'][a])} vs {approach_title(results['approaches'][b])}"]
@@ -311,7 +312,8 @@ def render_pairs(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict
         cells += verdict(a, b) if rule else []
         cells.append(f"{median_round_wall(runs[a]) / median_round_wall(runs[b]):.2f}x")
         cells += [paper[0] if paper else ""] if published else []
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    lines = markdown_table(head, rows)
     seeds = sorted({r["seed"] for records in runs.values() for r in records})
     note = (f"A and B: two approaches of the same bench (seeds {', '.join(map(str, seeds))}); cells: mean "
             f"over sites, mean ± std over seeds; Δ: mean per-image difference, same seed, pooled over seeds and sites, "
@@ -330,10 +332,10 @@ def render_versus(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
     run records with that label as the baseline (:func:`benchmarks.core.outputs.select_seeds`); then Dice and the
     round time over FedAvg's, unless ``"round_time"`` is false (a bench whose runs were timed on different days and
     loads: its ratios would not be a cost measurement)."""
-    from fedseg.bench.report import format_seed_difference
-    from fedseg.bench.tables import (
+    from benchmarks.core.tables import (
         approach_title, caption, column_spread, diff_cell, label_entry, paired_test, seed_cell, seed_difference,
     )
+    from fedseg.bench.report import format_seed_difference
 
     results = outputs[0]
     against, labels = list(table["against"]), list(table["labels"])
@@ -347,7 +349,7 @@ def render_versus(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
     head = ["approach", "Dice"] + [f"Δ Dice vs {titles[c]}: {what}" for c in against
                                    for what in ("per seed (seeds ahead)", "per image (Wilcoxon p)")] + (
         ["round time vs FedAvg"] if timed else [])
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    rows = []
     names = sorted((n for n, e in results["approaches"].items() if e.get("label") in labels),
                    key=lambda n: labels.index(results["approaches"][n]["label"]))  # the registry's order, stable per label
     for name in names:
@@ -363,7 +365,8 @@ def render_versus(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dic
         if timed:
             ratio = ((results.get("timing") or {}).get(entry["label"]) or {}).get("round_wall_ratio_to_fedavg")
             cells.append("-" if ratio is None else f"{ratio:.2f}x")
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    lines = markdown_table(head, rows)
     note = ("Dice: unweighted mean over sites of each site's test mean, mean ± std over seeds. Δ per seed: each seed's "
             "mean over sites minus the other approach's of the same seed, mean ± std over seeds (seeds ahead); per "
             "image: mean per-image difference to its global model, same seed, pooled over seeds and sites, two-sided "
@@ -378,8 +381,8 @@ def render_budget(table_id: str, table: Mapping[str, Any], outputs: Sequence[Opt
     ``labels`` (each model: global, personalised): Dice (mean over sites; mean ± std over seeds where several) and
     the paired per-image difference to the baseline's global model of the same bench (Wilcoxon p). A bench with no
     output yet (``missing_ok``) is named in the note, not drawn."""
+    from benchmarks.core.tables import approach_title, baseline_title, caption, code_text, column_spread, paired_test, seed_cell
     from fedseg.bench.report import format_p
-    from fedseg.bench.tables import approach_title, baseline_title, caption, code_text, column_spread, paired_test, seed_cell
 
     present = [(r, o) for r, o in zip(run_ids(table), outputs) if o is not None]
     absent = [r for r, o in zip(run_ids(table), outputs) if o is None]
@@ -395,7 +398,7 @@ def render_budget(table_id: str, table: Mapping[str, Any], outputs: Sequence[Opt
         return str((o.get("budget") or {}).get("rounds") or "profile default")
 
     head = ["approach"] + [f"{rounds(o)} rounds: Dice (Δ vs {baseline_title(o)}, Wilcoxon p)" for _, o in present]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    rows = []
     for name in names:
         title, cells = None, []
         for _, o in present:
@@ -410,7 +413,8 @@ def render_budget(table_id: str, table: Mapping[str, Any], outputs: Sequence[Opt
                 cells.append(dice)
             else:
                 cells.append(f"{dice} ({test['mean_diff']:+.3f}, {format_p(test.get('wilcoxon_p'))})")
-        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+        rows.append([str(title), *cells])
+    lines = markdown_table(head, rows)
     columns = "; ".join(f"{rounds(o)} rounds: `{r}` ({str(o.get('date', ''))[:16].replace('T', ' ')}, {code_text(o)})"
                         for r, o in present)
     note = (f"One bench per column, each with the first's settings but its rounds: {columns}."

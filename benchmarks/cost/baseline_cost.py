@@ -23,6 +23,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Dict, List
 
+from fedseg.markdown import markdown_table
+
 
 def main(argv=None) -> Dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -87,12 +89,12 @@ def main(argv=None) -> Dict[str, Any]:
     (out / "baseline_cost.json").write_text(json.dumps(result, indent=1))
     print(f"\n{args.family}, {len(sites)} sites in one process, {args.rounds} rounds, best of {args.repeats} interleaved repeats "
           f"of the median round (rounds 1..)\n")
-    print(f"| method | round, in process (s) | vs {base} | sites' work (s) | all repeats (s) | upload / download per site per round (MB) | upload vs {base} |")
-    print("|---|---|---|---|---|---|---|")
-    for label, e in table.items():
-        print(f"| {label} | {e['best_round_wall']:.2f} | {e['wall_vs_first']:.2f}x | {e['site_compute']:.2f} | "
-              f"{', '.join(f'{w:.2f}' for w in e['round_walls'])} | {e['upload_mb_per_site']:.3f} / {e['download_mb_per_site']:.3f} | "
-              f"{e['upload_vs_first']:.3f}x |")
+    print("\n".join(markdown_table(
+        ["method", "round, in process (s)", f"vs {base}", "sites' work (s)", "all repeats (s)",
+         "upload / download per site per round (MB)", f"upload vs {base}"],
+        [[label, f"{e['best_round_wall']:.2f}", f"{e['wall_vs_first']:.2f}x", f"{e['site_compute']:.2f}",
+          ", ".join(f"{w:.2f}" for w in e["round_walls"]), f"{e['upload_mb_per_site']:.3f} / {e['download_mb_per_site']:.3f}",
+          f"{e['upload_vs_first']:.3f}x"] for label, e in table.items()])))
     print(f"\nwrote {out / 'baseline_cost.json'}")
     return result
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -242,7 +241,7 @@ def site_profile(case: Dict[str, Any], arms: Dict[str, Dict[str, Any]], out: Pat
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     from fedseg.bench.bench import code_version
-    from fedseg.bench.simulator import machine_info
+    from fedseg.bench.simulator import load_average, machine_info
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
@@ -271,7 +270,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         for rep in range(args.repeats):
             for arm in (ARMS if rep % 2 == 0 else tuple(reversed(ARMS))):
                 print(f"[{_dt.datetime.now():%H:%M:%S}] {name} {arm} repeat {rep}: {arms[arm]['command']}", flush=True)
-                load = list(os.getloadavg())  # the machine's load as this run starts (it may be shared)
+                load = load_average()  # the machine's load as this run starts (it may be shared)
                 row = run_arm(arms[arm]["job"], out / name / "ws" / f"{arm}_r{rep}", case["sites"],
                               out / name / "logs" / f"{arm}_r{rep}.log")
                 runs[arm].append({"repeat": rep, "loadavg_at_start": load, **row})

@@ -27,12 +27,12 @@ from typing import Any, Dict, List
 if __name__ == "__main__":  # run as a script: the repository root on the path, for the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.core.runs import load_runs, median_round_wall, per_image  # noqa: E402
+from fedseg.markdown import markdown_table  # noqa: E402
 
 
 def cost_rows(runs: Dict[str, List[Dict[str, Any]]], baseline: str) -> List[str]:
     base = median_round_wall(runs[baseline])
-    lines = ["| approach | runs | median round wall (s) | vs FedAvg | median task times (s) | wall per run (s) |",
-             "|---|---|---|---|---|---|"]
+    rows = []
     for label, records in runs.items():
         wall = median_round_wall(records)
         tasks = sorted({t for r in records for t in (r.get("median_task_times") or {})})
@@ -40,14 +40,15 @@ def cost_rows(runs: Dict[str, List[Dict[str, Any]]], baseline: str) -> List[str]
                               for t in tasks)
         walls = [r["wall_s"] for r in records]
         spread = f"{statistics.fmean(walls):.0f} ± {statistics.stdev(walls):.0f}" if len(walls) > 1 else f"{walls[0]:.0f}"
-        lines.append(f"| {label} | {len(records)} | {wall:.2f} | {wall / base:.2f}x | {task_text} | {spread} |")
-    return lines
+        rows.append([label, str(len(records)), f"{wall:.2f}", f"{wall / base:.2f}x", task_text, spread])
+    return markdown_table(["approach", "runs", "median round wall (s)", "vs FedAvg", "median task times (s)",
+                           "wall per run (s)"], rows)
 
 
 def dice_rows(runs: Dict[str, List[Dict[str, Any]]], sites: List[str], metric: str) -> List[str]:
     from fedseg.bench.stats import summarise_seeds
 
-    lines = [f"| approach | {' | '.join(sites)} | mean over sites (seeds {{}}) |", "|" + "---|" * (len(sites) + 2)]
+    rows = []
     seeds_text = None
     for label, records in runs.items():
         final = {r["seed"]: r["final"]["global"] for r in records}
@@ -57,9 +58,8 @@ def dice_rows(runs: Dict[str, List[Dict[str, Any]]], sites: List[str], metric: s
             s = summary[key][metric]
             cells.append("-" if s["mean"] is None else f"{s['mean']:.3f} ± {s['std']:.3f}")
         seeds_text = seeds_text or ", ".join(str(r["seed"]) for r in records)
-        lines.append(f"| {label} | {' | '.join(cells)} |")
-    lines[0] = lines[0].format(seeds_text)
-    return lines
+        rows.append([label, *cells])
+    return markdown_table(["approach", *sites, f"mean over sites (seeds {seeds_text})"], rows)
 
 
 def test_rows(runs: Dict[str, List[Dict[str, Any]]], pairs: List[tuple], sites: List[str], metric: str) -> List[str]:
@@ -68,15 +68,15 @@ def test_rows(runs: Dict[str, List[Dict[str, Any]]], pairs: List[tuple], sites: 
     def p(v):
         return "-" if v is None else (f"{v:.3f}" if v >= 1e-3 else f"{v:.1e}")
 
-    lines = [f"| {metric} of | against | pairs | mean diff | Wilcoxon p | t-test p | " + " | ".join(f"Wilcoxon p {s}" for s in sites) + " |",
-             "|" + "---|" * (6 + len(sites))]
+    rows = []
     for a, b in pairs:
         tests = compare(per_image(runs[a]), per_image(runs[b]), sites, metrics=(metric,))[metric]
         t = tests["all"]
         per_site = [p(tests["per_site"][s]["wilcoxon_p"]) for s in sites]
         diff = "-" if t["mean_diff"] is None else f"{t['mean_diff']:+.4f}"
-        lines.append(f"| {a} | {b} | {t['n']} | {diff} | {p(t['wilcoxon_p'])} | {p(t['ttest_p'])} | " + " | ".join(per_site) + " |")
-    return lines
+        rows.append([a, b, str(t["n"]), diff, p(t["wilcoxon_p"]), p(t["ttest_p"]), *per_site])
+    return markdown_table([f"{metric} of", "against", "pairs", "mean diff", "Wilcoxon p", "t-test p"]
+                          + [f"Wilcoxon p {s}" for s in sites], rows)
 
 
 def main(argv=None) -> None:

@@ -67,6 +67,7 @@ DEFAULT_VARIANTS = [
 from fedseg.bench.simulator import (  # noqa: E402,F401
     machine_info, median_task_breakdown, patch_job, round_timings, run_simulator,
 )
+from fedseg.markdown import markdown_table  # noqa: E402
 
 
 def summarise_rounds(rows: List[Dict[str, float]], skip_first: int = 1) -> Dict[str, float]:
@@ -185,24 +186,22 @@ def main(argv=None) -> Dict[str, Any]:
     print(f"\nFedAvg, {len(args.sites)} sites, {args.family} {args.image_size}px, {args.rounds} rounds x "
           f"{args.local_epochs} local epoch(s), {args.repeats} repeat(s) per variant; medians over rounds 1..{args.rounds - 1} "
           "of all repeats (round 0 = warm-up, left out)\n")
-    print("| variant | settings | wall/round (s) | wall vs first | max site compute (s) | sum site compute (s) "
-          "| overhead = wall - max (s) | tasks/round | overhead per task (s) | upload/site/round (MB) | job total (s) "
-          "| final mean Dice |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for row in table:
-        settings = ", ".join(f"{k}={val}" for k, val in row["settings"].items()) or "defaults"
-        print(f"| {row['variant']} | {settings} | {row['median_wall']:.2f} | {row['median_wall'] / base['median_wall']:.2f}x | "
-              f"{row['median_max_compute']:.2f} | {row['median_sum_compute']:.2f} | {row['median_overhead']:.2f} | "
-              f"{row['tasks_per_round']:g} | {row['median_overhead'] / row['tasks_per_round']:.2f} | "
-              f"{row['mb_up_per_site_round']:.3f} | {row['median_job_total_s']:.1f} | {row['final_dice_mean']:.3f} |")
+    print("\n".join(markdown_table(
+        ["variant", "settings", "wall/round (s)", "wall vs first", "max site compute (s)", "sum site compute (s)",
+         "overhead = wall - max (s)", "tasks/round", "overhead per task (s)", "upload/site/round (MB)", "job total (s)",
+         "final mean Dice"],
+        [[row["variant"], ", ".join(f"{k}={val}" for k, val in row["settings"].items()) or "defaults",
+          f"{row['median_wall']:.2f}", f"{row['median_wall'] / base['median_wall']:.2f}x", f"{row['median_max_compute']:.2f}",
+          f"{row['median_sum_compute']:.2f}", f"{row['median_overhead']:.2f}", f"{row['tasks_per_round']:g}",
+          f"{row['median_overhead'] / row['tasks_per_round']:.2f}", f"{row['mb_up_per_site_round']:.3f}",
+          f"{row['median_job_total_s']:.1f}", f"{row['final_dice_mean']:.3f}"] for row in table])))
     print("\nPer task (report field task_breakdown; medians over sites, then over rounds): deliver = server send -> "
           "site start, site = the site's own work, return = site answer -> server receipt, framework = deliver + return\n")
-    print("| variant | task | deliver (s) | site (s) | return (s) | framework (s) | send -> last answer (s) |")
-    print("|---|---|---|---|---|---|---|")
     nan = float("nan")
-    for row in breakdown:
-        print(f"| {row['variant']} | {row['task']} | {row.get('deliver', nan):.2f} | {row.get('site', nan):.2f} | "
-              f"{row.get('return', nan):.2f} | {row.get('framework', nan):.2f} | {row['total']:.2f} |")
+    print("\n".join(markdown_table(
+        ["variant", "task", "deliver (s)", "site (s)", "return (s)", "framework (s)", "send -> last answer (s)"],
+        [[row["variant"], row["task"], f"{row.get('deliver', nan):.2f}", f"{row.get('site', nan):.2f}",
+          f"{row.get('return', nan):.2f}", f"{row.get('framework', nan):.2f}", f"{row['total']:.2f}"] for row in breakdown])))
     print(f"\nwrote {out / 'framework_overhead.json'}")
     return result
 

@@ -24,6 +24,8 @@ from typing import Callable, Dict, List, Tuple
 import numpy as np
 import torch
 
+from fedseg.bench.simulator import machine_info
+from fedseg.markdown import markdown_table
 from fedseg.networks.unet import FeatureUNet
 from fedseg.strategies.collaboration_graph import (
     collaboration_graph,
@@ -111,18 +113,18 @@ COLUMNS = [
 ]
 
 
-def markdown_table(rows: List[Dict[str, float]], suffix: str, unit: str, extra: bool) -> str:
+def timing_table(rows: List[Dict[str, float]], suffix: str, unit: str, extra: bool) -> str:
     """One row per K; ``suffix`` "_s" (wall) or "_cpu_s" (CPU); ``extra`` adds compile time, W gap, repeats."""
     titles = ["K"] + [f"{title} ({unit})" for _, title, _ in COLUMNS]
     if extra:
         titles += ["cvxpy compile, once (s)", "max abs W gap", "repeats"]
-    lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
+    table = []
     for row in rows:
         cells = [str(row["K"])] + [fmt.format(row[key + suffix]) for key, _, fmt in COLUMNS]
         if extra:
             cells += [f"{row['cvxpy_compile_s']:.2f}", f"{row['max_abs_W_gap']:.1e}", str(row["repeats"])]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        table.append(cells)
+    return "\n".join(markdown_table(titles, table))
 
 
 def main() -> None:
@@ -131,6 +133,7 @@ def main() -> None:
     parser.add_argument("--ks", type=int, nargs="+", default=[4, 16, 64, 128, 256])
     args = parser.parse_args()
 
+    machine = machine_info()  # the load before the timings (this machine may be shared)
     template = FeatureUNet().state_dict()
     dim = sum(v.numel() for v in template.values())
     rows = []
@@ -139,10 +142,11 @@ def main() -> None:
         print(f"K={k} done", flush=True)
     print(f"\nD = {dim} (FeatureUNet() parameters), torch threads = {torch.get_num_threads()}, medians\n")
     print("Wall clock:\n")
-    print(markdown_table(rows, "_s", "s", extra=True))
+    print(timing_table(rows, "_s", "s", extra=True))
     print("\nProcess CPU time (all threads; about threads x wall when the cores are free):\n")
-    print(markdown_table(rows, "_cpu_s", "CPU s", extra=False))
-    meta = {"D": dim, "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine()}
+    print(timing_table(rows, "_cpu_s", "CPU s", extra=False))
+    # "machine": the architecture, as the earlier records name it; the rest of the machine beside it
+    meta = {"D": dim, "torch_threads": torch.get_num_threads(), **machine, "machine": platform.machine()}
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "results": rows}, f, indent=2)
 

@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
+from fedseg.markdown import markdown_table
+
 
 def run(method: str, k: int, out: Path, rounds: int, threads: int) -> Dict[str, Any]:
     from fedseg.bench.simulator import run_simulator
@@ -97,9 +99,9 @@ def main(argv=None) -> Dict[str, Any]:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     states = [strategy_state_mb(m, k) for m in args.state_methods for k in args.sites]
-    print("| strategy | K | state held after a round (MB) | in model copies |\n|---|---|---|---|")
-    for r in states:
-        print(f"| {r['method']} | {r['sites']} | {r['state_mb']:.2f} | {r['models']:.1f} |", flush=True)
+    print("\n".join(markdown_table(["strategy", "K", "state held after a round (MB)", "in model copies"],
+                                   [[r["method"], str(r["sites"]), f"{r['state_mb']:.2f}", f"{r['models']:.1f}"]
+                                    for r in states])), flush=True)
     rows: List[Dict[str, Any]] = []
     for method in args.methods:
         for k in args.sites:
@@ -117,10 +119,10 @@ def main(argv=None) -> Dict[str, Any]:
               "command": "python " + " ".join([sys.argv[0]] + (list(argv) if argv is not None else sys.argv[1:])),
               "rows": rows, "fits": fits, "strategy_state": states}
     (out / "many_sites.json").write_text(json.dumps(result, indent=1))
-    print("\n| method | K | threads | server peak MB | median round (s) | upload MB/round | missing |\n|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['method']} | {r['sites']} | {r['threads']} | {r['server_peak_memory_mb']:.0f} | {r['median_round_s']:.1f} | "
-              f"{r['upload_mb_per_round']:.2f} | {len(r['missing'])} |")
+    print("\n" + "\n".join(markdown_table(
+        ["method", "K", "threads", "server peak MB", "median round (s)", "upload MB/round", "missing"],
+        [[r["method"], str(r["sites"]), str(r["threads"]), f"{r['server_peak_memory_mb']:.0f}", f"{r['median_round_s']:.1f}",
+          f"{r['upload_mb_per_round']:.2f}", str(len(r["missing"]))] for r in rows])))
     for method, fit in fits.items():
         print(f"{method}: {fit['mb_per_site']:.2f} MB per site (intercept {fit['intercept_mb']:.0f} MB, r = {fit['r']:.3f})")
     verdicts = verdicts_of(rows, fits, states)

@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
+from fedseg.markdown import markdown_table
+
 
 def binary_copies(mapping: Dict[str, str], out: Path) -> Dict[str, str]:
     """Disc-only datalists of the same files: ``label_values`` maps rim (128) and cup (0) both to class 1."""
@@ -138,13 +140,12 @@ def main(argv=None) -> int:
               "code_version": code_version(), "machine": three.get("machine"), "budget": three.get("budget"), "costs": costs, "ratio_c3_over_c2": ratio,
               "interleaved_engine": engine_cost}
     (out / "multiclass_cost.json").write_text(json.dumps(record, indent=1))
-    lines = ["| label space | median round wall (s) | median site compute (s) | peak site memory (MB) | upload per site per round (MB) |",
-             "|---|---|---|---|---|"]
-    for name, c in costs.items():
-        lines.append(f"| {name} | {c['median_round_wall_s']:.2f} | {c['median_site_compute_s']:.2f} | {c['peak_site_memory_mb']:.0f} | "
-                     f"{c['upload_mb_per_site_round']:.4f} |")
-    lines.append(f"| ratio C=3 / C=2 | {ratio['median_round_wall_s']:.3f} | {ratio['median_site_compute_s']:.3f} | "
-                 f"{ratio['peak_site_memory_mb']:.3f} | {ratio['upload_mb_per_site_round']:.4f} |")
+    rows = [[name, f"{c['median_round_wall_s']:.2f}", f"{c['median_site_compute_s']:.2f}", f"{c['peak_site_memory_mb']:.0f}",
+             f"{c['upload_mb_per_site_round']:.4f}"] for name, c in costs.items()]
+    rows.append(["ratio C=3 / C=2", f"{ratio['median_round_wall_s']:.3f}", f"{ratio['median_site_compute_s']:.3f}",
+                 f"{ratio['peak_site_memory_mb']:.3f}", f"{ratio['upload_mb_per_site_round']:.4f}"])
+    lines = markdown_table(["label space", "median round wall (s)", "median site compute (s)", "peak site memory (MB)",
+                            "upload per site per round (MB)"], rows)
     lines += ["", f"In one process, interleaved ({args.repeats} repeats, site {engine_cost['site']}, one torch thread): "
               f"median local epoch {engine_cost['C=3']['train']:.2f} s (C=3) vs {engine_cost['C=2']['train']:.2f} s (C=2), "
               f"ratio {engine_cost['ratio']['train']:.3f}; test-split evaluation {engine_cost['C=3']['evaluate']:.2f} s vs "

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
+from fedseg.markdown import markdown_table
 from fedseg.processes import StopOnSignal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,17 +95,18 @@ def main(argv=None) -> Dict[str, Any]:
     base = table[0]["median_round"]
     print(f"\nPOC, 3 sites, built-in polyp 64 px, default profile, {args.rounds} rounds; medians over rounds 1.. of "
           f"{args.repeats} repeat(s)\n")
-    print("| variant | executor | round (s) | vs first | task | deliver (s) | site (s) | return (s) | framework (s) "
-          "| send -> last answer (s) | final mean Dice |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
     nan = float("nan")
+    rows = []
     for row in table:
-        for i, (task, parts) in enumerate(row["tasks"].items()):
-            head = (f"| {row['variant']} | {row['exe']} | {row['median_round']:.2f} | {row['median_round'] / base:.2f}x"
-                    if i == 0 else "| | | | ")
-            print(f"{head} | {task} | {parts.get('deliver', nan):.2f} | {parts.get('site', nan):.2f} | "
-                  f"{parts.get('return', nan):.2f} | {parts.get('framework', nan):.2f} | {parts['total']:.2f} | "
-                  + (f"{row['dice']:.3f} |" if i == 0 else "|"))
+        for i, (task, parts) in enumerate(row["tasks"].items()):  # a variant's own cells on its first task's row
+            first = i == 0
+            rows.append(([row["variant"], row["exe"], f"{row['median_round']:.2f}", f"{row['median_round'] / base:.2f}x"]
+                         if first else ["", "", "", ""])
+                        + [task, f"{parts.get('deliver', nan):.2f}", f"{parts.get('site', nan):.2f}",
+                           f"{parts.get('return', nan):.2f}", f"{parts.get('framework', nan):.2f}", f"{parts['total']:.2f}",
+                           f"{row['dice']:.3f}" if first else ""])
+    print("\n".join(markdown_table(["variant", "executor", "round (s)", "vs first", "task", "deliver (s)", "site (s)",
+                                    "return (s)", "framework (s)", "send -> last answer (s)", "final mean Dice"], rows)))
     print(f"\nwrote {out / 'poc_overhead.json'}")
     return result
 

@@ -6,27 +6,29 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from benchmarks.core.renderers import remake, stale
+from fedseg.markdown import markdown_table
 
 
 def render_multiclass_cost(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
     """``benchmarks/cost/multiclass_cost.py``'s JSON: one row per label space and their ratio; the in-process interleaved
     engine timings in the last two columns."""
-    from fedseg.bench.tables import caption
+    from benchmarks.core.tables import caption
 
     data = outputs[0]
     costs, ratio, engine = data["costs"], data["ratio_c3_over_c2"], data.get("interleaved_engine") or {}
-    lines = ["| label space | median round wall (s) | median site compute (s) | peak site memory (MB) | "
-             "upload per site per round (MB) | mean test Dice | local epoch, in process (s) | test evaluation, in process (s) |",
-             "|---|---|---|---|---|---|---|---|"]
+    rows = []
     for name, c in costs.items():
         e = engine.get(name) or {}
-        lines.append(f"| {name} | {c['median_round_wall_s']:.2f} | {c['median_site_compute_s']:.2f} | "
-                     f"{c['peak_site_memory_mb']:.0f} | {c['upload_mb_per_site_round']:.3f} | {c['mean_test_dice']:.3f} | "
-                     + (f"{e['train']:.2f} | {e['evaluate']:.2f} |" if e else "- | - |"))
+        rows.append([name, f"{c['median_round_wall_s']:.2f}", f"{c['median_site_compute_s']:.2f}",
+                     f"{c['peak_site_memory_mb']:.0f}", f"{c['upload_mb_per_site_round']:.3f}", f"{c['mean_test_dice']:.3f}"]
+                    + ([f"{e['train']:.2f}", f"{e['evaluate']:.2f}"] if e else ["-", "-"]))
     r, er = ratio, engine.get("ratio") or {}
-    lines.append(f"| ratio C=3 / C=2 | {r['median_round_wall_s']:.2f}x | {r['median_site_compute_s']:.2f}x | "
-                 f"{r['peak_site_memory_mb']:.2f}x | {r['upload_mb_per_site_round']:.4f}x | | "
-                 + (f"{er['train']:.2f}x | {er['evaluate']:.2f}x |" if er else "- | - |"))
+    rows.append(["ratio C=3 / C=2", f"{r['median_round_wall_s']:.2f}x", f"{r['median_site_compute_s']:.2f}x",
+                 f"{r['peak_site_memory_mb']:.2f}x", f"{r['upload_mb_per_site_round']:.4f}x", ""]
+                + ([f"{er['train']:.2f}x", f"{er['evaluate']:.2f}x"] if er else ["-", "-"]))
+    lines = markdown_table(["label space", "median round wall (s)", "median site compute (s)", "peak site memory (MB)",
+                            "upload per site per round (MB)", "mean test Dice", "local epoch, in process (s)",
+                            "test evaluation, in process (s)"], rows)
     note = ("One FedAvg bench per label space (first round left out of the medians); mean test Dice = the mean over the "
             "foreground classes (C=3: rim, cup; C=2: disc), so the two are not comparable; in-process columns: median over "
             f"{engine.get('repeats', '?')} interleaved repeats on site {engine.get('site', '?')}, "
@@ -35,20 +37,19 @@ def render_multiclass_cost(table_id: str, table: Mapping[str, Any], outputs: Seq
 
 
 def round_limit_rows(record: Mapping[str, Any]) -> List[str]:
-    """``benchmarks/cost/round_limit.py``'s record as table rows (header included)."""
-    lines = ["| method | tasks per round | round 0 (s) | median round (s) | slowest site's compute in the round (s) | limit (s) "
-             "| round / limit | shared limit (s) | round / shared limit | round vs FedAvg |", "|---|---|---|---|---|---|---|---|---|---|"]
+    """``benchmarks/cost/round_limit.py``'s record as a markdown table (header included)."""
+    rows = []
     for label, row in record["methods"].items():
         lim = row["limit"]
         shared = lim.get("shared_limit_s")
         compute = row.get("slowest_site_compute_s")
-        compute_cell = "-" if compute is None else f"{compute:.2f}"
-        shared_cells = ("- | -" if shared is None else f"{shared:.2f} | {row['ratio_to_shared_limit']:.2f}x")
-        lines.append(
-            f"| {label} | {row['tasks_per_round']:g} | {row['round0_s']:.1f} | {row['median_round_s']:.2f} | "
-            f"{compute_cell} | {lim['limit_s']:.2f} | {row['ratio_to_limit']:.2f}x | {shared_cells} | "
-            f"{row.get('round_ratio_to_fedavg', 1.0):.2f}x |")
-    return lines
+        shared_cells = ["-", "-"] if shared is None else [f"{shared:.2f}", f"{row['ratio_to_shared_limit']:.2f}x"]
+        rows.append([label, f"{row['tasks_per_round']:g}", f"{row['round0_s']:.1f}", f"{row['median_round_s']:.2f}",
+                     "-" if compute is None else f"{compute:.2f}", f"{lim['limit_s']:.2f}", f"{row['ratio_to_limit']:.2f}x",
+                     *shared_cells, f"{row.get('round_ratio_to_fedavg', 1.0):.2f}x"])
+    return markdown_table(["method", "tasks per round", "round 0 (s)", "median round (s)",
+                           "slowest site's compute in the round (s)", "limit (s)", "round / limit", "shared limit (s)",
+                           "round / shared limit", "round vs FedAvg"], rows)
 
 
 #: what a round-limit table's columns mean
@@ -62,7 +63,7 @@ ROUND_LIMIT_NOTE = (
 
 def render_round_limit(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
     """``benchmarks/cost/round_limit.py``'s JSON: per method its round against the device's limit."""
-    from fedseg.bench.tables import caption
+    from benchmarks.core.tables import caption
 
     data = outputs[0]
     split = "; ".join(
@@ -98,22 +99,22 @@ def bundle_path_rows(record: Mapping[str, Any]) -> List[str]:
     """``benchmarks/cost/bundle_path.py``'s record as table rows (header included): per case and path the median round,
     its ratio to today's path, the slowest site's compute, the per-round validation Dice and how far it is from the
     bundle path's."""
-    lines = ["| case | path | median round (s) | vs today's path | slowest site's compute in the round (s) | round 0 (s) | "
-             "val Dice per round (mean over sites) | largest difference from the bundle path's val Dice |",
-             "|---|---|---|---|---|---|---|---|"]
+    rows = []
     for name, case in record["cases"].items():
         for arm, label in BUNDLE_PATH_ARMS.items():
             row = case["arms"][arm]
             compute = row.get("median_max_site_compute_s")
-            lines.append(f"| {_case_cell(name, case)} | {label} | {row['median_round_s']:.2f} | {row['ratio_to_today']:.2f}x | "
-                         f"{'-' if compute is None else f'{compute:.2f}'} | {row['median_round0_s']:.1f} | "
-                         f"{_curve(row['val_dice'])} | {'-' if arm == 'bundle' else _diff(row['diff_from_bundle']['val_dice'])} |")
-    return lines
+            rows.append([_case_cell(name, case), label, f"{row['median_round_s']:.2f}", f"{row['ratio_to_today']:.2f}x",
+                         "-" if compute is None else f"{compute:.2f}", f"{row['median_round0_s']:.1f}",
+                         _curve(row["val_dice"]), "-" if arm == "bundle" else _diff(row["diff_from_bundle"]["val_dice"])])
+    return markdown_table(["case", "path", "median round (s)", "vs today's path", "slowest site's compute in the round (s)",
+                           "round 0 (s)", "val Dice per round (mean over sites)",
+                           "largest difference from the bundle path's val Dice"], rows)
 
 
 def render_bundle_path(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
     """``benchmarks/cost/bundle_path.py``'s JSON: FedAvg's round on the bundle path against today's path, per case."""
-    from fedseg.bench.tables import caption
+    from benchmarks.core.tables import caption
 
     data = outputs[0]
     cases = data["cases"].values()
@@ -139,9 +140,7 @@ def bundle_path_site_rows(record: Mapping[str, Any]) -> Tuple[List[str], List[st
     """``benchmarks/cost/bundle_path.py``'s in-process site profile as table rows (header included), and the volume
     cases' validation-Dice checks as sentences."""
     labels = {**BUNDLE_PATH_ARMS, "bundle": "bundle path"}
-    lines = ["| case | path's engine | local epoch (s) | validation (s) | site's round (s) | vs today's path |",
-             "|---|---|---|---|---|---|"]
-    checks = []
+    rows, checks = [], []
     for name, case in record["cases"].items():
         profile = case.get("site_profile")
         if not profile:
@@ -149,21 +148,23 @@ def bundle_path_site_rows(record: Mapping[str, Any]) -> Tuple[List[str], List[st
         medians = profile["medians"]
         for arm, label in labels.items():
             m = medians[arm]
-            lines.append(f"| {_case_cell(name, case)}, {profile['site']} | {label} | {m['train_s']:.3f} | "
-                         f"{m['validation_s']:.3f} | {m['site_round_s']:.3f} | "
-                         f"{m['site_round_s'] / medians['today']['site_round_s']:.2f}x |")
+            rows.append([f"{_case_cell(name, case)}, {profile['site']}", label, f"{m['train_s']:.3f}",
+                         f"{m['validation_s']:.3f}", f"{m['site_round_s']:.3f}",
+                         f"{m['site_round_s'] / medians['today']['site_round_s']:.2f}x"])
         first = profile.get("initial_val_dice")
         if first:
             checks.append(f"{name.upper()}, the initial model's validation Dice on {profile['site']}: the bundle path "
                           f"with its postprocessing as written {first['bundle_postprocessing_as_written']:.6f}, "
                           f"with `Invertd` first {first['bundle_invertd_before_softmax']:.6f}, today's path "
                           f"{first['today_nonresident']:.6f}")
+    lines = markdown_table(["case", "path's engine", "local epoch (s)", "validation (s)", "site's round (s)",
+                            "vs today's path"], rows)
     return lines, checks
 
 
 def render_bundle_path_site(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
     """``benchmarks/cost/bundle_path.py``'s in-process site profile: one local epoch and one validation per engine."""
-    from fedseg.bench.tables import caption
+    from benchmarks.core.tables import caption
 
     data = outputs[0]
     lines, checks = bundle_path_site_rows(data)

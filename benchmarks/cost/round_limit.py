@@ -29,7 +29,6 @@ import argparse
 import datetime as _dt
 import json
 import multiprocessing as mp
-import os
 import platform
 import statistics
 import subprocess
@@ -40,7 +39,11 @@ from typing import Any, Dict, Optional, Sequence
 
 import torch
 
+from fedseg.bench.simulator import machine_info
 from fedseg.processes import StopOnSignal
+
+if __name__ == "__main__":  # run as a script: the repository root on the path, for the package `benchmarks`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def _sync(device: torch.device) -> None:
@@ -197,12 +200,12 @@ def suite_rounds(results: Dict[str, Any], out: Path) -> Dict[str, Dict[str, Any]
 
 
 def device_info(device: torch.device) -> Dict[str, Any]:
-    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpu_count": os.cpu_count(), "loadavg_at_start": list(os.getloadavg())}
+    """The machine (:func:`fedseg.bench.simulator.machine_info`, with its load now) and the device the loops run on."""
+    info = machine_info()
     if device.type == "cuda":
         info["device"] = torch.cuda.get_device_name(device)
     else:
-        info["device"] = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+        info["device"] = f"CPU ({platform.processor() or platform.machine()}, {info['cpu_count']} cores)"
     return info
 
 
@@ -271,21 +274,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 def render(record: Dict[str, Any]) -> str:
-    """The record as a Markdown table."""
-    lines = [f"{record['machine']['device']}: {len(record['sites'])} sites", "",
-             "| method | round 0 (s) | median round (s) | tasks/round | slowest site compute (s) | limit (s) | round / limit "
-             "| shared limit (s) | round / shared limit | round vs FedAvg |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for label, row in record["methods"].items():
-        lim = row["limit"]
-        lines.append("| {} | {:.2f} | {:.3f} | {:g} | {} | {:.3f} | {:.2f}x | {} | {} | {} |".format(
-            label, row["round0_s"], row["median_round_s"], row["tasks_per_round"],
-            "-" if row["slowest_site_compute_s"] is None else f"{row['slowest_site_compute_s']:.3f}",
-            lim["limit_s"], row["ratio_to_limit"],
-            f"{lim['shared_limit_s']:.3f}" if "shared_limit_s" in lim else "-",
-            f"{row['ratio_to_shared_limit']:.2f}x" if "ratio_to_shared_limit" in row else "-",
-            f"{row['round_ratio_to_fedavg']:.2f}x" if "round_ratio_to_fedavg" in row else "-"))
-    return "\n".join(lines)
+    """The record as the cost page draws it (:func:`benchmarks.cost.render.round_limit_rows`), under the device."""
+    from benchmarks.cost.render import round_limit_rows
+
+    return "\n".join([f"{record['machine']['device']}: {len(record['sites'])} sites", "", *round_limit_rows(record)])
 
 
 if __name__ == "__main__":

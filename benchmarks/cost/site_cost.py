@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, List
 import torch
 
 from fedseg.bench.simulator import machine_info
+from fedseg.markdown import markdown_table
 
 
 def site_rounds(site: str, datalist: str, rounds: int, whole: bool, seed: int) -> Dict[str, List[float]]:
@@ -114,18 +115,19 @@ def main(argv=None) -> None:
     mapping = json.loads(Path(args.site_datalists).read_text())
     result: Dict[str, Any] = {"command": " ".join(sys.argv), "date": f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
                               "machine": machine_info(), "sites": {}}
-    lines = ["| site | method | median s / round | median per-round ratio to FedAvg (min - max) |", "|---|---|---|---|"]
+    rows = []
     for site, datalist in mapping.items():
         seconds = site_rounds(site, datalist, args.rounds, args.whole, args.seed)
         result["sites"][site] = seconds
         for name, values in seconds.items():
             ratios = [v / f for v, f in zip(values, seconds["fedavg"])]
-            lines.append(f"| {site} | {name} | {statistics.median(values):.2f} | {statistics.median(ratios):.2f}x "
-                         f"({min(ratios):.2f} - {max(ratios):.2f}) |")
+            rows.append([site, name, f"{statistics.median(values):.2f}",
+                         f"{statistics.median(ratios):.2f}x ({min(ratios):.2f} - {max(ratios):.2f})"])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    table = "\n".join(lines)
+    table = "\n".join(markdown_table(["site", "method", "median s / round",
+                                       "median per-round ratio to FedAvg (min - max)"], rows))
     out.with_suffix(".md").write_text(table + "\n")
     print(table)
 

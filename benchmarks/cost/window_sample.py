@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from fedseg.bench.simulator import machine_info
+from fedseg.markdown import markdown_table
 
 WHOLE = "whole"
 TILING = "tiling"
@@ -250,22 +251,22 @@ def summarise(result: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 def markdown(rows: List[Dict[str, Any]]) -> str:
-    head = ("| setting | U: rel. diff (median / max) | W: max abs diff | effective weight: max abs diff | slowest site s / pass "
-            "| G: rel. diff | A: rel. diff | R_paper: rel. diff | beta: max abs diff | slowest site s / pass |")
-    lines = [head, "|" + "---|" * 10]
+    head = ["setting", "U: rel. diff (median / max)", "W: max abs diff", "effective weight: max abs diff",
+            "slowest site s / pass", "G: rel. diff", "A: rel. diff", "R_paper: rel. diff", "beta: max abs diff",
+            "slowest site s / pass"]
+    table = []
     for r in rows:
         if r["setting"] == WHOLE:
-            lines.append(f"| whole (sliding window) | - | - | - | {r['graph_s_median']:.2f} | - | - | - | - | {r['fedevi_s_median']:.2f} |")
+            table.append(["whole (sliding window)", "-", "-", "-", f"{r['graph_s_median']:.2f}", "-", "-", "-", "-",
+                          f"{r['fedevi_s_median']:.2f}"])
             continue
 
         def pair(name, fmt=".2g"):
             return f"{r[name + '_median']:{fmt}} / {r[name + '_max']:{fmt}}"
 
-        lines.append(
-            f"| {r['setting']} | {pair('rel_dU')} | {pair('dW')} | {pair('d_eff')} | {r['graph_s_median']:.2f} | "
-            f"{pair('rel_dG')} | {pair('rel_dA')} | {pair('rel_dR')} | {pair('d_beta')} | {r['fedevi_s_median']:.2f} |"
-        )
-    return "\n".join(lines)
+        table.append([r["setting"], pair("rel_dU"), pair("dW"), pair("d_eff"), f"{r['graph_s_median']:.2f}",
+                      pair("rel_dG"), pair("rel_dA"), pair("rel_dR"), pair("d_beta"), f"{r['fedevi_s_median']:.2f}"])
+    return "\n".join(markdown_table(head, table))
 
 
 def main(argv=None) -> None:

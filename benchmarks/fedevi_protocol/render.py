@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from benchmarks.core.registry import run_ids
 from benchmarks.core.renderers import remake, stale
 from benchmarks.core.runs import load_runs
+from fedseg.markdown import markdown_table
 
 
 def bench_name(run_id: str) -> str:
@@ -23,9 +24,9 @@ def render_protocol_ablation(table_id: str, table: Mapping[str, Any], outputs: S
     std, seeds ahead) and per test image (pooled over seeds and sites, Wilcoxon), and each one's paired difference
     to the ``reference`` row's runs (the same images and seeds in another bench: what the setting does to each
     method). Benches with no output yet are named in the note (``missing_ok``)."""
+    from benchmarks.core.tables import caption, column_header
     from fedseg.bench.report import format_p, format_seed_difference
     from fedseg.bench.stats import compare, seed_differences, summarise_seeds
-    from fedseg.bench.tables import caption, column_header
 
     benches = {bench_name(r): o for r, o in zip(run_ids(table), outputs)}
     present = {name: o for name, o in benches.items() if o is not None}
@@ -55,7 +56,7 @@ def render_protocol_ablation(table_id: str, table: Mapping[str, Any], outputs: S
     published = table.get("published")  # (column header, {row index: published number})
     if published:
         head.append(published[0])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     labels = {"global": "", "global_best_val": ", best val round", "local": ", local models",
               "personalized": ", personalised"}
     for index, row in enumerate(table["rows"]):
@@ -79,7 +80,8 @@ def render_protocol_ablation(table_id: str, table: Mapping[str, Any], outputs: S
             cells += ["", ""]
         if published:
             cells.append(published[1].get(index, ""))
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    lines = markdown_table(head, rows)
     absent = [f"`{bench}`" for bench, o in benches.items() if o is None]
     dates = sorted(str(o.get("date", ""))[:16].replace("T", " ") for o in present.values())
     note = ("One bench per setting (the same federation, seeds, rounds and epochs; the caption's budget is the first "
@@ -120,7 +122,7 @@ def render_fedevi_weights_trace(table_id: str, table: Mapping[str, Any], outputs
     published = table.get("published")
     if published:
         head += list(published[0])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for r in [r for r in TRACE_ROUNDS if r <= data["rounds"]]:
         cells = [str(r)]
         for trace in (suite.get(seed), loop.get(seed)):
@@ -129,7 +131,8 @@ def render_fedevi_weights_trace(table_id: str, table: Mapping[str, Any], outputs
         cells.append(spread([suite[x]["beta"][r - 1][sites[0]] for x in suite]))
         if published:
             cells += list(published[1].get(r, [""] * len(published[0])))
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    lines = markdown_table(head, rows)
     gaps = {k: max(abs(suite[seed][k][r][s] - loop[seed][k][r][s]) for r in range(data["rounds"]) for s in sites)
             for k in ("G", "A", "beta")} if seed is not None else {}
     first_gaps = {k: max(abs(suite[seed][k][0][s] - loop[seed][k][0][s]) for s in sites)

@@ -35,7 +35,6 @@ import json
 import math
 import multiprocessing as mp
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -464,9 +463,10 @@ def run_all(data: Path, out: Path, epochs: int, volumes: int, shape: Sequence[in
     import torch
 
     from fedseg.bench.bench import code_version
+    from fedseg.bench.simulator import machine_info
     from fedseg.data.datalist import read_datalist_json
 
-    started, load = time.perf_counter(), [round(v, 1) for v in os.getloadavg()]
+    started, machine = time.perf_counter(), machine_info()  # the load before the measurements
     datalist = generate(data, volumes, shape)
     loaders = run_loaders(data, out, epochs)
     infer = _child("infer", out / "parts", datalist=str(datalist), out=str(out / "infer"), stitch_device="cpu")
@@ -479,8 +479,7 @@ def run_all(data: Path, out: Path, epochs: int, volumes: int, shape: Sequence[in
         "benchmark": "fullsize_ct", "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": "python " + " ".join([os.path.relpath(__file__, REPO)] + list(argv)),
         "code_version": code_version(),
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "gpus": [], "torch": torch.__version__,
-                    "torch_threads": torch.get_num_threads(), "loadavg_at_start": load},
+        "machine": {**machine, "torch_threads": torch.get_num_threads()},
         "volumes": {"count": volumes, "shape": [int(v) for v in shape], "spacing": list(SPACING), "dtype": "int16",
                     "file_mb": round(os.path.getsize(image) / 2**20, 1),
                     "raw_mb": round(math.prod(nib.load(image).shape) * 2 / 2**20, 1),

@@ -6,13 +6,14 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 from benchmarks.core.registry import ReproduceError
 from benchmarks.core.renderers import remake, stale
+from fedseg.markdown import markdown_table
 
 
 def render_fullsize_ct(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
     """``benchmarks/fullsize/fullsize_ct.py``'s JSON, one part (``table["part"]``): ``loaders`` (one row per data-path
     configuration: decoded size against RAM, peak memory against the stated bound, epoch times, cache hit rate) or
     ``infer`` (``fedseg infer`` on one full-size volume: seconds, peak memory, the mask's geometry)."""
-    from fedseg.bench.tables import caption
+    from benchmarks.core.tables import caption
 
     data = outputs[0]
     vol, part = data["volumes"], table.get("part")
@@ -23,16 +24,18 @@ def render_fullsize_ct(table_id: str, table: Mapping[str, Any], outputs: Sequenc
             f"{vol['file_mb']:.0f} MB .nii.gz), resampled to {target} mm")
     if part == "loaders":
         loaders = data["loaders"]
-        lines = ["| data | volumes | decoded / RAM (GB) | held in memory | workers | peak RSS, training process (MB) | "
-                 "peak PSS, site's processes (MB) | stated bound, process / all (MB) | within | first epoch (s) | "
-                 "later epochs (s) | data time (s) | cache hit rate |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        rows = []
         for r in loaders["rows"]:
             later = "-" if r["steady_epoch_s"] is None else f"{r['steady_epoch_s']:.0f}"
-            lines.append(f"| {r['configuration']} | {r['volumes']} | {r['decoded_mb'] / 1024:.2f} / {loaders['ram_mb'] / 1024:.0f} | "
-                         f"{r['cached_in_memory']} ({r['cache_mb']:.0f} MB) | {r['num_workers']} | {r['peak_rss_mb']} | "
-                         f"{r['peak_tree_pss_mb']} | {r['bound_main_mb']} / {r['bound_tree_mb']} | "
-                         f"{'yes' if r['within_bound'] else 'NO'} | {r['first_epoch_s']:.0f} | {later} | {r['data_s']:.0f} | "
-                         f"{r['hit_rate']:.2f} |")
+            rows.append([str(r["configuration"]), str(r["volumes"]), f"{r['decoded_mb'] / 1024:.2f} / {loaders['ram_mb'] / 1024:.0f}",
+                         f"{r['cached_in_memory']} ({r['cache_mb']:.0f} MB)", str(r["num_workers"]), str(r["peak_rss_mb"]),
+                         str(r["peak_tree_pss_mb"]), f"{r['bound_main_mb']} / {r['bound_tree_mb']}",
+                         "yes" if r["within_bound"] else "NO", f"{r['first_epoch_s']:.0f}", later, f"{r['data_s']:.0f}",
+                         f"{r['hit_rate']:.2f}"])
+        lines = markdown_table(["data", "volumes", "decoded / RAM (GB)", "held in memory", "workers",
+                                "peak RSS, training process (MB)", "peak PSS, site's processes (MB)",
+                                "stated bound, process / all (MB)", "within", "first epoch (s)", "later epochs (s)",
+                                "data time (s)", "cache hit rate"], rows)
         net = data["network"]
         d = loaders["decode"]
         note = (f"{head}; cache_max_mb {loaders['cache_max_mb']} (holds the first 3 training items, image + label in "
@@ -46,12 +49,13 @@ def render_fullsize_ct(table_id: str, table: Mapping[str, Any], outputs: Sequenc
                 f"process of the same base size decoding one volume plus its prefetched batches ({loaders['prefetch_mb']:.0f} MB).")
     elif part == "infer":
         r = data["infer"]
-        lines = ["| volume | window | device / output assembled on | seconds | peak RSS (MB) | peak GPU memory (MiB) | "
-                 "mask in the input's shape / affine |", "|---|---|---|---|---|---|---|"]
-        lines.append(f"| {'×'.join(map(str, r['shape']))} at {'×'.join(f'{v:g}' for v in r['spacing'])} mm | "
-                     f"{'×'.join(map(str, r['window']))} × {r['sw_batch_size']} | {r['device']} / {r['stitch_device']} | "
-                     f"{r['seconds']:.0f} | {r['peak_rss_mb']} | {r['peak_gpu_mib'] if r['peak_gpu_mib'] is not None else '-'} | "
-                     f"{'yes' if r['mask_shape_ok'] else 'NO'} / {'yes' if r['mask_affine_ok'] else 'NO'} |")
+        lines = markdown_table(
+            ["volume", "window", "device / output assembled on", "seconds", "peak RSS (MB)", "peak GPU memory (MiB)",
+             "mask in the input's shape / affine"],
+            [[f"{'×'.join(map(str, r['shape']))} at {'×'.join(f'{v:g}' for v in r['spacing'])} mm",
+              f"{'×'.join(map(str, r['window']))} × {r['sw_batch_size']}", f"{r['device']} / {r['stitch_device']}",
+              f"{r['seconds']:.0f}", str(r["peak_rss_mb"]), "-" if r["peak_gpu_mib"] is None else str(r["peak_gpu_mib"]),
+              f"{'yes' if r['mask_shape_ok'] else 'NO'} / {'yes' if r['mask_affine_ok'] else 'NO'}"]])
         note = (f"{head}; `fedseg infer --stitch-device {r['stitch_device']}` (sliding window, windows on the network's "
                 "device, the scores assembled on the CPU), the network of the loader table with its initial weights "
                 "(memory and time do not depend on them); seconds and peak RSS of the whole call (reading, resampling, "

@@ -42,8 +42,6 @@ import argparse
 import copy
 import datetime as _dt
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -53,8 +51,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from fedseg.bench.simulator import machine_info
 from fedseg.data.synthetic.volumes import VOLUME_FAMILIES
 from fedseg.engine.base import backward_step
+from fedseg.markdown import markdown_table
 
 
 def _sync() -> None:
@@ -174,6 +174,24 @@ def bench_mode(mode: str, datalist: Path, args: argparse.Namespace) -> Dict[str,
     return out
 
 
+def throughput_table(results: List[Dict[str, Any]]) -> List[str]:
+    """The printed table of :func:`bench_mode` results: one row per data mode, medians (best) of both paths."""
+    rows = []
+    for r in results:
+        e, p = r["paths"]["engine"], r["paths"]["plain"]
+        control = (f"{r['control_ratio_images_per_s']:.3f} ({r['control_ratio_best_images_per_s']:.3f})"
+                   if "control_ratio_images_per_s" in r else "-")
+        rows.append([r["mode"], str(r["images_per_call"]), f"{e['median_images_per_s']:.1f} ({e['best_images_per_s']:.1f})",
+                     f"{p['median_images_per_s']:.1f} ({p['best_images_per_s']:.1f})", f"{r['ratio_images_per_s']:.3f}",
+                     f"{r['median_paired_ratio']:.3f}", f"{r['ratio_best_images_per_s']:.3f}", control,
+                     f"{e['median_cpu_s']:.2f}", f"{p['median_cpu_s']:.2f}",
+                     f"{e['median_voxels_per_s'] / 1e6:.2f}M / {p['median_voxels_per_s'] / 1e6:.2f}M"])
+    return markdown_table(["data", "train images/call", "engine img/s median (best)", "plain img/s median (best)",
+                           "ratio engine/plain: medians", "paired (median)", "best",
+                           "A/A control plain2/plain: medians (best)", "CPU s/call engine", "CPU s/call plain",
+                           "engine / plain voxels/s (median)"], rows)
+
+
 def main(argv=None) -> Dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="JSON file to write")
@@ -207,14 +225,14 @@ def main(argv=None) -> Dict[str, Any]:
     datalist = generate_federation(args.family, ["site-1"], data_dir, profile="default")["site-1"]
 
     modes = ["memory", "loader"] if args.data == "both" else [args.data]
+    machine = machine_info()  # the load before the timings (this machine may be shared)
     results = [bench_mode(m, datalist, args) for m in modes]
     report = {
         "benchmark": "engine_throughput",
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
         "command": "python " + " ".join([sys.argv[0]] + (argv if argv is not None else sys.argv[1:])),
         "code_version": code_version(),
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
-                    "torch_threads": torch.get_num_threads(), "device": "cuda" if torch.cuda.is_available() else "cpu"},
+        "machine": {**machine, "torch_threads": torch.get_num_threads(), "device": "cuda" if torch.cuda.is_available() else "cpu"},
         "settings": {"family": args.family, "image_size": args.image_size, "batch_size": args.batch_size,
                      "epochs_per_call": args.epochs, "repeats": args.repeats, "spatial_mode": args.spatial_mode,
                      "patch_size": args.patch_size, "amp": args.amp},
@@ -222,19 +240,7 @@ def main(argv=None) -> Dict[str, Any]:
     }
     print(f"\nEngine throughput — {args.family}, {args.image_size}px, batch {args.batch_size}, "
           f"{args.epochs} epochs/call, {args.repeats} interleaved repeats, torch threads {torch.get_num_threads()}\n")
-    print("| data | train images/call | engine img/s median (best) | plain img/s median (best) | "
-          "ratio engine/plain: medians | paired (median) | best | A/A control plain2/plain: medians (best) | "
-          "CPU s/call engine | CPU s/call plain | engine / plain voxels/s (median) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        e, p = r["paths"]["engine"], r["paths"]["plain"]
-        control = (f"{r['control_ratio_images_per_s']:.3f} ({r['control_ratio_best_images_per_s']:.3f})"
-                   if "control_ratio_images_per_s" in r else "-")
-        print(f"| {r['mode']} | {r['images_per_call']} | {e['median_images_per_s']:.1f} ({e['best_images_per_s']:.1f}) | "
-              f"{p['median_images_per_s']:.1f} ({p['best_images_per_s']:.1f}) | {r['ratio_images_per_s']:.3f} | "
-              f"{r['median_paired_ratio']:.3f} | {r['ratio_best_images_per_s']:.3f} | {control} | "
-              f"{e['median_cpu_s']:.2f} | {p['median_cpu_s']:.2f} | "
-              f"{e['median_voxels_per_s'] / 1e6:.2f}M / {p['median_voxels_per_s'] / 1e6:.2f}M |")
+    print("\n".join(throughput_table(results)))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1))

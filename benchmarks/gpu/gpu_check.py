@@ -25,8 +25,9 @@ Steps (each bounded in time; a failing step is recorded and the next one still r
 ``--steps`` runs some steps only (a short lease: the tests and the limit in one call, the paper budget in the next);
 the steps a file ``OUT/gpu_check.json`` already holds are kept.
 
-Writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` (device named, date, command, every number) and
-``OUT/cuda_tests.xml`` (pytest's JUnit report). Exit status: 0 when every step ran and no test failed, else 1.
+Writes ``OUT/gpu_check.json`` (device named, date, command, every number), ``OUT/gpu_check.md`` (each step's table as
+the GPU page, ``docs/results/gpu.md``, draws it: ``render.py``) and ``OUT/cuda_tests.xml`` (pytest's JUnit report).
+Exit status: 0 when every step ran and no test failed, else 1.
 ``--quick`` shrinks every step (32 px, one repeat, tiny profile, one round) so that the script itself can be
 checked on a CPU-only machine in a few minutes.
 """
@@ -57,6 +58,10 @@ from fedseg.processes import StopOnSignal
 REPO = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # run as a script: the repository root on the path, for the package `benchmarks`
     sys.path.insert(0, str(REPO))
+from benchmarks.gpu.paper_budget import (  # noqa: E402
+    PAPER_BUDGET_ROUNDS, PAPER_BUDGET_SETS, PAPER_BUDGET_SITES, paper_budget_commands,
+)
+from benchmarks.gpu.render import GPU_CHECK_PARTS, gpu_check_part  # noqa: E402
 
 #: seconds each step may take before it is abandoned (the whole check must fit in 8 minutes on one GPU)
 TEST_TIMEOUT_S = 300
@@ -69,11 +74,11 @@ STEPS = ("cuda_tests", "round_limit", "engine_throughput", "engine_throughput_3d
 
 
 def device_info() -> Dict[str, Any]:
-    """What the numbers were measured on."""
-    info: Dict[str, Any] = {
-        "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-        "cpu_count": os.cpu_count(), "cuda": torch.cuda.is_available(),
-    }
+    """What the numbers were measured on: the machine (:func:`fedseg.bench.simulator.machine_info`), then the device
+    the steps use (the first GPU: its name, memory, CUDA and cuDNN versions; else the CPU)."""
+    from fedseg.bench.simulator import machine_info
+
+    info: Dict[str, Any] = {**machine_info(), "cuda": torch.cuda.is_available()}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update({
@@ -347,30 +352,6 @@ def measure_round_limit(out: Path, quick: bool, rounds: int = 5) -> Dict[str, An
 
 
 # ---------------------------------------------------------------------------------------------- 7. paper budget
-#: the paper budget on one GPU: FedEvi's and GraphFedSeg's papers train 4 polyp sites at 384 px for 200 rounds, two
-#: local epochs; each method against FedAvg under the method's own ``paper`` protocol, the two benches at once
-PAPER_BUDGET_SITES = ["site-1", "site-2", "site-3", "site-4"]
-PAPER_BUDGET_ROUNDS = 200
-#: the budget's precision: bfloat16 autocast (weights, optimiser and evaluation stay float32), a speed option the
-#: papers did not use; the results page says so beside the numbers
-PAPER_BUDGET_SETS = ["amp=bfloat16"]
-
-
-def paper_budget_commands(out: Path, quick: bool) -> Dict[str, List[str]]:
-    """The two ``fedseg bench`` commands of the paper budget, one per method and its own protocol."""
-    commands = {}
-    for method in ("fedevi", "graphfedseg"):
-        cmd = ["fedseg", "bench", "--family", "polyp", "--sites", *PAPER_BUDGET_SITES, "--methods", "fedavg", method,
-               "--seeds", "0", "--references", "--parallel", "2", "--out", str(out / f"paper_{method}")]
-        if quick:
-            cmd += ["--profile", "tiny", "--rounds", "2"]
-        else:
-            cmd += ["--data-profile", "gpu", "--profile", "paper", "--protocol", method,
-                    "--rounds", str(PAPER_BUDGET_ROUNDS), "--set", *PAPER_BUDGET_SETS]
-        commands[method] = cmd
-    return commands
-
-
 def start_paper_budget(out: Path, quick: bool) -> Dict[str, Any]:
     """Start the paper budget's benches (``paper_budget_commands``), both at once; :func:`run_paper_budget` waits."""
     commands = paper_budget_commands(out, quick)
@@ -422,102 +403,41 @@ def run_paper_budget(out: Path, quick: bool, timeout: int, started: Optional[Dic
 
 
 # ---------------------------------------------------------------------------------------------- report
+#: the sections of ``gpu_check.md``: each part of the check as the GPU page draws it (``render.py``), in step order
+SECTIONS = (
+    ("tests", "CUDA tests (`pytest -m cuda`)"),
+    ("engine", "Engine vs plain PyTorch loop (training, in-memory batches: 2-D images, then 3-D patches)"),
+    ("simulator", "One FedAvg job, 4 sites on one device (NVFlare simulator)"),
+    ("site-ranks", "One site as N ranks (DDP under torchrun, one FedAvg round)"),
+    ("round-limit", "A round against the device's pace (`benchmarks/cost/round_limit.py`)"),
+    ("paper-budget", "The paper budget on one GPU"),
+    ("networks-96", "3-D networks of the `paper` profile (random in-memory patches, training steps)"),
+)
+
+
 def _not_ok(step: Dict[str, Any]) -> str:
     """What a step that has no table shows: its error, or that this check did not run it (``--steps``)."""
     return f"**failed**: {step['error']}" if step else "not run in this check"
 
 
 def to_markdown(result: Dict[str, Any]) -> str:
+    """``gpu_check.md``: the device, the command and the status, then one section per part of the check: its table
+    and note as the GPU page draws them (:func:`benchmarks.gpu.render.gpu_check_part`), or why it has none."""
     info, steps = result["device"], result["steps"]
     lines = [f"# GPU check — {info['device']}", "",
              f"{result['date']}, `{result['command']}`; torch {info['torch']}"
              + (f", CUDA {info.get('cuda_version')}, {info.get('gpu_memory_gib')} GiB" if info["cuda"] else ", no CUDA")
-             + f"; status **{'OK' if result['ok'] else 'FAILED'}**.", ""]
-    tests = steps.get("cuda_tests", {})
-    lines += ["## CUDA tests (`pytest -m cuda`)", ""]
-    if tests.get("ok"):
-        c = tests["result"]["counts"]
-        lines += [f"{c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped "
-                  f"({tests['seconds']} s).", "", "| test | outcome | s | detail |", "|---|---|---|---|"]
-        lines += [f"| `{t['test']}` | {t['outcome']} | {t['seconds']:.1f} | {t['detail']} |" for t in tests["result"]["cases"]]
-    else:
-        lines += [_not_ok(tests)]
-    eng = steps.get("engine_throughput", {})
-    lines += ["", "## Engine vs plain PyTorch loop (training images/s, in-memory batches)", ""]
-    if eng.get("ok"):
-        lines += ["| size (px) | precision | device | engine img/s | plain img/s | engine / plain | peak GPU memory (MiB) |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['image_size']} | {r['precision']} | {r['device']} | {r['engine_images_per_s']:.1f} | "
-                  f"{r['plain_images_per_s']:.1f} | {r['ratio_engine_to_plain']:.2f} | {r['peak_gpu_memory_mib'] or '—'} |"
-                  for r in eng["result"]]
-    else:
-        lines += [_not_ok(eng)]
-    vol = steps.get("engine_throughput_3d", {})
-    lines += ["", "## Engine vs plain PyTorch loop on 3-D patches (built-in prostate MR volumes)", ""]
-    if vol.get("ok"):
-        lines += ["| patch (voxels) | precision | device | engine volumes/s | engine Mvoxel/s (patch voxels trained) | plain volumes/s | engine / plain | "
-                  "peak GPU memory (MiB) |", "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {'x'.join(map(str, r['patch'] or []))} | {r['precision']} | {r['device']} | {r['engine_volumes_per_s']:.1f} | "
-                  f"{r['engine_mvoxels_per_s']:.1f} | {r['plain_volumes_per_s']:.1f} | {r['ratio_engine_to_plain']:.2f} | "
-                  f"{r['peak_gpu_memory_mib'] or '—'} |" for r in vol["result"]]
-    else:
-        lines += [_not_ok(vol)]
-    sim = steps.get("simulator_round", {})
-    lines += ["", "## One FedAvg round, 4 sites on one device (NVFlare simulator)", ""]
-    if sim.get("ok"):
-        s = sim["result"]
-        lines += [f"`{s['command']}` — {s['profile']} profile, {s['rounds']} round(s); sites on CUDA: "
-                  f"{s['sites_on_cuda']} of {s['sites']}; whole job {s['job_total_s']} s; final mean Dice "
-                  f"{s['final_mean_dice']:.3f}.", "",
-                  "| round | wall (s) | max site compute (s) | sum site compute (s) | overhead = wall - max (s) |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {i} | {r['wall']:.2f} | {r['max_compute']:.2f} | {r['sum_compute']:.2f} | {r['overhead']:.2f} |"
-                  for i, r in enumerate(s["per_round"])]
-        lines += ["", "(round 0 includes each site's set-up: engine, data cache, CUDA context)"]
-    else:
-        lines += [_not_ok(sim)]
-    ranks = steps.get("site_ranks", {})
-    lines += ["", "## One site as N ranks (DDP under torchrun, one FedAvg round)", ""]
-    if ranks.get("ok"):
-        lines += ["| ranks | backend | job (s) | round wall (s) | site compute (s) | train loss | steps | test Dice |",
-                  "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['ranks']} | {r['backend']} | {r['job_total_s']} | {r['per_round'][0]['wall']:.2f} | "
-                  f"{r['site_compute_s'] or 0:.2f} | {r['train_loss'] or 0:.4f} | {r['steps']} | {r['test_dice']:.3f} |"
-                  for r in ranks["result"]["runs"]]
-    else:
-        lines += [_not_ok(ranks)]
-    limit = steps.get("round_limit", {})
-    lines += ["", "## A round against the device's pace (`benchmarks/cost/round_limit.py`)", ""]
-    if limit.get("ok"):
-        from benchmarks.cost.round_limit import render as render_limit
-
-        lines += [f"`{limit['result']['command']}`", "", render_limit(limit["result"])]
-    else:
-        lines += [_not_ok(limit)]
-    budget = steps.get("paper_budget", {})
-    lines += ["", "## The paper budget on one GPU", ""]
-    if budget.get("ok"):
-        b = budget["result"]
-        lines += [f"{b['rounds']} rounds, both benches at once: **{b['wall_s']} s** "
-                  f"(settings: {', '.join(b['sets']) or 'none'}).", ""]
-        lines += [f"- `{cmd}`" for cmd in b["commands"].values()]
-        lines += ["", "| bench | approach | median round (s) | vs FedAvg |", "|---|---|---|---|"]
-        for m, bench in b["benches"].items():
-            for label, t in bench["timing"].items():
-                ratio = t.get("round_wall_ratio_to_fedavg")
-                lines.append(f"| {m} | {label} | {t.get('median_round_wall') or 0:.2f} | {'-' if ratio is None else f'{ratio:.2f}x'} |")
-    else:
-        lines += [_not_ok(budget)]
-    vol96 = steps.get("volume_networks_96", {})
-    lines += ["", "## 3-D networks of the `paper` profile (random in-memory patches, training steps)", ""]
-    if vol96.get("ok"):
-        lines += ["| network | patch | batch | precision | device | parameters (M) | step (s) | Mvoxel/s | peak GPU memory (MiB) |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['network']} | {'x'.join(map(str, r['patch']))} | {r['batch']} | {r['precision']} | {r['device']} | "
-                  f"{r['parameters_m']} | {r['step_s']} | {r['mvoxels_per_s']} | {r['peak_gpu_memory_mib'] or '—'} |"
-                  for r in vol96["result"]["rows"]]
-    else:
-        lines += [_not_ok(vol96)]
+             + f"; status **{'OK' if result['ok'] else 'FAILED'}**."]
+    for part, heading in SECTIONS:
+        step = steps.get(GPU_CHECK_PARTS[part], {})
+        lines += ["", f"## {heading}", ""]
+        if not step.get("ok") and not (step and part == "paper-budget"):  # a budget that did not finish has a table
+            lines.append(_not_ok(step))
+            continue
+        table, note = gpu_check_part(steps, part)
+        lines += [note, "", *table]
+        if part == "engine" and not steps.get("engine_throughput_3d", {}).get("ok"):
+            lines += ["", "3-D patches: " + _not_ok(steps.get("engine_throughput_3d", {}))]
     return "\n".join(lines) + "\n"
 
 

@@ -482,12 +482,30 @@ def _bundle_arguments(parser: argparse.ArgumentParser) -> None:
                              "the sites are its keys")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedseg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="cmd", required=True)
+def _set_argument(parser: argparse.ArgumentParser, help: str, metavar: str = "KEY=VALUE") -> None:
+    """``--set ITEM ...`` of a sub-command: items gathered over repeated uses, each parsed by the command."""
+    parser.add_argument("--set", nargs="+", action="extend", default=[], metavar=metavar, help=help)
 
-    data = sub.add_parser("data", help="generate built-in data or import real data")
-    data_sub = data.add_subparsers(dest="data_cmd", required=True)
+
+def _participants_argument(parser: argparse.ArgumentParser) -> None:
+    """``--participants``: the FVAC setting's split of domains into participants, for the importers that offer it."""
+    parser.add_argument(
+        "--participants", default=None,
+        help="split domains into participants with disjoint training shares, e.g. DRIVE=3,STARE=1,CHASE_DB1=1 (FVAC setting)",
+    )
+
+
+def _add_importer_parser(data_sub: argparse._SubParsersAction, name: str, folder: str, **kwargs) -> argparse.ArgumentParser:
+    """The ``fedseg data NAME`` parser of a real-data importer: ``--src`` (default ``$FEDSEG_DATASETS/<folder>``) and
+    ``--out``; ``kwargs`` go to ``add_parser`` (help, description)."""
+    parser = data_sub.add_parser(name, **kwargs)
+    parser.add_argument("--src", default=None, help=_src_help(folder))
+    parser.add_argument("--out", required=True)
+    return parser
+
+
+def _add_synth_parser(data_sub: argparse._SubParsersAction) -> None:
+    """``fedseg data synth``: built-in synthetic multi-site data, as datalists or as bundle folder layouts."""
     synth = data_sub.add_parser("synth", help="built-in synthetic multi-site data")
     synth.add_argument("--family", default="polyp", choices=FAMILY_CHOICES + VOLUME_FAMILY_CHOICES)
     synth.add_argument("--sites", nargs="+", default=["site-1", "site-2", "site-3"])
@@ -498,21 +516,29 @@ def build_parser() -> argparse.ArgumentParser:
                        help="datalist: <out>/<family>/<site>/datalist.json; images-labels (2-D) / decathlon (3-D): "
                             "<out>/<site>/images|imagesTr, labels|labelsTr (class-index masks) for a MONAI bundle "
                             "globbing dataset_dir, and <out>/site_overrides.json")
-    retina = data_sub.add_parser("retina", help="DRIVE / STARE / CHASE_DB1 as three sites (read in place)")
-    retina.add_argument("--src", default=None, help=_src_help("retina_vessels"))
-    retina.add_argument("--out", required=True)
+    _participants_argument(synth)
+
+
+def _add_retina_parser(data_sub: argparse._SubParsersAction) -> None:
+    """``fedseg data retina``: DRIVE / STARE / CHASE_DB1 as three sites."""
+    retina = _add_importer_parser(data_sub, "retina", "retina_vessels",
+                                  help="DRIVE / STARE / CHASE_DB1 as three sites (read in place)")
     retina.add_argument("--seed", type=int, default=0)
     retina.add_argument(
         "--rescale", default=None,
         help="fixed rescale factor per data set for patch mode, e.g. CHASE_DB1=0.5 (the default); '' for none",
     )
-    nuclei = data_sub.add_parser(
-        "nuclei", help="MoNuSeg / TNBC H&E nuclei: one site per data set or per MoNuSeg organ (read in place)",
+    _participants_argument(retina)
+
+
+def _add_nuclei_parser(data_sub: argparse._SubParsersAction) -> None:
+    """``fedseg data nuclei``: MoNuSeg / TNBC, one site per data set or per MoNuSeg organ."""
+    nuclei = _add_importer_parser(
+        data_sub, "nuclei", "nuclei_he",
+        help="MoNuSeg / TNBC H&E nuclei: one site per data set or per MoNuSeg organ (read in place)",
         description="Write one datalist per site pointing at the original files (nothing is copied) and "
                     "site_datalists.json. Images of one slide never span two splits; MoNuSeg's official test "
                     "split is kept where a site has one.")
-    nuclei.add_argument("--src", default=None, help=_src_help("nuclei_he"))
-    nuclei.add_argument("--out", required=True)
     nuclei.add_argument("--layout", default="source", choices=["source", "organ"],
                         help="source: sites MoNuSeg and TNBC; organ: MoNuSeg organs as sites")
     nuclei.add_argument("--val-fraction", type=float, default=0.15, help="share of slides for validation")
@@ -525,28 +551,39 @@ def build_parser() -> argparse.ArgumentParser:
     nuclei.add_argument("--min-images", type=int, default=6,
                         help="organ layout without --organs: least images for an organ to become a site (default 6: "
                              "breast, kidney, liver, prostate)")
-    odoc = data_sub.add_parser(
-        "odoc", help="fundus optic disc/cup (multi-class) or prostate MRI slice samples, one site per domain (read in place)",
+    _participants_argument(nuclei)
+
+
+def _add_odoc_parser(data_sub: argparse._SubParsersAction) -> None:
+    """``fedseg data odoc``: fundus optic disc/cup or prostate MRI slice samples, one site per domain."""
+    odoc = _add_importer_parser(
+        data_sub, "odoc", "odoc_prostate_samples",
+        help="fundus optic disc/cup (multi-class) or prostate MRI slice samples, one site per domain (read in place)",
         description="Write one datalist per domain pointing at the original files and site_datalists.json, with the "
                     "label space declared: fundus masks store 0 = cup, 128 = rim, 255 = background (regions disc = "
                     "rim + cup, cup); prostate masks 0 / 255. Every mask is decoded and checked against the manifest.")
-    odoc.add_argument("--src", default=None, help=_src_help("odoc_prostate_samples"))
-    odoc.add_argument("--out", required=True)
     odoc.add_argument("--task", default="fundus", choices=["fundus", "prostate"])
     odoc.add_argument("--sites", nargs="+", default=None, help="domains to import (default: all of the task)")
     odoc.add_argument("--seed", type=int, default=0)
     odoc.add_argument("--val-fraction", type=float, default=0.34, help="share of a domain's training rows for validation")
-    dca1 = data_sub.add_parser(
-        "dca1", help="DCA1 coronary angiograms + vessel masks as segmentation site(s) (read in place)",
+
+
+def _add_dca1_parser(data_sub: argparse._SubParsersAction) -> None:
+    """``fedseg data dca1``: DCA1 coronary angiograms and vessel masks as segmentation site(s)."""
+    dca1 = _add_importer_parser(
+        data_sub, "dca1", "xray_angio",
+        help="DCA1 coronary angiograms + vessel masks as segmentation site(s) (read in place)",
         description="Write one datalist per site pointing at the original files and site_datalists.json. Masks are "
                     "checked binary and against the manifest's foreground fraction; splits are by patient when the "
                     "manifest names patients, else by image.")
-    dca1.add_argument("--src", default=None, help=_src_help("xray_angio"))
-    dca1.add_argument("--out", required=True)
     dca1.add_argument("--sites", nargs="+", default=["DCA1"], help="site names; the images are divided among them")
     dca1.add_argument("--seed", type=int, default=0)
     dca1.add_argument("--val-fraction", type=float, default=0.15)
     dca1.add_argument("--test-fraction", type=float, default=0.25)
+
+
+def _add_foundation_parser(data_sub: argparse._SubParsersAction) -> None:
+    """``fedseg data foundation``: FedEFM's phase-1 classification silos."""
     foundation = data_sub.add_parser(
         "foundation", help="FedEFM phase-1 classification silos from real labels and built-in X-ray classes",
         description="Global label space: retina acquisition source, MoNuSeg organ / TNBC, ARCADE stenosis crops and "
@@ -565,11 +602,10 @@ def build_parser() -> argparse.ArgumentParser:
     foundation.add_argument("--xray-scanners", type=int, default=None,
                             help="built-in X-ray scanner styles (4 classes each); default = --sites, 0 for none")
     foundation.add_argument("--n-per-class", type=int, default=None, help="built-in images per class and silo")
-    for p in (synth, retina, nuclei):
-        p.add_argument(
-            "--participants", default=None,
-            help="split domains into participants with disjoint training shares, e.g. DRIVE=3,STARE=1,CHASE_DB1=1 (FVAC setting)",
-        )
+
+
+def _add_check_parser(data_sub: argparse._SubParsersAction) -> None:
+    """``fedseg data check``: datalists and every file they name, checked before training."""
     check = data_sub.add_parser(
         "check", help="find bad files before training: paths, 3-D volumes, tiny/huge images, masks, sizes",
         description="Check datalists and every file they name (fedseg.data.checks); exit status 1 with each "
@@ -578,8 +614,20 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--allow-external-paths", action="store_true",
                        help="accept files outside the datalist's folder (default: the datalist's own setting)")
     check.add_argument("--headers-only", action="store_true", help="check paths and headers, do not decode pixels")
+
+
+def _add_data_parser(sub: argparse._SubParsersAction) -> None:
+    """``fedseg data``: built-in data generation, the real-data importers and the datalist check."""
+    data = sub.add_parser("data", help="generate built-in data or import real data")
+    data_sub = data.add_subparsers(dest="data_cmd", required=True)
+    for add in (_add_synth_parser, _add_retina_parser, _add_nuclei_parser, _add_odoc_parser, _add_dca1_parser,
+                _add_foundation_parser, _add_check_parser):
+        add(data_sub)
     data.set_defaults(func=_cmd_data)
 
+
+def _add_export_parser(sub: argparse._SubParsersAction) -> None:
+    """``fedseg export``: recipes written as NVFlare job folders."""
     export = sub.add_parser("export", help="export recipes into NVFlare job folders")
     export.add_argument("--method", default="fedavg")
     export.add_argument("--all", action="store_true", help="every method")
@@ -607,10 +655,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--labels-from", default=None, metavar="DATALIST",
                         help="put the label space this datalist declares (num_classes, labels, regions, label_values) and, for "
                              "volumes, its volume settings (target_spacing, modality, ...) into the job")
-    export.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="any train_config key")
+    _set_argument(export, help="any train_config key")
     _bundle_arguments(export)
     export.set_defaults(func=_cmd_export)
 
+
+def _add_run_parser(sub: argparse._SubParsersAction) -> None:
+    """``fedseg run METHOD``: one method in NVFlare's simulator, then its summary."""
     run = sub.add_parser("run", help="run a method in the NVFlare simulator and summarise it")
     run.add_argument("method")
     run.add_argument("-n", "--n-clients", type=int, default=3)
@@ -622,16 +673,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--local-epochs", type=int, default=None)
     run.add_argument("--site-datalists", default=None, help="JSON map site -> datalist (real data)")
     run.add_argument("--seed", type=int, default=None, help="training seed (initial weights, shuffling, augmentation)")
-    run.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
-                     help="any train_config key, value parsed as JSON where possible, e.g. --set batch_size=8 learning_rate=3e-4")
+    _set_argument(run, help="any train_config key, value parsed as JSON where possible, e.g. --set batch_size=8 "
+                            "learning_rate=3e-4")
     _bundle_arguments(run)
     run.set_defaults(func=_cmd_run)
 
-    bench = sub.add_parser(
-        "bench", help="compare methods (and local-only / pooled references) over seeds, with paired tests",
-        description="Run every method and reference for every seed in NVFlare's simulator (references in "
-                    "process, same engine and schedule), then write results.json, results.md and plots/ under "
-                    "--out. Repeating the command with the same --out skips finished runs.")
+
+def _add_bench_data_arguments(bench: argparse.ArgumentParser) -> None:
+    """``fedseg bench``'s data: ``--site-datalists`` or a built-in family (its sites, profile and seed)."""
     data_src = bench.add_mutually_exclusive_group()
     data_src.add_argument("--site-datalists", default=None, help="JSON map site -> datalist path")
     data_src.add_argument("--family", default=None, choices=FAMILY_CHOICES + VOLUME_FAMILY_CHOICES + ("xray_foundation",),
@@ -640,6 +689,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--sites", nargs="+", default=["site-1", "site-2", "site-3"], help="built-in data: site names")
     bench.add_argument("--data-profile", default="default", help="built-in data: profile (image count / size)")
     bench.add_argument("--data-seed", type=int, default=0, help="built-in data: federation seed")
+
+
+def _add_bench_comparison_arguments(bench: argparse.ArgumentParser) -> None:
+    """``fedseg bench``'s comparison: the methods, references, baseline, seeds and the training budget."""
     bench.add_argument("--methods", nargs="+", default=["fedavg"],
                        help="methods, method options (graphfedseg:uncertainty_pass=last_epoch) or ablation rows "
                             "LABEL=METHOD:key=value,key=value; {seed} in a value is the run's seed (e.g. "
@@ -657,7 +710,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rounds", type=int, default=None)
     bench.add_argument("--local-epochs", type=int, default=None)
     bench.add_argument("--image-size", type=int, default=None, help="shorthand for --set image_size=N")
-    bench.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="any train_config key")
+    _set_argument(bench, help="any train_config key")
+
+
+def _add_bench_execution_arguments(bench: argparse.ArgumentParser) -> None:
+    """``fedseg bench``'s execution: simulator timings and limits, threads, the output folder, resuming and reuse."""
     bench.add_argument("--task-check-period", type=float, default=0.5, help="controller task_check_period (s)")
     bench.add_argument("--simulator-timeout", type=int, default=3600, metavar="SECONDS",
                        help="seconds one method run may take before it is stopped (default 3600; a slow or shared "
@@ -679,14 +736,32 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--reuse", nargs="+", default=[], metavar="BENCH_OUT",
                        help="other bench outputs: a run finished there with the same run configuration (method, seed, "
                             "budget, data) is copied into --out instead of trained again")
+
+
+def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    """``fedseg bench``: methods and references compared over seeds in NVFlare's simulator."""
+    bench = sub.add_parser(
+        "bench", help="compare methods (and local-only / pooled references) over seeds, with paired tests",
+        description="Run every method and reference for every seed in NVFlare's simulator (references in "
+                    "process, same engine and schedule), then write results.json, results.md and plots/ under "
+                    "--out. Repeating the command with the same --out skips finished runs.")
+    _add_bench_data_arguments(bench)
+    _add_bench_comparison_arguments(bench)
+    _add_bench_execution_arguments(bench)
     _bundle_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
 
+
+def _add_summarise_parser(sub: argparse._SubParsersAction) -> None:
+    """``fedseg summarise PATH`` (alias ``summarize``): a run's table and plots from its report.json."""
     summ = sub.add_parser("summarise", aliases=["summarize"], help="table + plots from report.json")
     summ.add_argument("path", help="a workspace, run directory or report.json")
     summ.add_argument("--all", action="store_true", help="every report found, not just the newest")
     summ.set_defaults(func=_cmd_summarise)
 
+
+def _add_infer_parser(sub: argparse._SubParsersAction) -> None:
+    """``fedseg infer``: masks for new images from a trained checkpoint (MONAI bundle inference)."""
     infer = sub.add_parser("infer", help="segment new images with a trained checkpoint (MONAI bundle inference)")
     infer.add_argument("--checkpoint", required=True)
     infer.add_argument("--output", required=True)
@@ -703,8 +778,8 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--stitch-device", default=None,
                        help="assemble the sliding window's output on this device (e.g. cpu) while the windows run on the "
                             "network's device: a whole scan's scores in host memory, not GPU memory (patch mode)")
-    infer.add_argument("--set", nargs="+", action="extend", default=[], metavar="ID=VALUE",
-                       help="a user's bundle: config ids of its inference.json (--input sets its dataset_dir)")
+    _set_argument(infer, metavar="ID=VALUE", help="a user's bundle: config ids of its inference.json (--input sets its "
+                                                  "dataset_dir)")
     infer.add_argument("--largest-component", action="store_true",
                        help="keep only each class's largest connected component in every mask")
     infer.add_argument(
@@ -712,6 +787,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="segmentation bundle folder (default bundles/unet2d_seg; bundles/unetr_seg for a fine-tuned FedEFM UNETR)",
     )
     infer.set_defaults(func=_cmd_infer)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fedseg`` parser: one sub-command per task, each with its handler as ``func``."""
+    parser = argparse.ArgumentParser(prog="fedseg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for add in (_add_data_parser, _add_export_parser, _add_run_parser, _add_bench_parser, _add_summarise_parser,
+                _add_infer_parser):
+        add(sub)
     return parser
 
 

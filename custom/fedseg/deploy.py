@@ -18,7 +18,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 from nvflare.lighter.spec import Builder, Project, ProvisionContext
 
@@ -69,6 +69,20 @@ class SitePolicyBuilder(Builder):
                     f.write("\n")
 
 
+def _load_server_json(project: Project, builder: str, folder: Callable[[Any], str], name: str) -> Tuple[str, Dict[str, Any]]:
+    """``(path, content)`` of the server's provisioned JSON file ``name`` in ``folder(server)`` (``ctx.get_kit_dir``,
+    ``ctx.get_local_dir``), for ``builder`` to edit: NVFlare's ``StaticFileBuilder`` writes the file, so ``builder``
+    must be listed after it."""
+    server = project.get_server()
+    if server is None:
+        raise ValueError(f"{builder}: the project has no server")
+    path = os.path.join(folder(server), name)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: list {builder} after StaticFileBuilder")
+    with open(path) as f:
+        return path, json.load(f)
+
+
 class LoopbackServerBuilder(Builder):
     """Makes the server listen on a loopback address only (NVFlare binds all interfaces unless its target is loopback).
 
@@ -94,14 +108,7 @@ class LoopbackServerBuilder(Builder):
         self.host = host.strip()
 
     def build(self, project: Project, ctx: ProvisionContext):
-        server = project.get_server()
-        if server is None:
-            raise ValueError("LoopbackServerBuilder: the project has no server")
-        path = os.path.join(ctx.get_kit_dir(server), FED_SERVER_JSON)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path} not found: list LoopbackServerBuilder after StaticFileBuilder")
-        with open(path) as f:
-            config = json.load(f)
+        path, config = _load_server_json(project, "LoopbackServerBuilder", ctx.get_kit_dir, FED_SERVER_JSON)
         for entry in config.get("servers") or []:
             service = entry.get("service") or {}
             target = service.get("target", "")
@@ -129,14 +136,7 @@ class JobSchedulerBuilder(Builder):
         self.min_schedule_interval = float(min_schedule_interval)
 
     def build(self, project: Project, ctx: ProvisionContext):
-        server = project.get_server()
-        if server is None:
-            raise ValueError("JobSchedulerBuilder: the project has no server")
-        path = os.path.join(ctx.get_local_dir(server), RESOURCES_DEFAULT)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path} not found: list JobSchedulerBuilder after StaticFileBuilder")
-        with open(path) as f:
-            resources = json.load(f)
+        path, resources = _load_server_json(project, "JobSchedulerBuilder", ctx.get_local_dir, RESOURCES_DEFAULT)
         schedulers = [c for c in resources.get("components") or [] if c.get("id") == "job_scheduler"]
         if not schedulers:
             raise ValueError(f"{path}: no job_scheduler component to configure")

@@ -353,6 +353,35 @@ def run_inference(
         raise ValueError("run_inference needs input_dir (a folder of images) or datalist (a datalist JSON file)")
     checkpoint = Path(checkpoint).absolute()
     out = Path(output_dir).absolute()
+    settings = _inference_settings(checkpoint, out, input_dir, datalist, split, label_values, class_indices,
+                                   largest_component, stitch_device)
+    workflow = _workflow("inference.json", bundle_dir, settings, _merged_overrides(checkpoint, overrides))
+    _check_ckpt_against(workflow, checkpoint)
+    targets = _mask_paths(workflow.parser, out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    workflow.initialize()
+    workflow.run()
+    workflow.finalize()
+    missing = [str(t) for t in targets if not t.is_file()]
+    if missing:
+        raise RuntimeError(f"inference finished but these masks were not written: {missing[:5]}")
+    return targets
+
+
+def _inference_settings(
+    checkpoint: Path,
+    out: Path,
+    input_dir: Optional[str | os.PathLike],
+    datalist: Optional[str | os.PathLike],
+    split: str,
+    label_values: Optional[Mapping[str, int]],
+    class_indices: bool,
+    largest_component: bool,
+    stitch_device: Optional[str],
+) -> Dict[str, Any]:
+    """The ``inference.json`` ids :func:`run_inference`'s own arguments set (absolute paths; they win over any
+    override). Without ``label_values``, a datalist's own encoding is taken when its images are segmented."""
     settings = {
         "ckpt_path": str(checkpoint),
         "output_dir": str(out),
@@ -369,12 +398,18 @@ def run_inference(
         label_values = read_datalist_json(datalist)[1].get("label_values")
     if label_values is not None:
         settings["label_values"] = dict(label_values)
-    workflow = _workflow("inference.json", bundle_dir, settings, _merged_overrides(checkpoint, overrides))
-    _check_ckpt_against(workflow, checkpoint)
+    return settings
 
+
+def _mask_paths(parser, out: Path) -> List[Path]:
+    """The mask file each of the inference config's ``input_files`` will be written to under ``out``, in input order.
+
+    Raises:
+        ValueError: two inputs would be written to the same mask file; or an input file is bad (the error MONAI
+            wrapped while evaluating ``input_files``).
+    """
     from monai.data.folder_layout import FolderLayout
 
-    parser = workflow.parser
     try:
         inputs = parser.get_parsed_content("input_files")
     except RuntimeError as exc:
@@ -397,14 +432,6 @@ def run_inference(
         if dst in seen:
             raise ValueError(f"{seen[dst]} and {src} would both be written to {dst}; rename one of them")
         seen[dst] = src
-    out.mkdir(parents=True, exist_ok=True)
-
-    workflow.initialize()
-    workflow.run()
-    workflow.finalize()
-    missing = [str(t) for t in targets if not t.is_file()]
-    if missing:
-        raise RuntimeError(f"inference finished but these masks were not written: {missing[:5]}")
     return targets
 
 

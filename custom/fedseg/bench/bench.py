@@ -16,7 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from fedseg.bench.ranking import recommendation_lines
 from fedseg.bundle import is_bundle_path
@@ -246,6 +246,44 @@ def run_bench(
         written), ``budget`` and ``spatial`` (each site's spatial mode and input size, :func:`spatial_settings`).
     """
     budget = budget or Budget()
+    bundle = _check_bench_options(budget, references, site_datalists, family, parallel, simulator_timeout, site_overrides)
+    started = time.perf_counter()
+    version, machine = code_version(), machine_info()  # before the runs: the load they start under
+    root = Path(out).resolve()
+    specs = plan(methods, references, seeds)  # fail on a bad spec before any data or job
+    if baseline is not None and baseline not in {s.label for s in specs}:
+        raise ValueError(f"--baseline {baseline!r} is not one of the bench's labels {sorted({s.label for s in specs})}")
+    if bundle:
+        mapping, site_map_file = _bundle_sites(root, site_overrides)
+    else:
+        mapping = prepare_federation(root, site_datalists, family, sites, data_profile, data_seed, budget.sets)
+        site_map_file = root / "site_datalists.json"
+    records, todo = load_finished_runs(specs, root, budget, mapping, reuse=reuse, refresh=refresh)
+    execute_runs(specs, todo, records, budget=budget, mapping=mapping, root=root, site_map_file=site_map_file,
+                 version=version, simulator_timeout=simulator_timeout, parallel=parallel, started=started)
+    done: List[Dict[str, Any]] = [r for r in records if r is not None]  # every run, in the bench's order
+    header = {
+        "benchmark": "fedseg bench",
+        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "command": command,
+        "code_version": version,
+        "run_code_versions": run_code_versions(done),
+        "machine": machine,
+        "seeds": [int(s) for s in seeds],
+        "parallel_runs": parallel,
+        "budget": budget.to_dict(),
+        "spatial": spatial_settings(done, mapping),
+        "site_datalists": mapping,
+        "data": data_summary(mapping),
+        "runs": {r["id"]: str(root / "runs" / f"{r['id']}.json") for r in done},
+    }
+    return write_results(root, done, list(mapping), header, baseline=baseline, started=started)
+
+
+def _check_bench_options(budget: Budget, references: Sequence[str], site_datalists: Optional[str], family: Optional[str],
+                         parallel: int, simulator_timeout: int, site_overrides: Optional[str]) -> bool:
+    """Whether the bench runs on a user's MONAI bundle, after checking :func:`run_bench`'s options against each other
+    (a ``ValueError`` names the first that is wrong); a bench on built-in data records its family in ``budget``."""
     if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
         raise ValueError(f"parallel must be a positive number of runs, got {parallel!r}")
     if not isinstance(simulator_timeout, int) or isinstance(simulator_timeout, bool) or simulator_timeout < 1:
@@ -259,21 +297,25 @@ def run_bench(
                              "bundle compares federated methods only (--references with nothing after it)")
     elif not site_datalists:
         budget.data_family = budget.data_family or family or "polyp"
-    started = time.perf_counter()
-    version, machine = code_version(), machine_info()  # before the runs: the load they start under
-    root = Path(out).resolve()
-    specs = plan(methods, references, seeds)  # fail on a bad spec before any data or job
-    if baseline is not None and baseline not in {s.label for s in specs}:
-        raise ValueError(f"--baseline {baseline!r} is not one of the bench's labels {sorted({s.label for s in specs})}")
-    if bundle:  # {site: its bundle overrides}, copied where the simulated sites read it
-        mapping = json.loads(Path(site_overrides).read_text())
-        root.mkdir(parents=True, exist_ok=True)
-        site_map_file = root / "site_overrides.json"
-        site_map_file.write_text(json.dumps(mapping, indent=1))
-    else:
-        mapping = prepare_federation(root, site_datalists, family, sites, data_profile, data_seed, budget.sets)
-        site_map_file = root / "site_datalists.json"
-    site_names = list(mapping)
+    return bundle
+
+
+def _bundle_sites(root: Path, site_overrides: str) -> Tuple[Dict[str, Dict[str, Any]], Path]:
+    """A bench on a user's bundle: its sites ``{site: {config id: value}}`` read from ``site_overrides`` and the copy
+    ``<root>/site_overrides.json`` the simulated sites read."""
+    mapping = json.loads(Path(site_overrides).read_text())
+    root.mkdir(parents=True, exist_ok=True)
+    site_map_file = root / "site_overrides.json"
+    site_map_file.write_text(json.dumps(mapping, indent=1))
+    return mapping, site_map_file
+
+
+def load_finished_runs(specs: Sequence[RunSpec], root: Path, budget: Budget, mapping: Mapping[str, Any],
+                       reuse: Sequence[str] = (), refresh: bool = False) -> Tuple[List[Optional[Dict[str, Any]]], List[int]]:
+    """``(records, todo)``: each spec's finished record (``None`` where it has none) and the indices of the specs still
+    to run. A record counts as finished when ``<root>/runs/<id>.json`` (else the same file in one of the ``reuse``
+    folders, then copied into ``root``) holds the spec's ``run_config``; ``refresh`` re-reads a finished method run
+    from its workspace (references keep theirs: their models are not kept). Each skipped run is printed with why."""
     records: List[Optional[Dict[str, Any]]] = [None] * len(specs)
     todo: List[int] = []
     for i, spec in enumerate(specs):
@@ -295,7 +337,39 @@ def run_bench(
             how = "re-read from its workspace"
         print(f"[{i + 1}/{len(specs)}] skipped {spec.label} seed {spec.seed}: {how} ({path})", flush=True)
         records[i] = record
+    return records, todo
 
+
+def _train_run(spec: RunSpec, budget: Budget, mapping: Mapping[str, Any], root: Path, site_map_file: Path,
+               version: Dict[str, Any], simulator_timeout: int) -> Dict[str, Any]:
+    """One run of the bench trained (a method in NVFlare's simulator, a reference in this process) and its record,
+    stamped with its id, ``run_config`` and code version, saved as ``<root>/runs/<id>.json``."""
+    if spec.kind == "method":
+        record = run_method(spec, budget, mapping, root, site_map_file, timeout=simulator_timeout)
+    else:
+        record = run_reference(spec, budget, mapping, root)
+    record.update(id=spec.id, run_config=spec.run_config(budget, mapping), code_version=version)
+    save_run(root / "runs" / f"{spec.id}.json", record)
+    return record
+
+
+def _mean_test_score(record: Dict[str, Any]) -> Tuple[str, float]:
+    """``(metric, mean)``: a run's main test metric (``dice`` for segmentation) and its mean over the sites of the
+    final global model (the personalised models where the method has no global one: FedBN, FedRep); NaN for none."""
+    metric = task_metrics(record_task(record))[0]
+    final = record["final"].get("global") or record["final"].get("personalized") or {}
+    values = [m.get(metric) for m in final.values() if m.get(metric) is not None]
+    return metric, (sum(values) / len(values)) if values else float("nan")
+
+
+def execute_runs(specs: Sequence[RunSpec], todo: Sequence[int], records: List[Optional[Dict[str, Any]]], *,
+                 budget: Budget, mapping: Mapping[str, Any], root: Path, site_map_file: Path, version: Dict[str, Any],
+                 simulator_timeout: int, parallel: int, started: float) -> None:
+    """Train the runs still to do (``todo``: indices into ``specs``) and put their records into ``records``: the
+    references one at a time in this process first, then the method runs (simulator processes), ``parallel`` at once.
+    Each run prints its start, its mean test score and an estimate of the time left (``started``: the bench's start,
+    ``time.perf_counter``); a stopped bench (SIGTERM, Ctrl-C) starts no further run, and the first failure stops it
+    (finished runs are saved already)."""
     progress = {"seconds": 0.0, "executed": 0}
     lock = threading.Lock()
 
@@ -304,23 +378,15 @@ def run_bench(
         spec = specs[i]
         print(f"[{_dt.datetime.now():%H:%M:%S}] [{i + 1}/{len(specs)}] {spec.label} seed {spec.seed} ...", flush=True)
         run_started = time.perf_counter()
-        if spec.kind == "method":
-            record = run_method(spec, budget, mapping, root, site_map_file, timeout=simulator_timeout)
-        else:
-            record = run_reference(spec, budget, mapping, root)
-        record.update(id=spec.id, run_config=spec.run_config(budget, mapping), code_version=version)
-        save_run(root / "runs" / f"{spec.id}.json", record)
-        records[i] = record
-        metric = task_metrics(record_task(record))[0]
-        final = record["final"].get("global") or record["final"].get("personalized") or {}  # FedBN/FedRep: personalised
-        mean_dice = [m.get(metric) for m in final.values() if m.get(metric) is not None]
+        records[i] = _train_run(spec, budget, mapping, root, site_map_file, version, simulator_timeout)
+        metric, mean = _mean_test_score(records[i])
         with lock:
             progress["seconds"] += time.perf_counter() - run_started
             progress["executed"] += 1
             remaining = len(todo) - progress["executed"]
             eta = progress["seconds"] / progress["executed"] * remaining / parallel
         print(f"[{i + 1}/{len(specs)}] done {spec.label} seed {spec.seed}: mean test {'Dice' if metric == 'dice' else metric} "
-              f"{(sum(mean_dice) / len(mean_dice)) if mean_dice else float('nan'):.3f} in {_fmt_s(time.perf_counter() - run_started)}; "
+              f"{mean:.3f} in {_fmt_s(time.perf_counter() - run_started)}; "
               f"elapsed {_fmt_s(time.perf_counter() - started)}, about {_fmt_s(eta)} remaining", flush=True)
 
     # references train in this process (one at a time); method runs are simulator processes, `parallel` at once
@@ -334,23 +400,13 @@ def run_bench(
     else:
         for i in method_runs:
             execute(i)
-    done: List[Dict[str, Any]] = [r for r in records if r is not None]  # every run, in the bench's order
 
-    header = {
-        "benchmark": "fedseg bench",
-        "date": _dt.datetime.now().isoformat(timespec="seconds"),
-        "command": command,
-        "code_version": version,
-        "run_code_versions": run_code_versions(done),
-        "machine": machine,
-        "seeds": [int(s) for s in seeds],
-        "parallel_runs": parallel,
-        "budget": budget.to_dict(),
-        "spatial": spatial_settings(done, mapping),
-        "site_datalists": mapping,
-        "data": data_summary(mapping),
-        "runs": {r["id"]: str(root / "runs" / f"{r['id']}.json") for r in done},
-    }
+
+def write_results(root: Path, done: List[Dict[str, Any]], site_names: List[str], header: Dict[str, Any],
+                  baseline: Optional[str], started: float) -> Dict[str, Any]:
+    """The bench's results (:func:`fedseg.bench.report.build_results` of the finished runs ``done`` under ``header``,
+    with ``plots`` and ``wall_time_s`` since ``started``) written as ``<root>/results.json``, ``results.md`` and
+    ``plots/``; the page and the ranking's recommendation are printed."""
     results = build_results(done, site_names, header, baseline=baseline)
     results["plots"] = [str(p) for p in plot_results(results, done, root / "plots")]
     results["wall_time_s"] = time.perf_counter() - started

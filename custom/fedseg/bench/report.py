@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from fedseg.bench.runs import VAL_METRIC, record_task, task_metrics, with_structures
 from fedseg.data.labels import split_metric_key
 from fedseg.fl.report import CLASSIFICATION_NOTE, METRIC_HEADERS, METRIC_NOTE, STRUCTURE_NOTE, metric_header
+from fedseg.markdown import markdown_table
 from fedseg.bench.stats import compare, compare_correct, seed_differences, seed_spread, summarise_seeds
 from fedseg.bench.ranking import rank, recommendation_lines
 
@@ -281,19 +282,14 @@ def markdown(results: Dict[str, Any]) -> str:
     compact = [m for m in shown if split_metric_key(m)[1] is not None and split_metric_key(m)[0] != "dice"]
     for metric in [m for m in shown if m not in compact]:
         digits = 3 if metric.startswith("dice") or "iou" in metric or "accuracy" in metric else 2
-        lines += [f"## {metric_header(metric)}", "",
-                  "| approach | " + " | ".join(sites) + " | mean |", "|---" * (len(sites) + 2) + "|"]
-        for name, entry in results["approaches"].items():
-            s = entry["summary"]
-            lines.append(f"| {name} | " + " | ".join(_pm(s[site][metric], digits) for site in sites)
-                         + f" | {_pm(s['mean'][metric], digits)} |")
-        lines.append("")
+        rows = [[name] + [_pm(entry["summary"][site][metric], digits) for site in [*sites, "mean"]]
+                for name, entry in results["approaches"].items()]
+        lines += [f"## {metric_header(metric)}", "", *markdown_table(["approach", *sites, "mean"], rows), ""]
     if compact:
+        rows = [[name] + [_pm(entry["summary"]["mean"][m], 2) for m in compact]
+                for name, entry in results["approaches"].items()]
         lines += ["## Per class and region: distances (mean over sites)", "", STRUCTURE_NOTE + ".", "",
-                  "| approach | " + " | ".join(metric_header(m) for m in compact) + " |", "|---" * (len(compact) + 1) + "|"]
-        for name, entry in results["approaches"].items():
-            lines.append(f"| {name} | " + " | ".join(_pm(entry["summary"]["mean"][m], 2) for m in compact) + " |")
-        lines.append("")
+                  *markdown_table(["approach"] + [metric_header(m) for m in compact], rows), ""]
     if results.get("comparisons") and task == "classification":
         lines += _mcnemar_lines(results["comparisons"], sites, base_name)
     elif results.get("comparisons"):
@@ -301,42 +297,36 @@ def markdown(results: Dict[str, Any]) -> str:
                   f"Pairs: image i of site k of seed s vs the same image of {base_name}'s global model with seed s, pooled "
                   "over seeds (and over sites in the 'all sites' columns). Two-sided Wilcoxon signed-rank "
                   "(`scipy.stats.wilcoxon`) and paired t-test (`scipy.stats.ttest_rel`). Per seed: each seed's mean "
-                  f"Dice over sites minus {base_name}'s of the same seed, mean ± std over seeds (seeds ahead).", "",
-                  "| approach | pairs | mean Dice diff | Wilcoxon p | t-test p | " + " | ".join(f"Wilcoxon p {s}" for s in sites)
-                  + " | Dice diff per seed |", "|---" * (6 + len(sites)) + "|"]
+                  f"Dice over sites minus {base_name}'s of the same seed, mean ± std over seeds (seeds ahead).", ""]
+        rows = []
         for name, comp in results["comparisons"].items():
             d = comp["metrics"]["dice"]
             a = d["all"]
             diff = "-" if a["mean_diff"] is None else f"{a['mean_diff']:+.3f}"
             per_seed = format_seed_difference((comp.get("seed_differences") or {}).get("dice"))
-            lines.append(f"| {name} | {a['n']} | {diff} | {_p(a['wilcoxon_p'])} | {_p(a['ttest_p'])} | "
-                         + " | ".join(_p(d["per_site"][s]["wilcoxon_p"]) for s in sites) + f" | {per_seed} |")
-        lines.append("")
+            rows.append([name, str(a["n"]), diff, _p(a["wilcoxon_p"]), _p(a["ttest_p"])]
+                        + [_p(d["per_site"][s]["wilcoxon_p"]) for s in sites] + [per_seed])
+        header = ["approach", "pairs", "mean Dice diff", "Wilcoxon p", "t-test p"] + [f"Wilcoxon p {s}" for s in sites]
+        lines += markdown_table(header + ["Dice diff per seed"], rows) + [""]
         regions = [m for m in metrics if split_metric_key(m)[0] == "dice" and split_metric_key(m)[1] is not None]
         if regions:
-            lines += ["Per class and region, per-image Dice (same pairs):", "",
-                      "| approach | " + " | ".join(f"{split_metric_key(m)[1]}: diff / Wilcoxon p" for m in regions) + " |",
-                      "|---" * (len(regions) + 1) + "|"]
+            rows = []
             for name, comp in results["comparisons"].items():
-                cells = []
+                cells = [name]
                 for m in regions:
                     a = (comp["metrics"].get(m) or {}).get("all") or {}
                     diff = "-" if a.get("mean_diff") is None else f"{a['mean_diff']:+.3f}"
                     cells.append(f"{diff} / {_p(a.get('wilcoxon_p'))}")
-                lines.append(f"| {name} | " + " | ".join(cells) + " |")
-            lines.append("")
+                rows.append(cells)
+            header = ["approach"] + [f"{split_metric_key(m)[1]}: diff / Wilcoxon p" for m in regions]
+            lines += ["Per class and region, per-image Dice (same pairs):", "", *markdown_table(header, rows), ""]
         fov = {name: comp["metrics"]["dice_fov"]["all"] for name, comp in results["comparisons"].items() if "dice_fov" in comp["metrics"]}
         if fov:
+            rows = [[name, str(a["n"]), "-" if a["mean_diff"] is None else f"{a['mean_diff']:+.3f}", _p(a["wilcoxon_p"]),
+                     _p(a["ttest_p"])] for name, a in fov.items()]
             lines += ["Inside the field of view (sites whose datalist has FOV masks), per-image `dice_fov`:", "",
-                      "| approach | pairs | mean Dice FOV diff | Wilcoxon p | t-test p |", "|---|---|---|---|---|"]
-            for name, a in fov.items():
-                diff = "-" if a["mean_diff"] is None else f"{a['mean_diff']:+.3f}"
-                lines.append(f"| {name} | {a['n']} | {diff} | {_p(a['wilcoxon_p'])} | {_p(a['ttest_p'])} |")
-            lines.append("")
-    lines += ["## Cost", "",
-              f"| approach | runs | wall time per run (s) | total (s) | median round wall (s) | vs {base_name} | "
-              f"upload / download per site per round (MB) | upload vs {base_name} | peak site memory (MB) |",
-              "|---|---|---|---|---|---|---|---|---|"]
+                      *markdown_table(["approach", "pairs", "mean Dice FOV diff", "Wilcoxon p", "t-test p"], rows), ""]
+    rows = []
     for label, t in results["timing"].items():
         kind = "simulator job" if t["kind"] == "method" else "in-process training"
         med = "-" if t["median_round_wall"] is None else f"{t['median_round_wall']:.2f}"
@@ -345,7 +335,11 @@ def markdown(results: Dict[str, Any]) -> str:
             f"{t['upload_mb_per_site_round']:.3f} / {t.get('download_mb_per_site_round') or 0:.3f}")
         up_ratio = "-" if t.get("upload_ratio_to_fedavg") is None else f"{t['upload_ratio_to_fedavg']:.3f}x"
         mem = "-" if t.get("peak_site_memory_mb") is None else f"{t['peak_site_memory_mb']:.0f}"
-        lines.append(f"| {label} | {t['runs']} | {_pm(t['wall_s_per_run'], 1)} ({kind}) | {t['wall_s_total']:.1f} | {med} | {ratio} | {up} | {up_ratio} | {mem} |")
+        rows.append([label, str(t["runs"]), f"{_pm(t['wall_s_per_run'], 1)} ({kind})", f"{t['wall_s_total']:.1f}", med, ratio,
+                     up, up_ratio, mem])
+    lines += ["## Cost", "", *markdown_table(
+        ["approach", "runs", "wall time per run (s)", "total (s)", "median round wall (s)", f"vs {base_name}",
+         "upload / download per site per round (MB)", f"upload vs {base_name}", "peak site memory (MB)"], rows)]
     if results.get("plots"):
         lines += ["", "Plots: " + ", ".join(f"`{Path(p).name}`" for p in results["plots"])]
     return "\n".join(lines) + "\n"
@@ -357,16 +351,16 @@ def _mcnemar_lines(comparisons: Dict[str, Any], sites: Sequence[str], base_name:
              f"Pairs: image i of site k of seed s (right or wrong) vs the same image of {base_name}'s global model "
              "with seed s, pooled over seeds (and over sites in the 'all sites' columns). b = images only this "
              f"approach gets right, c = images only {base_name} gets right; McNemar's exact test = two-sided "
-             "`scipy.stats.binomtest(b, b + c, 0.5)`.", "",
-             "| approach | pairs | mean accuracy diff | b / c | McNemar p | " + " | ".join(f"McNemar p {s}" for s in sites) + " |",
-             "|---" * (5 + len(sites)) + "|"]
+             "`scipy.stats.binomtest(b, b + c, 0.5)`.", ""]
+    rows = []
     for name, comp in comparisons.items():
         d = comp["metrics"]["correct"]
         a = d["all"]
         diff = "-" if a["mean_diff"] is None else f"{a['mean_diff']:+.3f}"
-        lines.append(f"| {name} | {a['n']} | {diff} | {a['b']} / {a['c']} | {_p(a['mcnemar_p'])} | "
-                     + " | ".join(_p(d["per_site"][s]["mcnemar_p"]) for s in sites) + " |")
-    return lines + [""]
+        rows.append([name, str(a["n"]), diff, f"{a['b']} / {a['c']}", _p(a["mcnemar_p"])]
+                    + [_p(d["per_site"][s]["mcnemar_p"]) for s in sites])
+    header = ["approach", "pairs", "mean accuracy diff", "b / c", "McNemar p"] + [f"McNemar p {s}" for s in sites]
+    return lines + markdown_table(header, rows) + [""]
 
 
 # --------------------------------------------------------------------------------------------- plots

@@ -184,15 +184,21 @@ def median_task_breakdown(rounds: List[Dict[str, Any]], skip_first: int = 1) -> 
     return out
 
 
-def machine_info() -> Dict[str, Any]:
-    """Platform, CPU count, Python and torch versions, the GPUs torch sees (names; empty list on a CPU-only
-    machine), load average at the call."""
+def load_average() -> Optional[List[float]]:
+    """The machine's 1-, 5- and 15-minute load averages now, or None where the platform keeps none."""
     try:
-        load = os.getloadavg()
+        return list(os.getloadavg())
     except OSError:  # pragma: no cover
-        load = None
+        return None
+
+
+def machine_info() -> Dict[str, Any]:
+    """What a benchmark record names as its machine: platform, CPU count, Python and torch versions, the GPUs torch
+    sees (names; empty list on a CPU-only machine) and the load average at the call (:func:`load_average`: call it
+    before the timed work, whose load would otherwise be in it). A script adds what only it knows (``device``: the
+    device it measured; ``torch_threads``)."""
     import torch
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "gpus": gpus, "loadavg_at_start": load}
+            "torch": torch.__version__, "gpus": gpus, "loadavg_at_start": load_average()}

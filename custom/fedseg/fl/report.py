@@ -20,6 +20,8 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from fedseg.markdown import markdown_table
+
 REPORT_NAME = "report.json"
 SUMMARY_NAME = "summary.md"
 
@@ -197,12 +199,9 @@ def summarise(data: Dict[str, Any], figures: Optional[List[Path]] = None, base: 
     if data["rounds"]:
         val = validation_metric(data)
         title = "Validation Dice" if val == "val_dice" else "Validation accuracy"
-        lines += [f"## {title} per round", "", "| round | " + " | ".join(data["clients"]) + " | wall time (s) |"]
-        lines.append("|---" * (len(data["clients"]) + 2) + "|")
-        for r in data["rounds"]:
-            cells = [_fmt((r["metrics"].get(s) or {}).get(val)) for s in data["clients"]]
-            lines.append(f"| {r['round']} | " + " | ".join(cells) + f" | {_fmt(r.get('wall_time'))} |")
-        lines.append("")
+        rows = [[str(r["round"])] + [_fmt((r["metrics"].get(s) or {}).get(val)) for s in data["clients"]]
+                + [_fmt(r.get("wall_time"))] for r in data["rounds"]]
+        lines += [f"## {title} per round", "", *markdown_table(["round", *data["clients"], "wall time (s)"], rows), ""]
     titles = {"global": "Final global model", "personalized": "Final personalized model",
               "global_best_val": f"Best validation round's global model (round {(data.get('final') or {}).get('best_val_round')})",
               "local": "Each site's last locally trained model"}
@@ -212,15 +211,12 @@ def summarise(data: Dict[str, Any], figures: Optional[List[Path]] = None, base: 
             names = metric_columns(data, which)
             note = CLASSIFICATION_NOTE if validation_metric(data) == "val_accuracy" else METRIC_NOTE
             lines += [f"## {titles[which]} on each site's test split", "", note + ".", ""]
-            lines += ["| site | " + " | ".join(METRIC_HEADERS[n] for n in names) + " |", "|---" * (len(names) + 1) + "|"]
-            lines += ["| " + " | ".join(r) + " |" for r in rows]
-            lines.append("")
+            lines += markdown_table(["site"] + [METRIC_HEADERS[n] for n in names], rows) + [""]
             structures = structure_columns(data, which)
             if structures:
                 lines += [f"### Per class and region ({which} model)", "", STRUCTURE_NOTE, ""]
-                lines += ["| site | " + " | ".join(metric_header(n) for n in structures) + " |", "|---" * (len(structures) + 1) + "|"]
-                lines += ["| " + " | ".join(r) + " |" for r in final_table(data, which, structures)]
-                lines.append("")
+                lines += markdown_table(["site"] + [metric_header(n) for n in structures],
+                                        final_table(data, which, structures)) + [""]
     lines += cross_site_lines(data)
     if figures:
         lines += ["## Figures", ""]
@@ -241,6 +237,5 @@ def cross_site_lines(data: Dict[str, Any]) -> List[str]:
     lines = ["## Cross-site evaluation (mean test Dice)", "",
              "Row = whose model, column = whose test split (each site scores every model on its own test split; only "
              "the means leave it). The diagonal is each site's personalised model at home.", "",
-             "| model | " + " | ".join(cross["test_sites"]) + " |", "|---" * (len(cross["test_sites"]) + 1) + "|"]
-    lines += [f"| {name} | " + " | ".join(_fmt(v) for v in values) + " |" for name, values in rows]
+             *markdown_table(["model", *cross["test_sites"]], [[name] + [_fmt(v) for v in values] for name, values in rows])]
     return lines + [""]

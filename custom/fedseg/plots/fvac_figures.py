@@ -6,6 +6,7 @@ Written into the site's own workspace; these pixels never leave the site.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import matplotlib
 
@@ -26,6 +27,21 @@ def display_array(arr: torch.Tensor) -> np.ndarray:
     return a if a.shape[-1] == 3 else a[..., 0]
 
 
+def save_panel_grid(fig: plt.Figure, axes, row_titles: Sequence[str], path: Path, dpi: int) -> Path:
+    """Write a grid of image panels (``axes[row][col]``) to the PNG ``path`` (parent folders created): every panel's
+    axes hidden, each row's title over its first panel; the figure is closed."""
+    for row, title in enumerate(row_titles):
+        for ax in axes[row]:
+            ax.set_axis_off()
+        axes[row][0].set_title(title, fontsize=8, loc="left")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def save_weight_map_figure(images: torch.Tensor, labels: torch.Tensor, alpha: torch.Tensor, path: Path) -> Path:
     """Rows: image / ground truth / FMUG weight heat map, one column per training image.
 
@@ -43,8 +59,6 @@ def save_weight_map_figure(images: torch.Tensor, labels: torch.Tensor, alpha: to
         raise ValueError(f"need the same non-zero number of images, labels and weight maps, got {counts}")
     n = images.shape[0]
     n_pixels = alpha[0, 0].numel()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(3, n, figsize=(2.4 * n + 0.6, 6.9), squeeze=False)
     for col in range(n):
         img = display_array(images[col])
@@ -53,11 +67,4 @@ def save_weight_map_figure(images: torch.Tensor, labels: torch.Tensor, alpha: to
         axes[1][col].imshow(display_array(labels[col]), cmap="gray", vmin=0, vmax=1)
         heat = axes[2][col].imshow(display_array(alpha[col]) * n_pixels, cmap="magma")
         fig.colorbar(heat, ax=axes[2][col], fraction=0.046, pad=0.02)
-        for row, title in enumerate(("image", "truth", "alpha x HW")):
-            axes[row][col].set_axis_off()
-            if col == 0:
-                axes[row][col].set_title(title, fontsize=8, loc="left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_panel_grid(fig, axes, ("image", "truth", "alpha x HW"), path, dpi=90)

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from .fvac_figures import display_array  # noqa: E402
+from .fvac_figures import display_array, save_panel_grid  # noqa: E402
 
 
 def save_style_figure(originals: torch.Tensor, restyled: torch.Tensor, hybrids: torch.Tensor, path: Path) -> Path:
@@ -28,17 +28,9 @@ def save_style_figure(originals: torch.Tensor, restyled: torch.Tensor, hybrids: 
     if not (originals.shape == restyled.shape == hybrids.shape) or originals.shape[0] == 0:
         raise ValueError(f"need equally shaped, non-empty batches, got {tuple(originals.shape)}, {tuple(restyled.shape)}, {tuple(hybrids.shape)}")
     n = originals.shape[0]
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(3, n, figsize=(2.4 * n + 0.6, 7.2), squeeze=False)
     for col in range(n):
-        for row, (batch, title) in enumerate(((originals, "original"), (restyled, "restyled"), (hybrids, "hybrid"))):
+        for row, batch in enumerate((originals, restyled, hybrids)):
             img = display_array(batch[col]).clip(0.0, 1.0)
             axes[row][col].imshow(img, cmap=None if img.ndim == 3 else "gray", vmin=0, vmax=1)
-            axes[row][col].set_axis_off()
-            if col == 0:
-                axes[row][col].set_title(title, fontsize=8, loc="left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_panel_grid(fig, axes, ("original", "restyled", "hybrid"), path, dpi=100)

@@ -96,6 +96,11 @@ class ServerStrategy:
         """Effective hyper-parameters, written into ``report.json['config']``."""
         return {"strategy": self.name}
 
+    def attributes_config(self, *names: str) -> Dict[str, Any]:
+        """A :meth:`config` of the strategy's name and the attributes ``names``, in that order (the strategies store
+        their hyper-parameters under their constructor arguments' names)."""
+        return {"strategy": self.name, **{name: getattr(self, name) for name in names}}
+
     def start(self, clients: List[str], initial_params: Params) -> None:
         self.clients = list(clients)
         self._global = {k: v.detach().clone() for k, v in initial_params.items()}

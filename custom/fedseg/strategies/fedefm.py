@@ -88,16 +88,8 @@ class FedEFMStrategy(ServerStrategy):
         self._n_samples: Dict[str, int] = {}
 
     def config(self) -> Dict[str, Any]:
-        return {
-            "strategy": self.name,
-            "mode": self.mode,
-            "topology": self.topology,
-            "overseas": self.overseas,
-            "gossip_self_weight": self.gossip_self_weight,
-            "weighting": self.weighting,
-            "aggregation": self.aggregation,
-            "trim": self.trim,
-        }
+        return self.attributes_config("mode", "topology", "overseas", "gossip_self_weight", "weighting", "aggregation",
+                                      "trim")
 
     def start(self, clients: List[str], initial_params: Params) -> None:
         super().start(clients, initial_params)

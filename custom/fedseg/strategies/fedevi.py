@@ -83,16 +83,8 @@ class FedEviStrategy(ServerStrategy):
         self.beta: Dict[str, float] = {}
 
     def config(self) -> Dict[str, Any]:
-        return {
-            "strategy": self.name,
-            "delta": self.delta,
-            "weight_form": self.weight_form,
-            "beta0": self.beta0,
-            "clip": self.clip,
-            "use_gap": self.use_gap,
-            "use_reliability": self.use_reliability,
-            "accumulate": self.accumulate,
-        }
+        return self.attributes_config("delta", "weight_form", "beta0", "clip", "use_gap", "use_reliability",
+                                      "accumulate")
 
     def start(self, clients: List[str], initial_params) -> None:
         super().start(clients, initial_params)

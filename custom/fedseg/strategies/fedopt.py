@@ -53,9 +53,7 @@ class FedOptStrategy(ServerStrategy):
         self.generator = None  # the step's NVFlare generator, after start
 
     def config(self) -> Dict[str, Any]:
-        return {"strategy": self.name, "server_optimizer": self.server_optimizer, "server_lr": self.server_lr,
-                "beta1": self.beta1, "beta2": self.beta2, "tau": self.tau, "momentum": self.momentum,
-                "weighting": self.weighting}
+        return self.attributes_config("server_optimizer", "server_lr", "beta1", "beta2", "tau", "momentum", "weighting")
 
     def step_config(self) -> ServerStepConfig:
         return ServerStepConfig(self.server_optimizer, self.server_lr, self.momentum, (self.beta1, self.beta2), self.tau)

@@ -55,14 +55,7 @@ class PathFLStrategy(ServerStrategy):
         self._network: Optional[torch.nn.Module] = None
 
     def config(self) -> Dict[str, Any]:
-        return {
-            "strategy": self.name,
-            "use_cse": self.use_cse,
-            "use_afa": self.use_afa,
-            "use_ssa": self.use_ssa,
-            "weighting": self.weighting,
-            "afa_at_inference": self.afa_at_inference,
-        }
+        return self.attributes_config("use_cse", "use_afa", "use_ssa", "weighting", "afa_at_inference")
 
     def start(self, clients: List[str], initial_params) -> None:
         super().start(clients, initial_params)

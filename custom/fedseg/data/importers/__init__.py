@@ -6,7 +6,7 @@
     odoc.py        fundus optic disc / cup and prostate MRI slice samples, one site per domain
     foundation.py  FedEFM phase-1 silos from the real labels above plus the built-in X-ray classes
     sources.py     where a data set is read: the caller's folder (--src), else $FEDSEG_DATASETS/<folder>
-    common.py      what the importers share: the manifest and the files it lists, seeded group splits
+    common.py      what the importers share: the manifest and the files it lists, seeded group splits, the datalists
 
 No pixel of a licensed data set is copied (derived crops go to the caller's output folder). This package
 re-exports each module's public names.

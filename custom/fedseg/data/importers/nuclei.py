@@ -42,10 +42,13 @@ import logging
 import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..datalist import SPLITS, DatalistError, load_datalist, write_json_atomic
-from .common import OFFICIAL_TEST, OFFICIAL_TRAIN, OFFICIAL_VAL, check_sources, read_manifest, split_groups, stable_rng
+from ..datalist import SPLITS, DatalistError
+from .common import (
+    OFFICIAL_TEST, OFFICIAL_TRAIN, OFFICIAL_VAL, RESEARCH_LICENSED_TERMS, check_fractions, check_site_rows, read_manifest, referenced_in_place,
+    split_groups, stable_rng, write_site_datalist, write_site_index,
+)
 from .sources import resolve_source
 
 __all__ = ["import_nuclei", "LAYOUTS", "DEFAULT_NUCLEI_ROOT", "DEFAULT_ORGAN_MIN_IMAGES"]
@@ -243,22 +246,48 @@ def import_nuclei(
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if organs and layout != "organ":
         raise ValueError(f"organs={list(organs)} needs layout='organ'")
-    if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
-        raise ValueError(f"need 0 < val_fraction, test_fraction and their sum < 1; got {val_fraction}, {test_fraction}")
+    check_fractions(val_fraction, test_fraction)
     log = log or logger.warning
     root = resolve_source(src_root, DEFAULT_NUCLEI_ROOT, "nuclei")
     manifest = root / "manifest.csv"
     required = _REQUIRED_COLUMNS + (("organ",) if layout == "organ" else ())
     rows = read_manifest(root, required=required, what="nuclei")
     per_site, explicit = _site_rows(rows, layout, sites, organs, int(min_images), organ_source, manifest, log)
+    # every site is validated before anything is written, so a failure leaves out_dir untouched
+    plans = _plan_sites(per_site, root, manifest, layout, seed, val_fraction, test_fraction, explicit, log)
+    magnification = _common_magnification([r for site in plans for r in per_site[site]], manifest)
+    out: Dict[str, Path] = {}
+    for site, (splits, rule) in plans.items():
+        fields = {
+            "name": f"nuclei-{site}",
+            "site": site,
+            "layout": layout,
+            "datasets": sorted({r["site"] for part in splits.values() for r in part}),
+            **referenced_in_place(root, RESEARCH_LICENSED_TERMS, seed),
+            "val_fraction": float(val_fraction),
+            "test_fraction": float(test_fraction),
+            "split_rule": rule,
+            "labels": {"0": "background", "1": "nucleus"},
+            "spatial_mode": "patch",
+            "rescale": 1.0,
+        }
+        if magnification:
+            fields["magnification"] = magnification
+        out[site] = write_site_datalist(out_dir, site, fields, splits, lambda r: _entry(r, root), check_files)
+    write_site_index(out_dir, out)
+    return out
 
-    # validate every site before writing anything, so a failure leaves out_dir untouched
-    plans = OrderedDict()
+
+def _plan_sites(
+    per_site: Mapping[str, List[Dict[str, str]]], root: Path, manifest: Path, layout: str, seed: int,
+    val_fraction: float, test_fraction: float, explicit: bool, log: Callable[[str], None],
+) -> "OrderedDict[str, Tuple[Dict[str, List[Dict[str, str]]], str]]":
+    """``{site: (splits, rule)}`` (:func:`_site_splits`) for every site of ``per_site`` whose rows check out
+    (:func:`~fedseg.data.importers.common.check_site_rows`). A site that cannot be split is an error where the sites
+    were named (``explicit``), else skipped with a logged reason; no site left is an error."""
+    plans: "OrderedDict[str, Tuple[Dict[str, List[Dict[str, str]]], str]]" = OrderedDict()
     for site, site_rows in per_site.items():
-        ids = [r["id"] for r in site_rows]
-        if len(set(ids)) != len(ids):
-            raise DatalistError(f"manifest {manifest}: site {site} lists an id twice")
-        check_sources(site_rows, root, manifest)
+        check_site_rows(site_rows, root, manifest, f"site {site}")
         try:
             plans[site] = _site_splits(
                 site, site_rows, ("nuclei", layout, site), seed, val_fraction, test_fraction, manifest
@@ -269,39 +298,16 @@ def import_nuclei(
             log(f"organ {site}: skipped, {exc}")
     if not plans:
         raise DatalistError(f"no site of the {layout} layout could be split (see the skip notices); try organs=...")
-    mags = sorted({r.get("magnification", "") for s in plans for r in per_site[s]})
+    return plans
+
+
+def _common_magnification(rows: List[Dict[str, str]], manifest: Path) -> str:
+    """The one scanning magnification of the imported ``rows`` (``""`` where the manifest records none); a mix is a
+    :class:`DatalistError`: the datalists declare a fixed rescale of 1.0."""
+    mags = sorted({r.get("magnification", "") for r in rows})
     if len(mags) > 1:
         raise DatalistError(
             f"manifest {manifest}: the selected images mix magnifications {mags}; a fixed rescale of 1.0 would "
             "be wrong: import them separately or state a rescale per data set"
         )
-
-    out: Dict[str, Path] = {}
-    for site, (splits, rule) in plans.items():
-        datalist = {
-            "name": f"nuclei-{site}",
-            "site": site,
-            "layout": layout,
-            "datasets": sorted({r["site"] for part in splits.values() for r in part}),
-            "source": str(root),
-            "terms": "research-licensed; referenced in place, never copied (see TERMS.md in source)",
-            # the entries point at the source folder, outside this datalist's (fedseg.data.checks)
-            "allow_external_paths": True,
-            "seed": int(seed),
-            "val_fraction": float(val_fraction),
-            "test_fraction": float(test_fraction),
-            "split_rule": rule,
-            "labels": {"0": "background", "1": "nucleus"},
-            "spatial_mode": "patch",
-            "rescale": 1.0,
-        }
-        if mags and mags[0]:
-            datalist["magnification"] = mags[0]
-        for split in SPLITS:
-            datalist[split] = [_entry(r, root) for r in splits[split]]
-        path = write_json_atomic(Path(out_dir) / site / "datalist.json", datalist)
-        if check_files:
-            load_datalist(path, check_files=True)
-        out[site] = path
-    write_json_atomic(Path(out_dir) / "site_datalists.json", {s: str(p.resolve()) for s, p in out.items()})
-    return out
+    return mags[0] if mags else ""

@@ -36,9 +36,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..datalist import SPLITS, DatalistError, read_array, validate_pair, write_json_atomic
+from ..datalist import SPLITS, DatalistError, read_array, validate_pair
 from ..labels import LabelSpace
-from .common import check_sources, read_manifest, stable_rng
+from .common import check_sources, read_manifest, referenced_in_place, stable_rng, write_site_datalist, write_site_index
 from .sources import resolve_source
 
 __all__ = ["ODOC_FOLDER", "ODOC_TASKS", "import_odoc"]
@@ -143,24 +143,20 @@ def import_odoc(
             f"(validation = max(1, round({val_fraction} * n)))" + (f"; {len(notes)} file(s) listed in both manifest "
             "splits used once" if notes else "")
         )
-        datalist = {
+        fields = {
             "name": f"odoc-{task}-{site}",
             "site": site,
-            "source": str(root),
-            "terms": spec["terms"],
-            # the entries point at the source folder, outside this datalist's (fedseg.data.checks)
-            "allow_external_paths": True,
-            "seed": int(seed),
+            **referenced_in_place(root, spec["terms"], seed),
             "split_rule": rule,
             **declared,
             "spatial_mode": "resize",
         }
-        for split in SPLITS:
-            datalist[split] = [{"image": str(root / r["image"]), "label": str(root / r["mask"]),
-                                "id": Path(r["image"]).stem} for r in splits[split]]
-        paths[site] = write_json_atomic(Path(out) / site / "datalist.json", datalist)
+        paths[site] = write_site_datalist(
+            out, site, fields, splits,
+            lambda r: {"image": str(root / r["image"]), "label": str(root / r["mask"]), "id": Path(r["image"]).stem},
+        )
         log(f"{site}: {'/'.join(str(len(splits[s])) for s in SPLITS)} training/validation/test images")
-    write_json_atomic(Path(out) / "site_datalists.json", {s: str(p.resolve()) for s, p in paths.items()})
+    write_site_index(out, paths)
     return paths
 
 

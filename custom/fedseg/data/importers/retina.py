@@ -39,7 +39,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..datalist import SPLITS, DatalistError, load_datalist, read_datalist_json, write_json_atomic
-from .common import OFFICIAL_TEST, OFFICIAL_TRAIN, OFFICIAL_VAL, check_sources, read_manifest, split_groups, stable_rng
+from .common import (
+    OFFICIAL_TEST, OFFICIAL_TRAIN, OFFICIAL_VAL, RESEARCH_LICENSED_TERMS, check_fractions, check_site_rows, read_manifest,
+    referenced_in_place, split_groups, stable_rng, write_site_datalist,
+)
 from .sources import resolve_source
 
 __all__ = ["import_retina", "participant_split", "retina_subject", "DEFAULT_RETINA_ROOT", "DEFAULT_RESCALE"]
@@ -158,8 +161,7 @@ def import_retina(
         DatalistError: no source folder (neither ``src_root`` nor ``FEDSEG_DATASETS``), a missing folder,
             missing manifest/columns/files, an unknown site, or an impossible split.
     """
-    if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
-        raise ValueError(f"need 0 < val_fraction, test_fraction and their sum < 1; got {val_fraction}, {test_fraction}")
+    check_fractions(val_fraction, test_fraction)
     root = resolve_source(src_root, DEFAULT_RETINA_ROOT, "retina")
     manifest = root / "manifest.csv"
     rows = read_manifest(root, _REQUIRED_COLUMNS, "retina")
@@ -171,21 +173,14 @@ def import_retina(
         if not site_rows:
             known = sorted({r["site"] for r in rows})
             raise DatalistError(f"site {site!r} has no rows in {manifest}; sites there: {known}")
-        ids = [r["id"] for r in site_rows]
-        if len(set(ids)) != len(ids):
-            raise DatalistError(f"manifest {manifest}: site {site} lists an id twice")
-        check_sources(site_rows, root, manifest)
+        check_site_rows(site_rows, root, manifest, f"site {site}")
         plans[site] = _site_splits(site, site_rows, seed, val_fraction, test_fraction, manifest)
 
     for site, (splits, rule) in plans.items():
-        datalist = {
+        fields = {
             "name": f"retina-{site}",
             "site": site,
-            "source": str(root),
-            "terms": "research-licensed; referenced in place, never copied (see TERMS.md in source)",
-            # the entries point at the source folder, outside this datalist's (fedseg.data.checks)
-            "allow_external_paths": True,
-            "seed": int(seed),
+            **referenced_in_place(root, RESEARCH_LICENSED_TERMS, seed),
             "val_fraction": float(val_fraction),
             "test_fraction": float(test_fraction),
             "split_rule": rule,
@@ -193,12 +188,7 @@ def import_retina(
             "spatial_mode": "patch",
             "rescale": float(rescale.get(site, 1.0)),
         }
-        for split in SPLITS:
-            datalist[split] = [_entry(r, root) for r in splits[split]]
-        path = write_json_atomic(Path(out_dir) / site / "datalist.json", datalist)
-        if check_files:
-            load_datalist(path, check_files=True)
-        out[site] = path
+        out[site] = write_site_datalist(out_dir, site, fields, splits, lambda r: _entry(r, root), check_files)
     return out
 
 

@@ -37,8 +37,11 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage
 
-from ..datalist import SPLITS, DatalistError, read_array, validate_pair, write_json_atomic
-from .common import check_sources, read_manifest, split_groups, stable_rng
+from ..datalist import SPLITS, DatalistError, read_array, validate_pair
+from .common import (
+    check_fractions, check_site_rows, read_manifest, referenced_in_place, split_groups, stable_rng, write_site_datalist,
+    write_site_index,
+)
 from .sources import resolve_source
 
 __all__ = [
@@ -67,10 +70,7 @@ def _rows(root: Path, site: str) -> List[Dict[str, str]]:
     rows = [r for r in read_manifest(root, required=_REQUIRED, what="xray_angio") if r["site"] == site]
     if not rows:
         raise DatalistError(f"no {site} rows in {root / 'manifest.csv'}")
-    ids = [r["id"] for r in rows]
-    if len(set(ids)) != len(ids):
-        raise DatalistError(f"manifest {root / 'manifest.csv'}: {site} lists an id twice")
-    check_sources(rows, root, root / "manifest.csv")
+    check_site_rows(rows, root, root / "manifest.csv", site)
     return rows
 
 
@@ -111,8 +111,7 @@ def import_dca1(
         DatalistError: no source folder (neither ``src`` nor ``FEDSEG_DATASETS``), a missing folder, missing
             files, a non-binary or changed mask, or a site with fewer than 3 groups.
     """
-    if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
-        raise ValueError(f"need 0 < val_fraction, test_fraction and their sum < 1; got {val_fraction}, {test_fraction}")
+    check_fractions(val_fraction, test_fraction)
     sites = list(sites)
     if not sites or len(set(sites)) != len(sites):
         raise ValueError(f"need distinct site names, got {sites}")
@@ -153,25 +152,21 @@ def import_dca1(
             + ("; images of one patient are never in two splits or sites" if by_patient else
                "; the manifest names no patients, so the split is image-level")
         )
-        datalist = {
+        fields = {
             "name": f"dca1-{site}",
             "site": site,
-            "source": str(root),
-            "terms": "DCA1: research use, cite Cervantes-Sanchez et al. 2019; referenced in place, never copied",
-            # the entries point at the source folder, outside this datalist's (fedseg.data.checks)
-            "allow_external_paths": True,
-            "seed": int(seed),
+            **referenced_in_place(root, "DCA1: research use, cite Cervantes-Sanchez et al. 2019; referenced in place, "
+                                        "never copied", seed),
             "split_rule": rule,
             "labels": {"0": "background", "1": "vessel"},
             "spatial_mode": "patch",
             "rescale": 1.0,
         }
-        for split in SPLITS:
-            datalist[split] = [
-                {"image": str(root / r["image"]), "label": str(root / r["mask"]), "id": r["id"]} for r in splits[split]
-            ]
-        paths[site] = write_json_atomic(Path(out) / site / "datalist.json", datalist)
-    write_json_atomic(Path(out) / "site_datalists.json", {s: str(p.resolve()) for s, p in paths.items()})
+        paths[site] = write_site_datalist(
+            out, site, fields, splits,
+            lambda r: {"image": str(root / r["image"]), "label": str(root / r["mask"]), "id": r["id"]},
+        )
+    write_site_index(out, paths)
     return paths
 
 

@@ -108,7 +108,9 @@ def scanner_anatomy(scanner: str, seed: int = 0, domain: str = _FOUNDATION_DOMAI
     return draw_xray_anatomy(np.random.default_rng([site_seed(domain, scanner, seed), 0]))
 
 
-def _check_sites(sites: Sequence[str]) -> List[str]:
+def _check_sites(sites: Sequence[str], only_site: Optional[str] = None) -> List[str]:
+    """The federation's site names as a list: at least one, distinct, each a valid folder name; ``only_site`` (the one
+    site a site process generates), where given, must be one of them."""
     sites = list(sites)
     if not sites:
         raise ValueError("need at least one site")
@@ -116,13 +118,33 @@ def _check_sites(sites: Sequence[str]) -> List[str]:
         raise ValueError(f"duplicate site names in {sites}")
     for s in sites:
         check_site_name(s)
+    if only_site is not None and only_site not in sites:
+        raise ValueError(f"only_site {only_site!r} is not one of the sites {sites}")
     return sites
 
 
 def _profile_value(table: Dict[str, int], profile: str, what: str) -> int:
+    """``table[profile]``; an unknown profile is a ``ValueError`` naming ``what`` the table gives."""
     if profile not in table:
         raise ValueError(f"unknown profile {profile!r} for {what}; expected one of {tuple(table)}")
     return table[profile]
+
+
+def _frame_size(image_size: Optional[int], sizes: Dict[str, int], profile: str) -> int:
+    """The frame size in pixels: ``image_size``, else the profile's in ``sizes``; at least 16."""
+    size = int(image_size if image_size is not None else _profile_value(sizes, profile, "image size"))
+    if size < 16:
+        raise ValueError(f"image_size must be >= 16, got {size}")
+    return size
+
+
+def _images_per_class(n_per_class: Optional[int], profile: str) -> int:
+    """Images of each class in each site holding it: ``n_per_class``, else the profile's
+    (:data:`FOUNDATION_PER_CLASS`); at least 3, one per split."""
+    n = int(n_per_class if n_per_class is not None else _profile_value(FOUNDATION_PER_CLASS, profile, "images per class"))
+    if n < 3:
+        raise ValueError(f"n_per_class must be >= 3 (one image per split), got {n}")
+    return n
 
 
 def _complete(path: Path, fingerprint: Dict[str, Any], path_keys: Sequence[str]) -> bool:
@@ -247,15 +269,9 @@ def builtin_foundation_silos(
         ``{site: datalist path}`` for every site, or for ``only_site`` alone. A full generation also
         writes ``out_dir/site_datalists.json``.
     """
-    sites = _check_sites(sites)
-    if only_site is not None and only_site not in sites:
-        raise ValueError(f"only_site {only_site!r} is not one of the sites {sites}")
-    size = int(image_size if image_size is not None else _profile_value(FOUNDATION_IMAGE_SIZES, profile, "image size"))
-    if size < 16:
-        raise ValueError(f"image_size must be >= 16, got {size}")
-    n = int(n_per_class if n_per_class is not None else _profile_value(FOUNDATION_PER_CLASS, profile, "images per class"))
-    if n < 3:
-        raise ValueError(f"n_per_class must be >= 3 (one image per split), got {n}")
+    sites = _check_sites(sites, only_site)
+    size = _frame_size(image_size, FOUNDATION_IMAGE_SIZES, profile)
+    n = _images_per_class(n_per_class, profile)
     split_counts(n, split_fractions)  # validates the fractions before any file is written
     label_space = builtin_label_space(n_scanners if n_scanners is not None else len(sites))
     assignment = dict(zip(sites, assign_classes(label_space, len(sites), unseen, seed)))
@@ -305,9 +321,7 @@ def builtin_downstream_sites(
     Returns:
         ``{site: datalist path}``; segmentation datalists (``image``/``label``, ``"spatial_mode": "patch"``).
     """
-    sites = _check_sites(sites)
-    if only_site is not None and only_site not in sites:
-        raise ValueError(f"only_site {only_site!r} is not one of the sites {sites}")
+    sites = _check_sites(sites, only_site)
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
     devices = {
@@ -316,9 +330,7 @@ def builtin_downstream_sites(
         "guidewire": ("guidewire", "both"),
         "vessel": DEVICES,
     }[target]
-    size = int(image_size if image_size is not None else _profile_value(XRAY_IMAGE_SIZES, profile, "image size"))
-    if size < 16:
-        raise ValueError(f"image_size must be >= 16, got {size}")
+    size = _frame_size(image_size, XRAY_IMAGE_SIZES, profile)
     n = int(num_images if num_images is not None else _profile_value(DOWNSTREAM_NUM_IMAGES, profile, "image count"))
     n_train, n_val, n_test = split_counts(n, split_fractions)
     out = Path(out_dir)
@@ -395,15 +407,9 @@ def builtin_probe_sites(
         ``{site: classification datalist path}`` under ``out_dir/<site>/`` (and ``site_datalists.json``
         for a full generation).
     """
-    sites = _check_sites(sites)
-    if only_site is not None and only_site not in sites:
-        raise ValueError(f"only_site {only_site!r} is not one of the sites {sites}")
-    size = int(image_size if image_size is not None else _profile_value(FOUNDATION_IMAGE_SIZES, profile, "image size"))
-    if size < 16:
-        raise ValueError(f"image_size must be >= 16, got {size}")
-    n = int(n_per_class if n_per_class is not None else _profile_value(FOUNDATION_PER_CLASS, profile, "images per class"))
-    if n < 3:
-        raise ValueError(f"n_per_class must be >= 3 (one image per split), got {n}")
+    sites = _check_sites(sites, only_site)
+    size = _frame_size(image_size, FOUNDATION_IMAGE_SIZES, profile)
+    n = _images_per_class(n_per_class, profile)
     split_counts(n, split_fractions)
     space = probe_label_space()
     out = Path(out_dir)

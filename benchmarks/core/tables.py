@@ -1,8 +1,10 @@
 """Results-page tables from a ``fedseg bench`` run's ``results.json``: accuracy, cost, a one-line caption and the
-rows of a "Results at a glance" table (``benchmarks/reproduce.py`` registers which run makes which table).
+rows of a "Results at a glance" table (each page's registry, ``benchmarks/<page>/registry.py``, names which run makes
+which table).
 
 Every number is read from ``results.json`` as :mod:`fedseg.bench.report` wrote it (seed summaries, paired tests,
-timings); nothing is recomputed here. Each function returns markdown lines (``List[str]``) or one string.
+timings); nothing is recomputed here. A ``*_table`` function returns markdown lines (``List[str]``, drawn by
+:func:`fedseg.markdown.markdown_table`); the others return one string, or a table's header and rows.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from fedseg.bench.report import BASELINE, MODEL_SUFFIXES, format_p, format_seed_
 from fedseg.bench.runs import task_metrics
 from fedseg.data.labels import split_metric_key
 from fedseg.fl.report import metric_header
+from fedseg.markdown import markdown_table
 from fedseg.methods import PUBLISHED_METHODS, method_titles
 
 #: how a method (its row's title, ``fedseg.methods``) or a reference is named on the results page
@@ -165,17 +168,18 @@ def budget_text(results: Mapping[str, Any]) -> str:
 
 
 def machine_text(machine: Optional[Mapping[str, Any]]) -> str:
-    """``2 CPUs, no GPU, torch 2.13.0+cpu, load 2.5`` (1-minute load average) from a ``machine`` record (``fedseg bench``'s or a
-    benchmark script's: ``gpus`` / ``device`` / ``torch_threads`` where recorded)."""
+    """``2 CPUs, no GPU, torch 2.13.0+cpu, load 2.5`` (1-minute load average) from a ``machine`` record
+    (:func:`fedseg.bench.simulator.machine_info`, with a benchmark script's ``device`` / ``torch_threads`` where it
+    records them): the device the numbers were measured on where the record names one, else the machine's GPUs."""
     if not machine:
         return "not recorded"
     parts = []
     if machine.get("cpu_count"):
         parts.append(_count(int(machine["cpu_count"]), "CPU"))
-    if "gpus" in machine:
-        parts.append(", ".join(machine["gpus"]) if machine["gpus"] else "no GPU")
-    elif machine.get("device"):
+    if machine.get("device"):
         parts.append(f"device {machine['device']}")
+    elif "gpus" in machine:
+        parts.append(", ".join(machine["gpus"]) if machine["gpus"] else "no GPU")
     if machine.get("torch"):
         parts.append(f"torch {machine['torch']}")
     if machine.get("torch_threads"):
@@ -316,10 +320,16 @@ def has_seed_differences(results: Mapping[str, Any]) -> bool:
 
 
 def accuracy_table(results: Mapping[str, Any], extra_metrics: Sequence[str] = ()) -> List[str]:
-    """Rows = approaches; columns = the mean over sites (mean ± std over seeds) of :func:`accuracy_metrics`, then the
-    paired test of each Dice column against the baseline's global model: mean per-image difference (Wilcoxon p)
-    — for classification the accuracy difference (McNemar p) — and, over two or more seeds, the headline metric's
-    per-seed difference of site means: mean ± std over seeds (in how many seeds the approach is ahead)."""
+    """The markdown lines of :func:`accuracy_rows`."""
+    return markdown_table(*accuracy_rows(results, extra_metrics))
+
+
+def accuracy_rows(results: Mapping[str, Any], extra_metrics: Sequence[str] = ()) -> Tuple[List[str], List[List[str]]]:
+    """The accuracy table's header and rows. Rows = approaches (``results["approaches"]``, in order); columns = the
+    mean over sites (mean ± std over seeds) of :func:`accuracy_metrics`, then the paired test of each Dice column
+    against the baseline's global model: mean per-image difference (Wilcoxon p) — for classification the accuracy
+    difference (McNemar p) — and, over two or more seeds, the headline metric's per-seed difference of site means:
+    mean ± std over seeds (in how many seeds the approach is ahead)."""
     metrics = accuracy_metrics(results, extra_metrics)
     tests = test_columns(results, metrics)
     base = baseline_title(results)
@@ -327,23 +337,23 @@ def accuracy_table(results: Mapping[str, Any], extra_metrics: Sequence[str] = ()
     p_key = "mcnemar_p" if classification else "wilcoxon_p"
     comparisons = results.get("comparisons", {})
     per_seed = has_seed_differences(results)
-    headers = [column_header(results, m) for m in metrics]
+    headers = ["approach"] + [column_header(results, m) for m in metrics]
     for m in tests:
         what = ("accuracy" if m == "correct" else "Dice" if m == "dice" else
                 column_header(results, m) if "@" in m else split_metric_key(m)[1])
         headers.append(f"Δ {what} vs {base} ({'McNemar' if classification else 'Wilcoxon'} p)")
     if per_seed:
         headers.append(f"Δ {'accuracy' if classification else 'Dice'} per seed (mean ± std, seeds ahead)")
-    lines = ["| approach | " + " | ".join(headers) + " |", "|---" * (len(headers) + 1) + "|"]
+    rows = []
     base_label = results.get("baseline")
     for name, entry in results.get("approaches", {}).items():
-        cells = [seed_cell(column_spread(entry, m), _digits(at_site(m)[0])) for m in metrics]
+        cells = [approach_title(entry)] + [seed_cell(column_spread(entry, m), _digits(at_site(m)[0])) for m in metrics]
         is_base = name == base_label
         cells += ["" if is_base else diff_cell(paired_test(comparisons.get(name), m), p_key) for m in tests]
         if per_seed:
             cells.append("" if is_base else format_seed_difference(seed_difference(results, comparisons.get(name))))
-        lines.append(f"| {approach_title(entry)} | " + " | ".join(cells) + " |")
-    return lines
+        rows.append(cells)
+    return headers, rows
 
 
 def pairs_text(results: Mapping[str, Any]) -> str:
@@ -381,8 +391,7 @@ def cost_table(results: Mapping[str, Any]) -> List[str]:
     """Rows = run labels; columns: median round wall (s), its ratio to the baseline's, upload / download per site per
     round (MB), peak site memory (MB, where recorded) and wall time per run (mean ± std over seeds)."""
     base = baseline_title(results)
-    lines = [f"| approach | median round wall (s) | vs {base} | upload / download per site per round (MB) | "
-             "peak site memory (MB) | wall time per run (s) |", "|---|---|---|---|---|---|"]
+    rows = []
     for label, t in (results.get("timing") or {}).items():
         med = "-" if t.get("median_round_wall") is None else f"{t['median_round_wall']:.2f}"
         ratio = "-" if t.get("round_wall_ratio_to_fedavg") is None else f"{t['round_wall_ratio_to_fedavg']:.2f}x"
@@ -390,8 +399,9 @@ def cost_table(results: Mapping[str, Any]) -> List[str]:
         traffic = "-" if up is None else f"{up:.2f} / {down or 0:.2f}"
         mem = "-" if t.get("peak_site_memory_mb") is None else f"{t['peak_site_memory_mb']:.0f}"
         wall = seed_cell(t.get("wall_s_per_run") or {}, 1) + ("" if t.get("kind") == "method" else " (in process)")
-        lines.append(f"| {approach_title(label_entry(results, label))} | {med} | {ratio} | {traffic} | {mem} | {wall} |")
-    return lines
+        rows.append([approach_title(label_entry(results, label)), med, ratio, traffic, mem, wall])
+    return markdown_table(["approach", "median round wall (s)", f"vs {base}", "upload / download per site per round (MB)",
+                           "peak site memory (MB)", "wall time per run (s)"], rows)
 
 
 def cost_note(results: Mapping[str, Any]) -> str:
@@ -465,8 +475,8 @@ GLANCE_HEADER = ["method", "data", "Dice (FedAvg)", "Δ vs FedAvg (p)", "round t
 
 
 def glance_table(rows: Sequence[Sequence[str]]) -> List[str]:
-    lines = ["| " + " | ".join(GLANCE_HEADER) + " |", "|---" * len(GLANCE_HEADER) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+    """The "Results at a glance" table of :func:`glance_rows` (of one or several runs)."""
+    return markdown_table(GLANCE_HEADER, rows)
 
 
 # ----------------------------------------------------------------------------------------- ranking
@@ -514,17 +524,17 @@ def recommendation_text(results: Mapping[str, Any], data: str) -> str:
 def ranking_table(results: Mapping[str, Any]) -> List[str]:
     """Every federated approach by mean Dice, the leader against it (per seed, per image) and the rule's verdict."""
     ranking = results["ranking"]
-    lines = ["| rank | approach | Dice | leader minus it, per seed (seeds ahead) | per image (Wilcoxon p) | by the rule |",
-             "|---|---|---|---|---|---|"]
+    rows = []
     for i, (name, score) in enumerate(ranking["order"], 1):
         title = _entry_title(results, name) + (" **(use)**" if name == ranking["use"] else "")
         if name == ranking["leader"]:
-            lines.append(f"| {i} | {title} | {score:.3f} | leader | leader | - |")
+            rows.append([str(i), title, f"{score:.3f}", "leader", "leader", "-"])
             continue
         v = ranking["verdicts"][name]
         ps, pt = v["per_seed"], v["paired"]
         per_image = "-" if pt.get("mean_diff") is None else f"{pt['mean_diff']:+.3f} ({format_p(pt.get('wilcoxon_p'))})"
         verdict = "beaten by the leader" if v["beats"] else "level with the leader"
-        lines.append(f"| {i} | {title} | {score:.3f} | {ps['mean']:+.3f} ± {ps['std']:.3f} ({ps['ahead']}/{ps['n']}) | "
-                     f"{per_image} | {verdict} |")
-    return lines
+        rows.append([str(i), title, f"{score:.3f}", f"{ps['mean']:+.3f} ± {ps['std']:.3f} ({ps['ahead']}/{ps['n']})",
+                     per_image, verdict])
+    return markdown_table(["rank", "approach", "Dice", "leader minus it, per seed (seeds ahead)", "per image (Wilcoxon p)",
+                           "by the rule"], rows)
