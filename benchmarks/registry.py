@@ -12,6 +12,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, Dict, Sequence
 
+from benchmarks.ablations import registry as ablations
 from benchmarks.accuracy import registry as accuracy
 from benchmarks.core.figures import FIGURES, register_figures
 from benchmarks.core.render import RENDERERS, register_renderers
@@ -25,7 +26,7 @@ from benchmarks.overview import registry as overview
 from benchmarks.server_step import registry as server_step
 
 #: the results pages' registries, in the order of the overview's questions
-PAGES: Sequence[ModuleType] = (overview, accuracy, fedevi_protocol, graphfedseg_protocol, server_step, cost, fullsize, gpu, fedefm)
+PAGES: Sequence[ModuleType] = (overview, accuracy, fedevi_protocol, graphfedseg_protocol, server_step, ablations, cost, fullsize, gpu, fedefm)
 
 
 def gather(pages: Sequence[ModuleType]):
