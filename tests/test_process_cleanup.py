@@ -370,3 +370,30 @@ def test_fedseg_bench_sigterm_ends_its_simulator(tmp_path):
         assert "seed 2 ..." not in (tmp_path / "bench.log").read_text()  # the queued third run never started
     finally:
         _stop(proc, identities)
+
+
+#: what in a benchmark script's source says it starts other processes (simulators, benches, POC, subprocesses)
+_STARTS_PROCESSES = ("subprocess", "run_simulator", "run_bench", "Popen", "poc_")
+
+
+def _main_is_wrapped(source: str) -> bool:
+    """Whether a script's ``main`` is decorated with :class:`StopOnSignal` (read from its syntax tree)."""
+    import ast
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.name == "main":
+            return any(isinstance(d, ast.Call) and getattr(d.func, "id", "") == "StopOnSignal"
+                       for d in node.decorator_list)
+    return True  # no main: a module, not a command
+
+
+def test_every_benchmark_command_that_starts_processes_cleans_up():
+    """A benchmark script whose ``main`` starts processes ends them on SIGTERM / SIGINT: its ``main`` is wrapped in
+    ``StopOnSignal`` (the behaviour itself is tested above on real process trees)."""
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    unwrapped = []
+    for script in sorted(root.rglob("*.py")):
+        source = script.read_text()
+        if "__main__" in source and any(s in source for s in _STARTS_PROCESSES) and not _main_is_wrapped(source):
+            unwrapped.append(str(script.relative_to(root)))
+    assert not unwrapped, f"benchmark commands that start processes without StopOnSignal on main: {unwrapped}"

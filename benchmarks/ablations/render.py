@@ -47,3 +47,30 @@ def render_term_sizes(table_id: str, table: Mapping[str, Any], outputs: Sequence
             f"and the range. Read from the sites' train metrics of the bench's runs (`{data['command']}`). "
             f"{remake(table_id)}")
     return [caption(data["bench"], table["title"], note.strip()), "", *lines]
+
+
+def _ssa_site_weights(runs: Mapping[str, Any], site: str) -> List[float]:
+    """Every seed's, round's and stratum's SSA weight of ``site``."""
+    return [weights[site] for run in runs.values() for strata in run["rounds"] for weights in strata.values()
+            if site in weights]
+
+
+def render_ssa_weights(table_id: str, table: Mapping[str, Any], outputs: Sequence[Optional[Dict[str, Any]]],
+                       **_) -> List[str]:
+    """One row per site: its training images, the sample-count weight and 1/K that SSA replaces, then per approach of
+    ``labels`` (its ``titles``) the SSA weight: the mean over seeds, rounds and strata, and its range."""
+    from benchmarks.core.tables import caption
+    from fedseg.markdown import markdown_table
+
+    data = outputs[0]
+    labels, titles = list(table["labels"]), table.get("titles", {})
+    counts = {site: (data["bench"].get("data") or {}).get(site, {}).get("training") for site in data["bench"]["sites"]}
+    total = sum(c for c in counts.values() if c) or None
+    head = ["site", "training images", "by samples", "1/K"] + [f"{titles.get(label, label)}: SSA weight" for label in labels]
+    rows = [[site, str(n) if n else "-", f"{n / total:.3f}" if n and total else "-", f"{1 / len(counts):.3f}"]
+            + [_cell(_ssa_site_weights(data["runs"][label], site), percent=False) for label in labels]
+            for site, n in counts.items()]
+    note = (f"{table.get('note', '')} SSA cells: mean over seeds, rounds and the network's strata of the site's "
+            f"weight, and the range. Read from the server reports of the bench's runs (`{data['command']}`). "
+            f"{remake(table_id)}")
+    return [caption(data["bench"], table["title"], note.strip()), "", *markdown_table(head, rows)]

@@ -19,7 +19,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,6 +34,35 @@ def run_terms(report: Dict[str, Any], metrics: Sequence[str]) -> List[Dict[str, 
             for r in report["rounds"]]
 
 
+def method_reports(bench: Path, label: str) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
+    """``(run record, server report)`` of each seed's method run labelled ``label`` in a finished bench, by seed.
+
+    Raises:
+        SystemExit: a label the bench did not run, or a run whose report is gone (what is read comes from it).
+    """
+    records = [json.loads(p.read_text()) for p in sorted((bench / "runs").glob("*.json"))]
+    runs = sorted((r for r in records if r.get("label") == label and r.get("kind") == "method"), key=lambda r: r["seed"])
+    if not runs:
+        raise SystemExit(f"{bench}: no method run labelled {label!r} (labels: {sorted({r.get('label') for r in records})})")
+    out = []
+    for record in runs:
+        report_path = Path(record["report_path"])
+        if not report_path.is_file():
+            raise SystemExit(f"{record['id']}: its report {report_path} is gone (what is read here comes from it)")
+        out.append((record, json.loads(report_path.read_text())))
+    return out
+
+
+def bench_header(bench: Path) -> Dict[str, Any]:
+    """The finished bench's own header (what a caption names: data, seeds, budget, machine, date, code)."""
+    header_path = bench / "results.json"
+    if not header_path.is_file():
+        raise SystemExit(f"{bench}: no results.json (the bench has not finished)")
+    header = json.loads(header_path.read_text())
+    return {k: header.get(k) for k in ("benchmark", "command", "date", "code_version", "run_code_versions", "machine",
+                                       "budget", "spatial", "site_datalists", "data", "seeds", "sites")}
+
+
 def collect(bench: Path, labels: Sequence[str], metrics: Sequence[str]) -> Dict[str, Dict[str, Any]]:
     """``{label: {seed: per-round terms}}`` of the bench's method runs of ``labels``.
 
@@ -41,18 +70,11 @@ def collect(bench: Path, labels: Sequence[str], metrics: Sequence[str]) -> Dict[
         SystemExit: a label the bench did not run, a run whose report is gone, or one whose sites reported none of
             ``metrics`` (the objective ran without recording its terms).
     """
-    records = [json.loads(p.read_text()) for p in sorted((bench / "runs").glob("*.json"))]
     out: Dict[str, Dict[str, Any]] = {}
     for label in labels:
-        runs = sorted((r for r in records if r.get("label") == label and r.get("kind") == "method"), key=lambda r: r["seed"])
-        if not runs:
-            raise SystemExit(f"{bench}: no method run labelled {label!r} (labels: {sorted({r.get('label') for r in records})})")
         out[label] = {}
-        for record in runs:
-            report_path = Path(record["report_path"])
-            if not report_path.is_file():
-                raise SystemExit(f"{record['id']}: its report {report_path} is gone (the terms are read from it)")
-            terms = run_terms(json.loads(report_path.read_text()), metrics)
+        for record, report in method_reports(bench, label):
+            terms = run_terms(report, metrics)
             if not any(v is not None for rnd in terms for site in rnd.values() for v in site.values()):
                 raise SystemExit(f"{record['id']}: its sites reported none of {list(metrics)} (run it with record_terms)")
             out[label][str(record["seed"])] = {"variant_args": record.get("variant_args"), "rounds": terms}
@@ -67,17 +89,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     bench, out = Path(args.bench).resolve(), Path(args.out).resolve()
-    header_path = bench / "results.json"
-    if not header_path.is_file():
-        raise SystemExit(f"{bench}: no results.json (the bench has not finished)")
-    header = json.loads(header_path.read_text())
     result = {
         "benchmark": "term_sizes",
         "command": "python " + " ".join([os.path.relpath(__file__, REPO)] + list(argv if argv is not None else sys.argv[1:])),
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
-        # the bench's own header (what a caption names: data, seeds, budget, machine, date, code)
-        "bench": {k: header.get(k) for k in ("benchmark", "command", "date", "code_version", "run_code_versions",
-                                              "machine", "budget", "spatial", "site_datalists", "data", "seeds", "sites")},
+        "bench": bench_header(bench),
         "metrics": list(args.metrics),
         "runs": collect(bench, args.labels, args.metrics),
     }

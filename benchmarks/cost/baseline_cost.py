@@ -23,9 +23,11 @@ import statistics
 from pathlib import Path
 from typing import Any, Dict, List
 
+from fedseg.processes import StopOnSignal
 from fedseg.markdown import markdown_table
 
 
+@StopOnSignal("baseline_cost")  # SIGTERM / Ctrl-C end the runs it started too
 def main(argv=None) -> Dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", required=True, help="methods or LABEL=METHOD:key=value,... rows")

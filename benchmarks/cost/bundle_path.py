@@ -50,6 +50,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from fedseg.processes import StopOnSignal
+
 REPO = Path(__file__).resolve().parents[2]
 
 #: the cases: bundle, built-in family, data profile, sites, the job's settings on both paths (``--set``), and the
@@ -239,6 +241,7 @@ def site_profile(case: Dict[str, Any], arms: Dict[str, Dict[str, Any]], out: Pat
     return {"site": site, "repeats": repeats, "torch_threads": 1, "medians": medians, "per_repeat": rows, **extra}
 
 
+@StopOnSignal("bundle_path")  # SIGTERM / Ctrl-C end the runs it started too
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     from fedseg.bench.bench import code_version
     from fedseg.bench.simulator import load_average, machine_info

@@ -68,6 +68,7 @@ from fedseg.bench.simulator import (  # noqa: E402,F401
     machine_info, median_task_breakdown, patch_job, round_timings, run_simulator,
 )
 from fedseg.markdown import markdown_table  # noqa: E402
+from fedseg.processes import StopOnSignal  # noqa: E402
 
 
 def summarise_rounds(rows: List[Dict[str, float]], skip_first: int = 1) -> Dict[str, float]:
@@ -96,6 +97,7 @@ def parse_variant(spec: str) -> Dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------- main
+@StopOnSignal("framework_overhead")  # SIGTERM / Ctrl-C end the runs it started too
 def main(argv=None) -> Dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="/tmp/fedseg_bench/overhead", help="output folder (jobs, workspaces, JSON)")

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
+from fedseg.processes import StopOnSignal
 from fedseg.markdown import markdown_table
 
 
@@ -84,6 +85,7 @@ def strategy_state_mb(method: str, k: int) -> Dict[str, float]:
     return {"method": method, "sites": k, "model_mb": model_mb, "state_mb": state_mb, "models": state_mb / model_mb}
 
 
+@StopOnSignal("many_sites")  # SIGTERM / Ctrl-C end the runs it started too
 def main(argv=None) -> Dict[str, Any]:
     from scipy.stats import linregress
 

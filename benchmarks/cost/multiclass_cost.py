@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
+from fedseg.processes import StopOnSignal
 from fedseg.markdown import markdown_table
 
 
@@ -115,6 +116,7 @@ def interleaved_engine_cost(c3: Dict[str, str], c2: Dict[str, str], repeats: int
     return out
 
 
+@StopOnSignal("multiclass_cost")  # SIGTERM / Ctrl-C end the runs it started too
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)

@@ -46,6 +46,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from fedseg.processes import StopOnSignal
+
 REPO = Path(__file__).resolve().parents[2]
 
 #: stored spacing (mm, array axes: in-plane, in-plane, slice) and orientation of the generated volumes
@@ -492,6 +494,7 @@ def run_all(data: Path, out: Path, epochs: int, volumes: int, shape: Sequence[in
     return result
 
 
+@StopOnSignal("fullsize_ct")  # SIGTERM / Ctrl-C end the measuring subprocesses too
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)

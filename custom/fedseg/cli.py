@@ -314,31 +314,27 @@ def _profile_data(profile: str) -> Optional[str]:
     return profile_data(profile)
 
 
+def _print_rows(headers: List[str], rows: List[List[str]]) -> None:
+    """A final table on the terminal: the site column, then right-aligned values (``*`` marks dropped)."""
+    print(f"{headers[0]:<14}" + "".join(f"{h:>19}" for h in headers[1:]))
+    for row in rows:
+        print(f"{row[0].strip('*'):<14}" + "".join(f"{c:>19}" for c in row[1:]))
+
+
 def _print_summary(report_path: Path) -> None:
-    from fedseg.fl.report import (METRIC_HEADERS, final_table, metric_columns, metric_header, structure_columns, summarise,
-                                  validation_metric)
+    from fedseg.fl.report import final_tables, summarise, validation_metric
     from fedseg.plots.report_plots import plot_report
 
     data = json.loads(Path(report_path).read_text())
     out = Path(report_path).parent
     figures = plot_report(data, out / "plots", validation_metric(data))
     (out / "summary.md").write_text(summarise(data, figures, base=out))
-    titles = {"global": "final global model", "personalized": "final personalized model",
-              "global_best_val": f"best validation round's global model (round {(data.get('final') or {}).get('best_val_round')})",
-              "local": "each site's last locally trained model"}
-    for which in ("global", "global_best_val", "local", "personalized"):
-        rows = final_table(data, which)
-        if rows:
-            print(f"\n{data['method']} — {titles[which]} (test split)")
-            print(f"{'site':<14}" + "".join(f"{METRIC_HEADERS[n]:>19}" for n in metric_columns(data, which)))
-            for row in rows:
-                print(f"{row[0].strip('*'):<14}" + "".join(f"{c:>19}" for c in row[1:]))
-            structures = structure_columns(data, which)
-            if structures:
-                print(f"\nper class and region ({which} model)")
-                print(f"{'site':<14}" + "".join(f"{metric_header(n):>19}" for n in structures))
-                for row in final_table(data, which, structures):
-                    print(f"{row[0].strip('*'):<14}" + "".join(f"{c:>19}" for c in row[1:]))
+    for table in final_tables(data):
+        print(f"\n{data['method']} — {table.title} (test split)")
+        _print_rows(table.headers, table.rows)
+        if table.structure_rows:
+            print(f"\nper class and region ({table.which} model)")
+            _print_rows(table.structure_headers, table.structure_rows)
     print(f"\nreport:  {report_path}\nsummary: {out / 'summary.md'}\nplots:   {out / 'plots'}")
     models = model_checkpoints(data, out)
     if models["global"] is None:

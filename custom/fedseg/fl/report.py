@@ -18,7 +18,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 from fedseg.markdown import markdown_table
 
@@ -187,6 +187,42 @@ def final_table(data: Dict[str, Any], which: str = "global", names: Optional[Lis
     return rows
 
 
+class FinalTable(NamedTuple):
+    """One model's final test table of a report: ``rows`` one per site (``[site, value, ...]`` as strings, under
+    ``headers``), and per class and region where the label space has structures (else ``structure_rows`` is empty)."""
+
+    which: str
+    title: str
+    headers: List[str]
+    rows: List[List[str]]
+    structure_headers: List[str]
+    structure_rows: List[List[str]]
+
+
+#: the final models a report can hold, in the order they are shown
+FINAL_MODELS = ("global", "global_best_val", "local", "personalized")
+
+
+def final_tables(data: Dict[str, Any]) -> List[FinalTable]:
+    """The final test tables of a report, one per model it evaluated (:data:`FINAL_MODELS` order): what the
+    summary page and the command line both show."""
+    best_round = (data.get("final") or {}).get("best_val_round")
+    titles = {"global": "final global model", "personalized": "final personalized model",
+              "global_best_val": f"best validation round's global model (round {best_round})",
+              "local": "each site's last locally trained model"}
+    tables = []
+    for which in FINAL_MODELS:
+        rows = final_table(data, which)
+        if not rows:
+            continue
+        structures = structure_columns(data, which)
+        tables.append(FinalTable(
+            which, titles[which], ["site"] + [METRIC_HEADERS[n] for n in metric_columns(data, which)], rows,
+            ["site"] + [metric_header(n) for n in structures],
+            (final_table(data, which, structures) or []) if structures else []))
+    return tables
+
+
 def _fmt(x: Any) -> str:
     return "-" if x is None else f"{float(x):.4f}"
 
@@ -202,21 +238,13 @@ def summarise(data: Dict[str, Any], figures: Optional[List[Path]] = None, base: 
         rows = [[str(r["round"])] + [_fmt((r["metrics"].get(s) or {}).get(val)) for s in data["clients"]]
                 + [_fmt(r.get("wall_time"))] for r in data["rounds"]]
         lines += [f"## {title} per round", "", *markdown_table(["round", *data["clients"], "wall time (s)"], rows), ""]
-    titles = {"global": "Final global model", "personalized": "Final personalized model",
-              "global_best_val": f"Best validation round's global model (round {(data.get('final') or {}).get('best_val_round')})",
-              "local": "Each site's last locally trained model"}
-    for which in ("global", "global_best_val", "local", "personalized"):
-        rows = final_table(data, which)
-        if rows:
-            names = metric_columns(data, which)
-            note = CLASSIFICATION_NOTE if validation_metric(data) == "val_accuracy" else METRIC_NOTE
-            lines += [f"## {titles[which]} on each site's test split", "", note + ".", ""]
-            lines += markdown_table(["site"] + [METRIC_HEADERS[n] for n in names], rows) + [""]
-            structures = structure_columns(data, which)
-            if structures:
-                lines += [f"### Per class and region ({which} model)", "", STRUCTURE_NOTE, ""]
-                lines += markdown_table(["site"] + [metric_header(n) for n in structures],
-                                        final_table(data, which, structures)) + [""]
+    for table in final_tables(data):
+        note = CLASSIFICATION_NOTE if validation_metric(data) == "val_accuracy" else METRIC_NOTE
+        lines += [f"## {table.title[0].upper()}{table.title[1:]} on each site's test split", "", note + ".", ""]
+        lines += markdown_table(table.headers, table.rows) + [""]
+        if table.structure_rows:
+            lines += [f"### Per class and region ({table.which} model)", "", STRUCTURE_NOTE, ""]
+            lines += markdown_table(table.structure_headers, table.structure_rows) + [""]
     lines += cross_site_lines(data)
     if figures:
         lines += ["## Figures", ""]
