@@ -50,7 +50,7 @@ def test_weights_are_read_per_round_stratum_and_seed_and_rendered_beside_the_wei
     # independent: every seed's, round's and stratum's weight of site c, averaged with NumPy
     c = [1 / 3 - 0.01 * (s + r) for s in (0, 1) for r in (0, 1)] + [0.3 + 0.01 * (s + r) for s in (0, 1) for r in (0, 1)]
     assert rows["c"][:3] == ["20", f"{20 / 52:.3f}", "0.333"]
-    assert rows["c"][3] == f"{np.mean(c):.3g} ({min(c):.3g} – {max(c):.3g})"
+    assert rows["c"][3] == f"{np.mean(c):.3f} ({min(c):.3f} – {max(c):.3f})"
 
 
 def test_refusals(tmp_path):

@@ -74,14 +74,16 @@ NUCLEI_PATHFL = upstream(NUCLEI_FVAC, "nuclei_fvac_ablation") + ablation_bench("
 #: AFA where it has something to align: with batch normalisation (under the shipped instance normalisation every
 #: site's raw bottleneck has nearly the same per-channel moments, docs/methods.md); PathFL's and FedAvg's runs are the
 #: ablation's above
-PATHFL_BN_ARMS = "fedavg pathfl pathfl-bn=pathfl:norm=batch pathfl-bn-no-afa=pathfl:norm=batch,use_afa=false"
+PATHFL_BN_ARMS = ("fedavg pathfl pathfl-bn=pathfl:norm=batch pathfl-bn-no-afa=pathfl:norm=batch,use_afa=false "
+                  "pathfl-no-afa=pathfl:use_afa=false")
 NUCLEI_PATHFL_BN = upstream(NUCLEI_PATHFL, "nuclei_pathfl_ablation") + ablation_bench("nuclei", PATHFL_BN_ARMS, reuse="nuclei_pathfl_ablation")[1:]
 #: SSA where it can differ from 1/K: with two sites its per-stratum weights are exactly 1/2 each (the similarity
 #: matrix of two sites is symmetric), so on nuclei "SSA off" only swaps 1/K for sample weighting. On the three-site
 #: retina federation: SSA against sample-weighted and 1/K averaging, and the noise batch at 512 px (4 x 3 x 512 x 512
-#: float32 = the paper's Table 10 +12.00 MB over FedAvg) against the shipped 64 px
+#: float32 = the paper's Table 10 +12.00 MB over FedAvg) against the shipped 64 px; and CSE off, which carries PathFL's
+#: deficit on nuclei
 SSA_ARMS = ("fedavg pathfl pathfl-no-ssa=pathfl:use_ssa=false pathfl-no-ssa-uniform=pathfl:use_ssa=false,weighting=uniform "
-            "pathfl-noise512=pathfl:ssa_noise_size=512")
+            "pathfl-noise512=pathfl:ssa_noise_size=512 pathfl-no-cse=pathfl:use_cse=false")
 RETINA_SSA = upstream(RETINA_FVAC, "retina_fvac_ablation") + ablation_bench("retina", SSA_ARMS, reuse="retina_fvac_ablation")[1:]
 
 RUNS: Dict[str, Dict[str, Any]] = {
@@ -136,6 +138,7 @@ PATHFL_PAIRS = [
     ("pathfl", "pathfl-no-afa", "AFA, beside CSE and SSA (instance normalisation)", "+0.46 (83.81 -> 84.27)"),
     ("pathfl", "pathfl-no-ssa", "SSA, beside CSE and AFA: with two sites, 1/K against sample-weighted averaging",
      "+0.33 (83.94 -> 84.27)"),
+    ("pathfl-no-cse", "fedavg", "AFA and SSA (PathFL without CSE) against FedAvg", "+0.86 (82.62 -> 83.48)"),
     ("pathfl", "fedavg", "everything: PathFL against FedAvg", "+1.65 (82.62 -> 84.27)"),
 ]
 #: AFA with batch normalisation, where the sites' bottleneck moments differ
@@ -150,7 +153,9 @@ SSA_PAIRS = [
     ("pathfl", "pathfl-no-ssa-uniform", "SSA, beside CSE and AFA, against 1/K averaging", ""),
     ("pathfl-no-ssa-uniform", "pathfl-no-ssa", "1/K against sample-weighted averaging (SSA off)", ""),
     ("pathfl-noise512", "pathfl", "SSA's noise batch: 4 x 3 x 512 x 512 against the shipped 4 x 3 x 64 x 64", ""),
-    ("pathfl", "fedavg", "everything: PathFL against FedAvg", ""),
+    ("pathfl", "pathfl-no-cse", "CSE, beside AFA and SSA", "+0.79 (83.48 -> 84.27)"),
+    ("pathfl-no-cse", "fedavg", "AFA and SSA (PathFL without CSE) against FedAvg", "+0.86 (82.62 -> 83.48)"),
+    ("pathfl", "fedavg", "everything: PathFL against FedAvg", "+1.65 (82.62 -> 84.27)"),
 ]
 PATHFL_PAPER_NOTE = ("PathFL's paper, Table 7: cross-source H&E nuclei (7 sites, U-Net, 60 rounds x 5 epochs), average "
                      "Dice %; the leave-one-out rows: without CSE 83.48, without AFA 83.81, without SSA 83.94; FedAvg "
@@ -214,13 +219,15 @@ TABLES: Dict[str, Dict[str, Any]] = {
         "run": "nuclei-pathfl-bn", "render": "accuracy",
         "title": f"PathFL with batch normalisation (`norm=batch`), with and without AFA, {_NUCLEI}"},
     "nuclei-pathfl-bn-pairs": pairs_table(
-        "nuclei-pathfl-bn", f"AFA where its alignment acts: batch normalisation, {_NUCLEI}", PATHFL_BN_PAIRS,
-        PATHFL_PAPER_NOTE),
+        "nuclei-pathfl-bn", f"AFA with batch normalisation, where the sites' bottleneck moments differ, {_NUCLEI}",
+        PATHFL_BN_PAIRS, PATHFL_PAPER_NOTE),
     "retina-pathfl-ssa": {
         "run": "retina-pathfl-ssa", "render": "accuracy", "metrics": ["dice_fov@DRIVE"],
-        "title": f"PathFL's SSA on three sites, {_RETINA}"},
+        "title": f"PathFL on three sites: SSA, its weighting, its noise batch and CSE, {_RETINA}"},
     "retina-pathfl-ssa-pairs": pairs_table(
-        "retina-pathfl-ssa", f"SSA against both weightings it replaces, and its noise batch, {_RETINA}", SSA_PAIRS,
+        "retina-pathfl-ssa",
+        f"PathFL ablated on three sites: SSA against both weightings it replaces, its noise batch, CSE, {_RETINA}",
+        SSA_PAIRS,
         PATHFL_PAPER_NOTE, metrics=["dice", "dice_fov"]),
     "retina-ssa-weights": {
         "run": "retina-ssa-weights", "render": "ssa-weights", "labels": ["pathfl", "pathfl-noise512"],

@@ -18,11 +18,11 @@ def _values(runs: Mapping[str, Any], metric: str, rounds: Sequence[int]) -> List
             for v in (site.get(metric) for site in run["rounds"][r - 1].values()) if v is not None]
 
 
-def _cell(values: Sequence[float], percent: bool) -> str:
-    """``mean (min – max)``: over sites and seeds."""
+def _cell(values: Sequence[float], percent: bool, fixed: bool = False) -> str:
+    """``mean (min – max)`` of ``values``: as percentages, else to 3 decimals (``fixed``) or 3 significant digits."""
     if not values:
         return "-"
-    f = (lambda v: f"{100 * v:.2f} %") if percent else (lambda v: f"{v:.3g}")
+    f = (lambda v: f"{100 * v:.2f} %") if percent else (lambda v: f"{v:.3f}") if fixed else (lambda v: f"{v:.3g}")
     return f"{f(statistics.fmean(values))} ({f(min(values))} – {f(max(values))})"
 
 
@@ -68,7 +68,7 @@ def render_ssa_weights(table_id: str, table: Mapping[str, Any], outputs: Sequenc
     total = sum(c for c in counts.values() if c) or None
     head = ["site", "training images", "by samples", "1/K"] + [f"{titles.get(label, label)}: SSA weight" for label in labels]
     rows = [[site, str(n) if n else "-", f"{n / total:.3f}" if n and total else "-", f"{1 / len(counts):.3f}"]
-            + [_cell(_ssa_site_weights(data["runs"][label], site), percent=False) for label in labels]
+            + [_cell(_ssa_site_weights(data["runs"][label], site), percent=False, fixed=True) for label in labels]
             for site, n in counts.items()]
     note = (f"{table.get('note', '')} SSA cells: mean over seeds, rounds and the network's strata of the site's "
             f"weight, and the range. Read from the server reports of the bench's runs (`{data['command']}`). "
