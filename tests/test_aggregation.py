@@ -81,15 +81,23 @@ def test_uniform_weighting_ignores_sizes():
     ("fedseg.strategies.fedopt:FedOptStrategy", dict(server_optimizer="sgd", server_lr=0.5, beta1=0.8,
                                                      beta2=0.95, tau=0.01, momentum=0.6, weighting="uniform")),
 ])
-def test_a_strategy_config_is_its_name_then_each_constructor_argument_as_given(path, args):
-    """``report.json['config']`` of a strategy built with every argument off its default: the strategy's name, then
-    the arguments in the constructor's order with the values given (``ServerStrategy.attributes_config``)."""
+def test_a_strategy_config_is_its_name_then_each_option_as_given(path, args):
+    """``report.json['config']`` of a strategy built with every option off its default: the strategy's name, then
+    the options in their dataclass's order with the values given (``ServerStrategy.config``); each is an attribute."""
     import importlib
-    import inspect
 
     module, name = path.split(":")
     cls = getattr(importlib.import_module(module), name)
-    assert list(inspect.signature(cls.__init__).parameters)[1:] == list(args)
-    config = cls(**args).config()
+    assert cls.options_class.names() == tuple(args)
+    strategy = cls(**args)
+    config = strategy.config()
     assert list(config) == ["strategy", *args]
     assert config == {"strategy": cls.name, **args}
+    assert {k: getattr(strategy, k) for k in args} == args
+
+
+def test_an_unknown_strategy_option_names_the_nearest_one():
+    from fedseg.strategies.fedevi import FedEviStrategy
+
+    with pytest.raises(TypeError, match=r"FedEviStrategy got unknown options 'delt' \(did you mean 'delta'\?\)"):
+        FedEviStrategy(delt=0.5)

@@ -86,8 +86,8 @@ def test_downstream_job_in_the_simulator(shared_runs):
         assert 0.0 <= final["iou"] <= final["dice"] <= 1.0  # Jaccard <= Dice for the same masks
 
 
-def test_foundation_unetr_class_equals_the_factory_without_touching_the_global_rng():
-    from fedseg.foundation.unetr import build_unetr
+def test_a_seeded_foundation_unetr_is_monais_unetr_from_that_seed_without_touching_the_global_rng():
+    from monai.networks.nets import UNETR
 
     args = dict(in_channels=3, out_channels=2, img_size=32, hidden_size=48, mlp_dim=96, num_heads=3, feature_size=8)
     torch.manual_seed(123)
@@ -95,7 +95,8 @@ def test_foundation_unetr_class_equals_the_factory_without_touching_the_global_r
     torch.manual_seed(123)
     model = FoundationUNETR(**args, init_seed=7)
     assert torch.equal(torch.rand(1), before)  # a seeded build draws nothing from the global generator
-    reference = build_unetr(**args, init_seed=7).state_dict()
+    torch.manual_seed(7)
+    reference = UNETR(**{**args, "img_size": (32, 32)}, proj_type="conv", norm_name="instance", spatial_dims=2).state_dict()
     state = model.state_dict()
     assert state.keys() == reference.keys()
     for key, value in reference.items():

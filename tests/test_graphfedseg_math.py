@@ -30,7 +30,8 @@ from fedseg.strategies.collaboration_graph import (
 from fedseg.uncertainty.client_uncertainty import (
     client_uncertainty,
     evidential_image_uncertainty,
-    mc_dropout_image_uncertainty,
+    image_uncertainty,
+    mc_dropout_pixel_uncertainty,
     mc_pixel_uncertainty,
 )
 
@@ -409,11 +410,11 @@ def test_mc_dropout_uncertainty_needs_dropout(measure):
     x = torch.randn(2, 3, 16, 16)
     with_dropout = FeatureUNet(channels=(4, 8), dropout=0.2)
     with_dropout.train()  # the function must not leave it in another mode
-    u = mc_dropout_image_uncertainty(with_dropout, x, num_samples=5, measure=measure)
+    u = image_uncertainty(mc_dropout_pixel_uncertainty(with_dropout, x, num_samples=5, measure=measure))
     assert u.shape == (2,) and torch.all(u > 0)
     assert with_dropout.training and all(m.training for m in with_dropout.modules())
 
     without_dropout = FeatureUNet(channels=(4, 8), dropout=0.0).eval()
-    u0 = mc_dropout_image_uncertainty(without_dropout, x, num_samples=5, measure=measure)
+    u0 = image_uncertainty(mc_dropout_pixel_uncertainty(without_dropout, x, num_samples=5, measure=measure))
     assert torch.all(u0.abs() < 1e-9)
     assert not any(m.training for m in without_dropout.modules())

@@ -87,7 +87,7 @@ def test_batched_validation_scores_equal_image_by_image(tiny_datalist, tiny_trai
     engine = _engine(tiny_datalist, tiny_train_config)
     model = engine.build_network()
     engine.train(model, ClientObjective(), RoundContext("site-a", 0, 1))  # a model that predicts something
-    batched = engine.batched_dice(model, split)
+    batched = engine.evaluation.batched_dice(model, split)
     one_by_one = engine.evaluate(model, split, metrics=("dice",), largest_component=False)["dice"]
     assert batched == pytest.approx(one_by_one, abs=1e-6)
     if split == "validation":

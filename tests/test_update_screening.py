@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from fedseg.fl.controller import FedSegController
+from fedseg.fl.controller import FedSegController, RoundStats, broadcast_groups
 from fedseg.fl.protocol import pack_models
 from fedseg.fl.screening import (
     MAIN_MODEL,
@@ -221,9 +221,10 @@ def test_exchange_rejects_each_hostile_result_with_its_reason():
     controller = ScriptedController(answers)
     controller._reference = dict(GLOBAL)
     payloads = {s: SitePayload(params=GLOBAL) for s in sites}
-    results = controller._exchange("train", payloads, 3)
+    stats = RoundStats()
+    results = controller._exchange("train", payloads, 3, stats=stats)
     assert sorted(results) == ["site-2", "site-3"]
-    reasons = controller._rejected
+    reasons = stats.rejected
     assert "duplicated site name" in reasons["site-1"]
     assert "median of the other sites" in reasons["site-4"]
     assert "stale update" in reasons["site-5"]
@@ -239,10 +240,11 @@ def test_exchange_counts_the_bytes_the_sites_sent_not_the_task_meta_nvflare_echo
     echoed = {"props": {"graphfedseg": {"direction": np.zeros(10_000, dtype=np.float32)}}}
     controller = ScriptedController([(s, params, {"n_samples": 10, "uncertainty": 0.5, **echoed}, 0) for s in ("a", "b")])
     controller._reference = dict(GLOBAL)
-    controller._exchange("train", {s: SitePayload(params=GLOBAL) for s in "ab"}, 0)
+    stats = RoundStats()
+    controller._exchange("train", {s: SitePayload(params=GLOBAL) for s in "ab"}, 0, stats=stats)
     weights = sum(v.nbytes for v in params.values())
     # per site: the weights and two numbers at 8 bytes each (the echoed 40 kB and the name are left out)
-    assert controller._bytes["received"] == 2 * (weights + 2 * 8)
+    assert stats.bytes_received == 2 * (weights + 2 * 8)
 
 
 def test_exchange_screens_packed_models():
@@ -253,9 +255,46 @@ def test_exchange_screens_packed_models():
     controller = ScriptedController(answers, strategy="fedefm", objective="fedefm")
     controller._reference = dict(GLOBAL)
     payloads = {s: SitePayload(params=pack_models({"guest@x": GLOBAL})) for s in sites}
-    results = controller._exchange("overseas_train", payloads, 0)
+    stats = RoundStats()
+    results = controller._exchange("overseas_train", payloads, 0, stats=stats)
     assert sorted(results) == ["a", "b", "d"]
-    assert "[guest@x]" in controller._rejected["c"] and "median of the other sites" in controller._rejected["c"]
+    assert "[guest@x]" in stats.rejected["c"] and "median of the other sites" in stats.rejected["c"]
+
+
+def test_a_broadcast_is_one_task_and_a_site_with_its_own_params_or_meta_has_its_own():
+    shared, own = dict(GLOBAL), dict(GLOBAL)  # the same tensors; `own` is another dict: a site's own payload
+    payloads = {"a": SitePayload(params=shared), "b": SitePayload(params=shared), "c": SitePayload(params=own),
+                "d": SitePayload(params=shared)}
+    assert broadcast_groups(payloads) == [["a", "b", "d"], ["c"]]
+    good = {k: v.numpy() for k, v in _model(1).items()}
+    controller = ScriptedController([(s, good, {"n_samples": 10}, 0) for s in "abcd"])
+    controller._reference = dict(GLOBAL)
+    tasks = []
+    send = controller.send_model
+    controller.send_model = lambda task_name, data, targets=None, **kw: (tasks.append(list(targets)),
+                                                                         send(task_name, data, targets=targets, **kw))
+    stats = RoundStats()
+    assert sorted(controller._exchange("train", payloads, 0, stats=stats)) == ["a", "b", "c", "d"]
+    assert tasks == [["a", "b", "d"], ["c"]]
+    assert stats.bytes_sent > 0 and set(stats.clock.totals()) == {"train"} and stats.rejected == {}
+    # a broadcast whose sites' metas differ goes out as one task per site
+    payloads = {s: SitePayload(params=shared, meta={"k": i}) for i, s in enumerate("ab")}
+    controller.answers, tasks[:] = [(s, good, {"n_samples": 10}, 0) for s in "ab"], []
+    controller._exchange("train", payloads, 0)
+    assert tasks == [["a"], ["b"]]
+
+
+def test_round_stats_report_fields_in_the_reports_order():
+    stats = RoundStats()
+    stats.rejected["a"] = "train: a: bad"
+    stats.bytes_sent, stats.bytes_received = 3, 5
+    stats.clock.add_total("train", 1.5)
+    fields = stats.report_fields()
+    assert list(fields) == ["rejected", "screening", "wall_time", "task_times", "task_breakdown", "bytes_sent",
+                            "bytes_received", "server_peak_memory_mb"]
+    assert fields["rejected"] == {"a": "train: a: bad"} and fields["rejected"] is not stats.rejected
+    assert (fields["bytes_sent"], fields["bytes_received"], fields["task_times"]) == (3, 5, {"train": 1.5})
+    assert fields["wall_time"] >= 0 and fields["task_breakdown"]["train"]["total"] == 1.5
 
 
 # ------------------------------------------------------------------------------ test-only fault injection
@@ -291,6 +330,7 @@ def test_a_site_that_cannot_read_its_data_is_left_out_and_the_others_continue():
     answers.append(("d", {}, {"error": "DatalistError"}, 0))
     controller = ScriptedController(answers)
     controller._reference = dict(GLOBAL)
-    results = controller._exchange("train", {s: SitePayload(params=GLOBAL) for s in "abcd"}, 0)
+    stats = RoundStats()
+    results = controller._exchange("train", {s: SitePayload(params=GLOBAL) for s in "abcd"}, 0, stats=stats)
     assert sorted(results) == ["a", "b", "c"]
-    assert controller._rejected == {"d": "train: d: the site could not run the task (DatalistError; details in its log)"}
+    assert stats.rejected == {"d": "train: d: the site could not run the task (DatalistError; details in its log)"}

@@ -69,7 +69,7 @@ def site_loop(site: str, datalist: str, train_config: Dict[str, Any], device: st
     generator = torch.Generator().manual_seed(seed)
     epochs = engine.local_epochs()
     batches = [b for _ in range(epochs) for b in ResidentLoader(data, generator)]
-    held = engine._hold_split("validation") if engine.spatial_mode == "resize" and not engine.volumes else None
+    held = engine.evaluation.hold_split("validation") if engine.spatial_mode == "resize" and not engine.volumes else None
     val_images = held[0] if held is not None else None
     amp = engine.autocast_dtype()
     scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None

@@ -114,12 +114,10 @@ def parse_sets(items: Optional[Sequence[str]]) -> Dict[str, Any]:
         ValueError: an item without ``=``, or a key that is not a ``train_config`` key
             (:data:`fedseg.config.BASE_TRAIN_CONFIG`).
     """
-    from fedseg.config import BASE_TRAIN_CONFIG
+    from fedseg.config import check_train_config_keys
 
     out = parse_assignments(items)
-    unknown = sorted(set(out) - set(BASE_TRAIN_CONFIG))
-    if unknown:
-        raise ValueError(f"unknown train_config keys {unknown} in --set; known: {sorted(BASE_TRAIN_CONFIG)}")
+    check_train_config_keys(out, "in --set")
     return out
 
 

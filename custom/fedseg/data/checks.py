@@ -189,7 +189,9 @@ def check_federation(
     from .synthetic.volumes import VOLUME_FAMILIES, volume_family_fields
 
     if family in VOLUME_FAMILIES:
-        info = volume_family_fields(family, (explicit or {}).get("data_profile") or "default")
+        from fedseg.config import TrainConfig
+
+        info = volume_family_fields(family, TrainConfig.from_dict(explicit or {}).data.data_profile)
         return {**federation_label_config(family=family, explicit=explicit),
                 **federation_volume_config(family_fields=info, explicit=explicit)}
     return {}

@@ -93,7 +93,20 @@ class VolumeReader(ImageReader):
         return reader.get_data(obj)
 
 
-class EnsureChannelsd(MapTransform):
+class ItemTransformd(MapTransform):
+    """A dictionary transform that replaces the value of each of its keys by :meth:`transform_item` of it."""
+
+    def transform_item(self, value: Any, key: Hashable) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            d[key] = self.transform_item(d[key], key)
+        return d
+
+
+class EnsureChannelsd(ItemTransformd):
     """Make a channel-first image have exactly ``channels`` channels.
 
     Grey-scale scans are repeated to 3 channels (the network is built for RGB), RGBA drops alpha,
@@ -104,43 +117,35 @@ class EnsureChannelsd(MapTransform):
         super().__init__(keys, allow_missing_keys)
         self.channels = int(channels)
 
-    def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
-        d = dict(data)
-        for key in self.key_iterator(d):
-            img = d[key]
-            c = img.shape[0]
-            if c == self.channels:
-                continue
-            if c == 4 and self.channels == 3:
-                d[key] = img[:3]
-            elif c == 1:
-                d[key] = img.repeat(self.channels, *([1] * (img.ndim - 1)))
-            elif self.channels == 1:
-                d[key] = img.mean(dim=0, keepdim=True) if isinstance(img, torch.Tensor) else img.mean(0, keepdims=True)
-            else:
-                raise ValueError(f"cannot convert a {c}-channel image to {self.channels} channels ({key})")
-        return d
+    def transform_item(self, img: Any, key: Hashable) -> Any:
+        c = img.shape[0]
+        if c == self.channels:
+            return img
+        if c == 4 and self.channels == 3:
+            return img[:3]
+        if c == 1:
+            return img.repeat(self.channels, *([1] * (img.ndim - 1)))
+        if self.channels == 1:
+            return img.mean(dim=0, keepdim=True) if isinstance(img, torch.Tensor) else img.mean(0, keepdims=True)
+        raise ValueError(f"cannot convert a {c}-channel image to {self.channels} channels ({key})")
 
 
-class BinarizeMaskd(MapTransform):
+class BinarizeMaskd(ItemTransformd):
     """Map a 0/1 or 0/255 mask to float {0, 1}, keeping only the first channel: ``(c, H, W) -> (1, H, W)``.
 
     A mask with any other values is rejected with the file name, because silently thresholding a
     multi-class or soft mask would train on the wrong target.
     """
 
-    def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
-        d = dict(data)
-        for key in self.key_iterator(d):
-            mask = d[key][:1]
-            values = torch.unique(torch.as_tensor(mask))
-            allowed = {0.0, 1.0} if float(values.max()) <= 1 else {0.0, 255.0}
-            if not set(values.tolist()) <= allowed:
-                src = _source_name(mask)
-                found = values.tolist()[:8]
-                raise ValueError(f"non-binary mask {src}: values {found} (expected 0/1 or 0/255)")
-            d[key] = (mask > 0).to(torch.float32) if isinstance(mask, torch.Tensor) else (mask > 0).astype(np.float32)
-        return d
+    def transform_item(self, value: Any, key: Hashable) -> Any:
+        mask = value[:1]
+        values = torch.unique(torch.as_tensor(mask))
+        allowed = {0.0, 1.0} if float(values.max()) <= 1 else {0.0, 255.0}
+        if not set(values.tolist()) <= allowed:
+            src = _source_name(mask)
+            found = values.tolist()[:8]
+            raise ValueError(f"non-binary mask {src}: values {found} (expected 0/1 or 0/255)")
+        return (mask > 0).to(torch.float32) if isinstance(mask, torch.Tensor) else (mask > 0).astype(np.float32)
 
 
 class LabelsToClassesd(MapTransform):
@@ -187,7 +192,7 @@ class LabelsToClassesd(MapTransform):
         return d
 
 
-class ClassesToLabelValuesd(MapTransform):
+class ClassesToLabelValuesd(ItemTransformd):
     """Class indices -> stored mask values, for writing predictions in a site's own encoding:
     ``(1, *spatial)`` indices ``0..C-1`` -> ``(1, *spatial)`` float32 values.
 
@@ -209,15 +214,11 @@ class ClassesToLabelValuesd(MapTransform):
             space = replace(space, values=parse_label_values(label_values, "label_values"))
         self.table = torch.as_tensor(space.output_values() if not indices else np.arange(len(names)), dtype=torch.float32)
 
-    def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
-        d = dict(data)
-        for key in self.key_iterator(d):
-            pred = d[key]
-            index = torch.as_tensor(pred).round().long().clamp(0, len(self.table) - 1).as_subclass(torch.Tensor)
-            values = self.table.to(index.device)[index]
-            # .to keeps MONAI's metadata (the input's file name and affine, for SaveImaged)
-            d[key] = pred.to(torch.float32).copy_(values) if isinstance(pred, torch.Tensor) else values.numpy()
-        return d
+    def transform_item(self, pred: Any, key: Hashable) -> Any:
+        index = torch.as_tensor(pred).round().long().clamp(0, len(self.table) - 1).as_subclass(torch.Tensor)
+        values = self.table.to(index.device)[index]
+        # .to keeps MONAI's metadata (the input's file name and affine, for SaveImaged)
+        return pred.to(torch.float32).copy_(values) if isinstance(pred, torch.Tensor) else values.numpy()
 
 
 class CheckSameSized(MapTransform):
@@ -290,7 +291,7 @@ class ChannelStatisticsd(MapTransform):
         return d
 
 
-class DivideByMaxd(MapTransform):
+class DivideByMaxd(ItemTransformd):
     """Divide each image by its own maximum (over every channel and pixel): ``(C, *spatial)`` -> same shape, values
     in [0, 1] for non-negative images. ``train_config["intensity"] = "image_max"``: the bundles apply it on the
     network's grid, after resizing or rescaling, so the network sees the same range whatever an image's exposure.
@@ -299,17 +300,12 @@ class DivideByMaxd(MapTransform):
     would give NaN or flip the sign.
     """
 
-    def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
-        d = dict(data)
-        for key in self.key_iterator(d):
-            img = d[key]
-            peak = float(img.max())
-            if peak > 0:
-                d[key] = img / peak
-        return d
+    def transform_item(self, img: Any, key: Hashable) -> Any:
+        peak = float(img.max())
+        return img / peak if peak > 0 else img
 
 
-class KeepLargestComponentd(MapTransform):
+class KeepLargestComponentd(ItemTransformd):
     """Keep each foreground class's largest connected component of a class-index map: ``(1, *spatial)`` ->
     the same shape (:func:`fedseg.metrics.segmentation.keep_largest_component`, the rule the final evaluation's
     ``*_lcc`` metrics use); ``fedseg infer --largest-component`` applies it to every mask before writing."""
@@ -318,16 +314,12 @@ class KeepLargestComponentd(MapTransform):
         super().__init__(keys, allow_missing_keys)
         self.num_classes = int(num_classes)
 
-    def __call__(self, data: Mapping[Hashable, Any]) -> Dict[Hashable, Any]:
+    def transform_item(self, pred: Any, key: Hashable) -> Any:
         from fedseg.metrics.segmentation import keep_largest_component
 
-        d = dict(data)
-        for key in self.key_iterator(d):
-            pred = d[key]
-            kept = keep_largest_component(torch.as_tensor(pred)[None], self.num_classes)[0]
-            # copy_ keeps MONAI's metadata (file name, affine) for SaveImaged
-            d[key] = pred.clone().copy_(kept) if isinstance(pred, torch.Tensor) else kept.numpy()
-        return d
+        kept = keep_largest_component(torch.as_tensor(pred)[None], self.num_classes)[0]
+        # copy_ keeps MONAI's metadata (file name, affine) for SaveImaged
+        return pred.clone().copy_(kept) if isinstance(pred, torch.Tensor) else kept.numpy()
 
 
 class ResizeToReferenced(MapTransform):

@@ -33,10 +33,13 @@ from monai.data import DataLoader
 from monai.utils import set_determinism
 from torch import nn
 
+from fedseg.config import BUNDLE_DEFAULTED_KEYS, TrainConfig, site_train_config
 from fedseg.data.datalist import read_datalist_json
 from fedseg.objectives.base import BatchOutput, ClientObjective, RoundContext
 
 if TYPE_CHECKING:  # pragma: no cover
+    from monai.engines import SupervisedTrainer
+
     from fedseg.engine.distributed import RankGroup
 
 SPLITS = ("training", "validation", "test")
@@ -114,8 +117,10 @@ class LocalEngine(ABC):
     ):
         self.site = site
         self.train_config = dict(train_config)
+        #: the typed form of ``train_config`` (``fedseg.config.TrainConfig``), kept in step by :meth:`update_train_config`
+        self.config: TrainConfig = site_train_config(self.train_config)
         self.device = device or default_device()
-        self.seed = int(self.train_config.get("seed", 0))
+        self.seed = self.config.training.seed
         set_determinism(seed=self.seed)
         # a user's bundle reads its own data (dataset_dir): no datalist
         self.datalist_path, self.datalist_info = read_datalist_json(datalist) if datalist is not None else (None, {})
@@ -125,6 +130,16 @@ class LocalEngine(ABC):
         self.dp_seed = dp_seed
         #: the site's ranks when its local training runs as N processes (``fedseg.engine.distributed``); None: one
         self.ranks: Optional["RankGroup"] = None
+
+    def update_train_config(self, values: Dict[str, Any], bundle_variables: Optional[Dict[str, Any]] = None) -> None:
+        """Record settings the engine resolved (``values``) in ``train_config`` and rebuild :attr:`config` from it
+        (``bundle_variables``: the bundle's values of the keys ``train_config`` leaves unset,
+        ``fedseg.config.site_train_config``)."""
+        self.train_config.update(values)
+        self.config = site_train_config(self.train_config, bundle_variables)
+        for key in BUNDLE_DEFAULTED_KEYS:  # recorded as the engine uses them (the site client reads train_config)
+            if bundle_variables is not None and key in bundle_variables:
+                self.train_config.setdefault(key, bundle_variables[key])
 
     # ----------------------------------------------------------------------------------- components
     @abstractmethod
@@ -148,9 +163,9 @@ class LocalEngine(ABC):
         return self._optimizers[key]
 
     def round_learning_rate(self, round_: int) -> float:
-        """``learning_rate * lr_decay_per_round ** round`` (train_config; defaults 1e-3 and 1.0)."""
-        cfg = self.train_config
-        return float(cfg.get("learning_rate", 1e-3)) * float(cfg.get("lr_decay_per_round", 1.0)) ** int(round_)
+        """``learning_rate * lr_decay_per_round ** round`` (train_config)."""
+        training = self.config.training
+        return training.learning_rate * training.lr_decay_per_round ** int(round_)
 
     def prepare_optimizer(self, model: nn.Module, ctx: RoundContext) -> torch.optim.Optimizer:
         """``make_optimizer(model)`` with this round's learning rate set on every parameter group; its state
@@ -159,7 +174,7 @@ class LocalEngine(ABC):
         Raises:
             ValueError: an ``optimizer_state`` other than ``OPTIMIZER_STATES``.
         """
-        mode = self.train_config.get("optimizer_state", "keep")
+        mode = self.config.training.optimizer_state
         if mode not in OPTIMIZER_STATES:
             raise ValueError(f"train_config['optimizer_state'] must be one of {OPTIMIZER_STATES}, got {mode!r}")
         optimizer = self.make_optimizer(model)
@@ -171,8 +186,8 @@ class LocalEngine(ABC):
         return optimizer
 
     def local_epochs(self, epochs: Optional[int] = None) -> int:
-        """``epochs`` when given, else ``train_config["local_epochs"]`` (default 1)."""
-        return int(self.train_config.get("local_epochs", 1) if epochs is None else epochs)
+        """``epochs`` when given, else ``train_config["local_epochs"]``."""
+        return int(self.config.schedule.local_epochs if epochs is None else epochs)
 
     # ----------------------------------------------------------------------------------------- data
     @abstractmethod
@@ -185,15 +200,15 @@ class LocalEngine(ABC):
 
     def loader(self, split: str, shuffle: bool = False, train: bool = False, batch_size: Optional[int] = None):
         """``train=True``: the training pipeline in batches of ``batch_size`` (default
-        ``train_config["batch_size"]``, 4); ``train=False``: one item at a time. The batch contents are
+        ``train_config["batch_size"]``); ``train=False``: one item at a time. The batch contents are
         the subclass's (see its ``loader`` docstring)."""
-        bs = int(batch_size or self.train_config.get("batch_size", 4)) if train else 1
+        bs = int(batch_size or self.config.training.batch_size) if train else 1
         return self.data_loader(self._dataset(split, train), bs, shuffle, train)
 
     @property
     def drop_last(self) -> bool:
-        """Whether training epochs drop their last incomplete batch (``train_config["drop_last"]``, default off)."""
-        return bool(self.train_config.get("drop_last", False))
+        """Whether training epochs drop their last incomplete batch (``train_config["drop_last"]``)."""
+        return bool(self.config.training.drop_last)
 
     def data_loader(self, dataset, batch_size: int, shuffle: bool, train: bool, sampler=None) -> DataLoader:
         """A MONAI ``DataLoader`` over ``dataset``: one seeded generator per engine (each epoch and round gets a
@@ -204,7 +219,7 @@ class LocalEngine(ABC):
         if train and self.drop_last and len(dataset) < batch_size:
             raise ValueError(f"{self.site}: {len(dataset)} training images, fewer than batch_size {batch_size} with drop_last: "
                              "every batch would be dropped and the site would not train; lower batch_size or set drop_last false")
-        workers = int(self.train_config.get("num_workers") or 0) if train else 0
+        workers = self.config.runtime.num_workers if train else 0
         if workers < 0:
             raise ValueError(f"train_config['num_workers'] must be >= 0, got {workers}")
         # MONAI's DataLoader (num_workers 0) seeds the dataset's random transforms from the generator, then resets the
@@ -232,7 +247,7 @@ class LocalEngine(ABC):
             ValueError: an unknown name, float16 without CUDA (CPU autocast is bfloat16 only), or AMP together
                 with DP-SGD (per-sample clipping is calibrated in float32).
         """
-        name = self.train_config.get("amp")
+        name = self.config.runtime.amp
         if not name:
             return None
         dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -248,7 +263,7 @@ class LocalEngine(ABC):
     @property
     def dp_enabled(self) -> bool:
         """Whether local training must be DP-SGD (``train_config["dp_target_epsilon"]`` is set)."""
-        return self.train_config.get("dp_target_epsilon") is not None
+        return self.config.privacy.dp_target_epsilon is not None
 
     def refuse_private_training(self, reason: str) -> None:
         """Raise when DP is requested of an engine that cannot provide it: training in the clear while
@@ -340,7 +355,7 @@ class LocalEngine(ABC):
         # every rank holds the same generator state: one seed, one permutation per epoch, dealt to the ranks
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._shuffle_generator))
         sampler = ranks.sampler(dataset, seed)
-        batch = ranks.per_rank_batch(int(self.train_config.get("batch_size", 4)))
+        batch = ranks.per_rank_batch(self.config.training.batch_size)
         if self.drop_last and len(sampler) < batch:
             raise ValueError(f"{self.site}: {len(sampler)} training images per rank, fewer than the per-rank batch {batch} "
                              "with drop_last: no rank would train")
@@ -357,8 +372,6 @@ class LocalEngine(ABC):
     ) -> Dict[str, float]:
         """The training loop over ``loader``; ``network(inputs, with_features)`` runs the forward pass when given
         (a DDP wrapper of ``model``), else :meth:`forward`."""
-        from monai.engines import SupervisedTrainer
-
         losses: List[torch.Tensor] = []
         amp = self.autocast_dtype()
         # float16 gradients underflow without loss scaling; bfloat16 has float32's range and needs none
@@ -399,16 +412,7 @@ class LocalEngine(ABC):
             losses.append(loss.detach())
             return {"loss": losses[-1]}
 
-        trainer = SupervisedTrainer(
-            device=self.device,
-            max_epochs=epochs,
-            train_data_loader=loader,
-            network=model,
-            optimizer=optimizer,
-            loss_function=objective.seg_loss,
-            iteration_update=iteration,
-            amp=False,
-        )
+        trainer = self.trainer(model, objective, optimizer, loader, epochs, iteration)
         from ignite.engine import Events
 
         trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda _: check_losses())
@@ -423,7 +427,25 @@ class LocalEngine(ABC):
         values = torch.stack(losses).tolist() if losses else []  # one read-back for the whole round
         return {"train_loss": float(sum(values) / max(len(values), 1)), "steps": float(len(values))}
 
+    def trainer(self, model: nn.Module, objective: ClientObjective, optimizer: torch.optim.Optimizer, loader: Iterable,
+                epochs: int, iteration: Callable[["SupervisedTrainer", Any], Dict[str, Any]]) -> "SupervisedTrainer":
+        """MONAI's ``SupervisedTrainer`` (an ignite engine) running ``iteration(engine, batch)`` over ``loader`` for
+        ``epochs`` epochs: the step itself (forward, the objective's loss, backward, optimiser step) is ``iteration``'s,
+        so MONAI's own AMP stays off."""
+        from monai.engines import SupervisedTrainer
+
+        return SupervisedTrainer(
+            device=self.device,
+            max_epochs=epochs,
+            train_data_loader=loader,
+            network=model,
+            optimizer=optimizer,
+            loss_function=objective.seg_loss,
+            iteration_update=iteration,
+            amp=False,
+        )
+
     def memory_format(self) -> Optional[torch.memory_format]:
         """``torch.channels_last`` with ``train_config["channels_last"]`` (2-D networks; the network is converted for
         the epochs only, so weights leave the site and meet other code contiguous), else None."""
-        return torch.channels_last if self.train_config.get("channels_last") else None
+        return torch.channels_last if self.config.runtime.channels_last else None

@@ -45,6 +45,7 @@ from torch import nn
 from fedseg.bundle import BundleError, network_from_workflow, read_bundle
 from fedseg.data.labels import LabelSpace
 from fedseg.engine.base import LocalEngine, channel_moments
+from fedseg.engine.evaluation import eval_metric_names
 from fedseg.engine.volume import plain
 from fedseg.metrics import SegmentationMetrics
 from fedseg.networks.feature_taps import FeatureLayerError, feature_module_name, has_native_features, network_features
@@ -53,8 +54,6 @@ from fedseg.objectives.base import ClientObjective, RoundContext
 logger = logging.getLogger(__name__)
 
 __all__ = ["BundleEngine", "class_index_map"]
-
-DEFAULT_EVAL_METRICS = ("dice", "hd95", "assd")
 
 
 def class_index_map(t: torch.Tensor) -> torch.Tensor:
@@ -102,9 +101,10 @@ class BundleEngine(LocalEngine):
         super().__init__(site, None, train_config, device=device, dp_seed=dp_seed)
         self.refuse_private_training("a user's bundle trains with its own data pipeline, which DP-SGD's Poisson sampling "
                                      "and per-sample clipping are not wired to")
-        root = Path(bundle_dir or self.train_config["bundle"])
+        root = Path(bundle_dir or self.config.bundle.bundle)
         self.bundle_dir = root
-        self.workflow = read_bundle(root, self.train_config.get("bundle_overrides"), self.train_config.get("bundle_writers_dir"),
+        # bundle_writers_dir is the site's own (not a job option): where the bundle's writers point in its workspace
+        self.workflow = read_bundle(root, self.config.bundle.bundle_overrides, self.train_config.get("bundle_writers_dir"),
                                     where=site)
         parser = self.workflow.parser
         self.parser = parser
@@ -118,8 +118,8 @@ class BundleEngine(LocalEngine):
             raise BundleError(f"{site}: the bundle's training data is empty: no images under dataset_dir "
                               f"{parser.get('dataset_dir', '(unset)')!r}")
         loader = self._parsed("train#dataloader") if "train#dataloader" in parser else None
-        self.train_config["batch_size"] = int(getattr(loader, "batch_size", None) or 1)
-        self.train_config["num_workers"] = int(getattr(loader, "num_workers", 0) or 0)
+        self.update_train_config({"batch_size": int(getattr(loader, "batch_size", None) or 1),
+                                  "num_workers": int(getattr(loader, "num_workers", 0) or 0)})
         if "validate#dataset" not in parser:
             raise BundleError(f"{site}: bundle {root} has no validate#dataset (MONAI's val_dataset property): the site "
                               "validates and evaluates on it")
@@ -143,9 +143,8 @@ class BundleEngine(LocalEngine):
         first = first[0] if isinstance(first, list) else first
         self._check_labels(torch.as_tensor(first["label"])[None], "validation")
         self._label_channels = int(torch.as_tensor(first["label"]).shape[0])
-        self.train_config["spatial_dims"] = int(torch.as_tensor(first["image"]).ndim - 1)
-        self.volumes = self.train_config["spatial_dims"] == 3
-        self.train_config["num_classes"] = self.num_classes
+        self.update_train_config({"spatial_dims": int(torch.as_tensor(first["image"]).ndim - 1), "num_classes": self.num_classes})
+        self.volumes = self.config.volume.spatial_dims == 3
         self._labels_checked = False
         #: the training split held on the device (fedseg.engine.resident); None = not decided yet, False = the loader
         self._resident: Any = None
@@ -153,8 +152,8 @@ class BundleEngine(LocalEngine):
         self._roles: Tuple[str, ...] = ()
         self._datasets: Dict[Tuple[str, bool], Any] = {}
         logger.info("%s: bundle %s, %d training / %d validation items, %d classes, %d-D, batch %d, on %s", site, root,
-                    self.n_train, len(self.val_dataset), self.num_classes, self.train_config["spatial_dims"],
-                    self.train_config["batch_size"], self.device)
+                    self.n_train, len(self.val_dataset), self.num_classes, self.config.volume.spatial_dims,
+                    self.config.training.batch_size, self.device)
 
     # ----------------------------------------------------------------------------------- components
     def _parsed(self, config_id: str) -> Any:
@@ -173,8 +172,8 @@ class BundleEngine(LocalEngine):
 
     def round_learning_rate(self, round_: int) -> float:
         """The bundle optimiser's ``lr`` times ``lr_decay_per_round ** round`` (the job's schedule over rounds)."""
-        lr = float(self._optimizer_defaults.get("lr", self.train_config.get("learning_rate", 1e-3)))
-        return lr * float(self.train_config.get("lr_decay_per_round", 1.0)) ** int(round_)
+        lr = float(self._optimizer_defaults.get("lr", self.config.training.learning_rate))
+        return lr * self.config.training.lr_decay_per_round ** int(round_)
 
     def _output_channels(self) -> int:
         """``network_def#out_channels`` where the bundle states it, else the head's (``feature_taps.find_head_layer``)."""
@@ -277,7 +276,7 @@ class BundleEngine(LocalEngine):
 
         from fedseg.engine.resident import resident_training_data
 
-        if not self.train_config.get("resident_data", True):
+        if not self.config.runtime.resident_data:
             return None
         dataset = self.train_dataset
         if not isinstance(dataset, CacheDataset):
@@ -292,15 +291,13 @@ class BundleEngine(LocalEngine):
             probe = head(dict(dataset.data[0]))
             nbytes = sum(torch.as_tensor(v).element_size() * torch.as_tensor(v).numel() for v in probe.values()
                          if isinstance(v, torch.Tensor))
-            from fedseg.config import BASE_TRAIN_CONFIG
-
-            max_mb = self.train_config.get("cache_max_mb", BASE_TRAIN_CONFIG["cache_max_mb"])  # None: unbounded
+            max_mb = self.config.cache.cache_max_mb  # None: unbounded
             if max_mb is not None and nbytes * len(dataset.data) > float(max_mb) * 2**20:
                 logger.info("%s: the training split (about %.0f MB decoded) exceeds cache_max_mb: per-sample loader",
                             self.site, nbytes * len(dataset.data) / 2**20)
                 return None
             dataset = CacheDataset(list(dataset.data), transform=transform, cache_rate=1.0, num_workers=0, progress=False)
-        resident = resident_training_data(dataset, self.device, self.train_config, self.num_classes)
+        resident = resident_training_data(dataset, self.device, self.config, self.num_classes)
         if resident is not None:
             logger.info("%s: %d training items held on %s, the bundle's random transforms applied there in batches",
                         self.site, resident.n, resident.store_device)
@@ -401,8 +398,7 @@ class BundleEngine(LocalEngine):
         ``split`` images, each scored from the bundle's postprocessed prediction against its postprocessed label
         (``fedseg.metrics``, MONAI's metrics). ``per_image``: ``(means, rows)``, one row per image
         ``{"id": file name, <metric>: value}`` (site-local)."""
-        metrics = metrics or self.train_config.get("eval_metrics") or DEFAULT_EVAL_METRICS
-        meter = SegmentationMetrics(self.num_classes, metrics, label_space=self.label_space)
+        meter = SegmentationMetrics(self.num_classes, eval_metric_names(self.config, metrics), label_space=self.label_space)
         names: List[str] = []
         for name, pred, label, spacing in self._postprocessed(model, split):
             meter.update(pred[None].cpu(), label[None].cpu(), spacing=spacing)

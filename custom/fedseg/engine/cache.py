@@ -15,9 +15,11 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from monai.data import CacheDataset
+
+from fedseg.config import TrainConfig, as_train_config
 
 logger = logging.getLogger(__name__)
 
@@ -39,13 +41,13 @@ def image_shape(path: str) -> Tuple[int, int]:
     return int(height), int(width)
 
 
-def volume_item_bytes(item: Mapping[str, Any], train_config: Mapping[str, Any], train: bool, channels: int) -> int:
+def volume_item_bytes(item: Mapping[str, Any], train_config: "Mapping[str, Any] | TrainConfig", train: bool, channels: int) -> int:
     """Bytes one cached volume takes: the image resampled to ``target_spacing`` (voxels scale with the spacing ratio
     per axis), plus its label on that grid for training, or at the scan's own size for evaluation; from the header."""
     from fedseg.data.volumes import read_geometry
 
     geo = read_geometry(item["image"])
-    target = train_config.get("target_spacing") or geo.spacing
+    target = as_train_config(train_config).volume.target_spacing or geo.spacing
     grid = 1
     for n, own, new in zip(geo.spatial_shape, geo.spacing, target):
         # rounded first: a header's float32 spacing (0.800000012) must not add a voxel
@@ -55,17 +57,19 @@ def volume_item_bytes(item: Mapping[str, Any], train_config: Mapping[str, Any], 
     return channels * grid * _BYTES + int(math.prod(geo.spatial_shape)) * _BYTES
 
 
-def cached_item_bytes(item: Mapping[str, Any], train_config: Mapping[str, Any], train: bool, channels: int) -> int:
+def cached_item_bytes(item: Mapping[str, Any], train_config: "Mapping[str, Any] | TrainConfig", train: bool, channels: int) -> int:
     """Bytes one cached item takes: the image on the network's grid plus, for training, its label on the
-    same grid, for evaluation the label (and FOV) at the image's own size. Volumes: :func:`volume_item_bytes`."""
-    if int(train_config.get("spatial_dims") or 2) == 3:
-        return volume_item_bytes(item, train_config, train, channels)
+    same grid, for evaluation the label (and FOV) at the image's own size. Volumes: :func:`volume_item_bytes`.
+    ``train_config``: the engine's typed config or a train_config dict."""
+    config = as_train_config(train_config)
+    if config.volume.spatial_dims == 3:
+        return volume_item_bytes(item, config, train, channels)
     height, width = image_shape(item["image"])
-    if train_config.get("spatial_mode") == "patch":
-        r = float(item.get("rescale", train_config.get("rescale") or 1.0))
+    if config.spatial.spatial_mode == "patch":
+        r = float(item.get("rescale", config.spatial.rescale or 1.0))
         grid = math.ceil(height * r) * math.ceil(width * r)
     else:
-        grid = int(train_config.get("image_size", 64)) ** 2
+        grid = int(config.network.image_size) ** 2
     if train:
         return (channels + 1) * grid * _BYTES
     masks = 1 + ("fov" in item)
@@ -80,7 +84,7 @@ class CacheBudget:
         self.channels = int(channels)
         self.used_bytes = 0.0
 
-    def reserve(self, items: List[Mapping[str, Any]], train_config: Mapping[str, Any], train: bool) -> int:
+    def reserve(self, items: List[Mapping[str, Any]], train_config: "Mapping[str, Any] | TrainConfig", train: bool) -> int:
         """How many of ``items`` (from the first) the next dataset may cache; books their bytes."""
         n = 0
         for item in items:

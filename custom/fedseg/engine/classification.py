@@ -1,6 +1,6 @@
 """The local engine of an image-classification site (FedEFM phase 1: a ViT over a global label space).
 
-Same public surface as ``SegEngine`` where objectives and the site client use it (``fedseg/engine/api.md``):
+The ``ClassifierEngine`` protocol of ``fedseg.engine.api`` (what objectives and the site client may call):
 ``train(model, objective, ctx, epochs=None)``, ``evaluate(model, split, per_image=False)``,
 ``validation_metrics(model)``, ``loader(split, ...)``, ``build_network()``, ``make_optimizer(model)``,
 ``n_train``, ``train_config``, ``device``, ``site``. Differences:
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from monai.data import CacheDataset, DataLoader
 from torch import nn
 
+from fedseg.config import TrainConfig
 from fedseg.data.classification import load_classification_datalist, label_space
 from fedseg.data.classification_transforms import classification_transforms
 from fedseg.engine.base import LocalEngine
@@ -47,8 +48,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ClassificationEngine", "ClassCrossEntropy", "classification_metrics", "vit_settings"]
 
-DEFAULT_VIT_PROFILE = "tiny"
-
 
 class ClassCrossEntropy(nn.Module):
     """Cross-entropy of class logits ``(B, K)`` against class indices (any shape with ``B`` elements)."""
@@ -58,9 +57,10 @@ class ClassCrossEntropy(nn.Module):
 
 
 def vit_settings(train_config: Dict[str, Any]) -> Dict[str, Any]:
-    """``{"profile", "image_size", "in_channels", "num_classes"}`` of the job's ViT (train_config, defaults
-    ``tiny``, the profile's image size, 1 channel); a clear error for an unknown profile or bad size."""
-    profile = train_config.get("vit_profile") or DEFAULT_VIT_PROFILE
+    """``{"profile", "image_size", "in_channels", "num_classes"}`` of the job's ViT (train_config; ``vit_profile``'s default
+    ``fedseg.config.ClassifierSettings``, the profile's image size, 1 channel where ``in_channels`` is unset); a clear error
+    for an unknown profile or bad size."""
+    profile = TrainConfig.from_dict(train_config).classifier.vit_profile
     if profile not in PROFILES:
         raise ValueError(f"unknown vit_profile {profile!r}; choose from {sorted(PROFILES)}")
     size = train_config.get("vit_image_size") or PROFILES[profile]["img_size"]
@@ -140,12 +140,12 @@ class ClassificationEngine(LocalEngine):
         vit["num_classes"] = len(self.label_space)
         self.vit = vit
         self.num_classes = vit["num_classes"]
-        self.train_config.update(
+        self.update_train_config(dict(
             vit_profile=vit["profile"], vit_image_size=vit["image_size"], in_channels=vit["in_channels"], num_classes=self.num_classes
-        )
+        ))
         self.n_train = len(self.data["training"])
         self._datasets: Dict[Tuple[str, bool], CacheDataset] = {}
-        budget = self.train_config.get("cache_max_mb")
+        budget = self.config.cache.cache_max_mb
         self._cache_left = None if budget is None else float(budget) * 2**20
         logger.info(
             "%s: classification, %d classes, ViT %s at %d px, %d training images",
@@ -159,20 +159,20 @@ class ClassificationEngine(LocalEngine):
         builds the round-0 model from (``fedseg.bundle.build_network``)."""
         return build_vit(
             self.vit["profile"], self.vit["in_channels"], self.num_classes, img_size=self.vit["image_size"],
-            init_seed=self.seed, dropout_rate=float(self.train_config.get("dropout") or 0.0),
+            init_seed=self.seed, dropout_rate=self.config.network.dropout,
         ).to(self.device)
 
     def build_loss(self) -> nn.Module:
         return ClassCrossEntropy()
 
     def _optimizer_factory(self):
-        cfg = self.train_config
-        name = cfg.get("optimizer_name", "Adam")
+        training = self.config.training
+        name = training.optimizer_name
         if not hasattr(torch.optim, name):
             raise ValueError(f"unknown optimizer_name {name!r} (a torch.optim class)")
-        kwargs = {"lr": float(cfg.get("learning_rate", 1e-3)), "weight_decay": float(cfg.get("weight_decay", 0.0))}
-        if name in ("Adam", "AdamW") and cfg.get("adam_betas") is not None:
-            kwargs["betas"] = tuple(float(b) for b in cfg["adam_betas"])
+        kwargs = {"lr": training.learning_rate, "weight_decay": training.weight_decay}
+        if name in ("Adam", "AdamW") and training.adam_betas is not None:
+            kwargs["betas"] = tuple(float(b) for b in training.adam_betas)
         return functools.partial(getattr(torch.optim, name), **kwargs)
 
     # ----------------------------------------------------------------------------------------- data
@@ -182,7 +182,7 @@ class ClassificationEngine(LocalEngine):
         if key not in self._datasets:
             items = [{"image": e["image"], "label": int(e["label"])} for e in self.data[split]]
             transform = classification_transforms(
-                self.vit["image_size"], self.vit["in_channels"], train=train, augment=bool(self.train_config.get("augment", True))
+                self.vit["image_size"], self.vit["in_channels"], train=train, augment=bool(self.config.training.augment)
             )
             # cached: decoded and resized images (float32, C x S x S each), within the site's budget
             item_bytes = 4 * self.vit["in_channels"] * self.vit["image_size"] ** 2
@@ -197,7 +197,7 @@ class ClassificationEngine(LocalEngine):
         """Batches ``{"image": (B, C, S, S) float in [0, 1], "label": (B,) long}`` of ``batch_size``
         (default ``train_config["batch_size"]``) images, evaluation included (all images share one size);
         ``train=True`` adds the random flips when ``augment``."""
-        bs = int(batch_size or self.train_config.get("batch_size", 4))
+        bs = int(batch_size or self.config.training.batch_size)
         return self.data_loader(self._dataset(split, train), bs, shuffle, train)
 
     # ------------------------------------------------------------------------------------- training

@@ -3,7 +3,8 @@
 Training is MONAI's ``SupervisedTrainer`` (an ignite engine) with a custom iteration that asks the
 method's ``ClientObjective`` for the loss, so methods change *what* is optimised, never *how* the loop
 runs. Network, transforms, loss and optimiser come from the MONAI bundle; hyper-parameters from the
-server's ``train_config``. See ``api.md`` beside this file for the contract objectives rely on.
+server's ``train_config``; evaluation in ``fedseg.engine.evaluation``. The contract objectives rely on: the
+``WindowSampledEngine`` protocol of ``fedseg.engine.api``.
 
 Differential privacy (``train_config["dp_target_epsilon"]`` set; ``None`` = off, the default)
 --------------------------------------------------------------------------------------------
@@ -47,17 +48,16 @@ from monai.engines import SupervisedTrainer
 from torch import nn
 
 from fedseg.bundle import bundle_for_task, load_bundle
-from fedseg.config import check_training_options
+from fedseg.config import BUNDLE_DEFAULTED_KEYS, check_training_options
 from fedseg.data.datalist import load_datalist
 from fedseg.data.labels import resolve_patch_sampler, site_label_space
 from fedseg.data.transforms import resize_scores
 from fedseg.engine.base import SPLITS, LocalEngine, channel_moments, default_device
 from fedseg.engine.cache import CacheBudget, SiteDataset
-from fedseg.engine.spatial import WholeImagePredictor, check_patch_size, pixel_spacing, resolve_spatial_settings, tensor_spacing
-from fedseg.engine.volume import invert_to_scan, plain, scan_spacing
+from fedseg.engine.evaluation import SegmentationEvaluation
+from fedseg.engine.spatial import WholeImagePredictor, check_patch_size, resolve_spatial_settings
+from fedseg.engine.volume import invert_to_scan, plain
 from fedseg.uncertainty.window_sample import SampledImage, crop_windows, sample_generator, sample_windows, window_cell_size
-from fedseg.metrics import SegmentationMetrics
-from fedseg.metrics.segmentation import LARGEST_COMPONENT_SUFFIX, keep_largest_component, largest_component_key
 from fedseg.objectives.base import BatchOutput, ClientObjective, RoundContext
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,10 +66,6 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 __all__ = ["SegEngine", "SPLITS", "default_device"]
-
-
-#: test metrics of a segmentation evaluation unless the job names others (train_config["eval_metrics"])
-DEFAULT_EVAL_METRICS = ("dice", "hd95", "assd")
 
 
 class SegEngine(LocalEngine):
@@ -105,52 +101,53 @@ class SegEngine(LocalEngine):
         super().__init__(site, datalist, train_config, device=device, dp_seed=dp_seed)
         check_training_options(self.train_config)
         self.data = load_datalist(datalist)
-        self.train_config.update(resolve_spatial_settings(self.train_config, self.datalist_info, f"({site}: {datalist})"))
+        self.update_train_config(resolve_spatial_settings(self.train_config, self.datalist_info, f"({site}: {datalist})"))
         # the site's classes must be the job's (fedseg.data.labels); the stored encoding is the site's own
         self.label_space = site_label_space(self.train_config, self.datalist_info, f"site {site}'s datalist {self.datalist_path}")
-        self.train_config["num_classes"] = self.label_space.num_classes
-        self.train_config["patch_sampler"] = resolve_patch_sampler(self.train_config, self.label_space)
+        self.update_train_config({"num_classes": self.label_space.num_classes})
+        self.update_train_config({"patch_sampler": resolve_patch_sampler(self.train_config, self.label_space)})
         #: the data are CT / MR volumes (3-D patches or slices; fedseg.data.volumes)
-        self.volumes = int(self.train_config["spatial_dims"]) == 3
+        self.volumes = self.config.volume.spatial_dims == 3
         if self.volumes:
             self._prepare_volumes(site)
-        if self.dp_enabled and self.train_config["spatial_mode"] == "patch" and int(self.train_config.get("patch_samples", 1)) != 1:
+        if self.dp_enabled and self.config.spatial.spatial_mode == "patch" and self.config.spatial.patch_samples != 1:
             # DP-SGD clips per sample: with k patches per image one image would be k "samples" and the
             # accounted epsilon would be wrong. One patch per Poisson-drawn image keeps the unit the image.
             logger.info("%s: DP-SGD in patch mode draws one patch per image (patch_samples=1)", site)
-            self.train_config["patch_samples"] = 1
+            self.update_train_config({"patch_samples": 1})
         self.parser = load_bundle(bundle_dir or bundle_for_task(self.train_config), self.train_config)
         if self.volumes and "target_spacing" not in self.parser:
             raise ValueError(f"{site}: the bundle {self.parser['bundle_root']} is 2-D; volumes need a volume bundle "
                              "(bundles/volume_seg). FedEFM's downstream UNETR is 2-D only.")
-        for key in ("patch_size", "image_size", "patch_samples", "sw_overlap", "sw_batch_size", "sw_blend_mode"):
-            self.train_config.setdefault(key, self.parser[key])
-        check_patch_size(self.train_config, len(self.parser["channels"]))
-        self.spatial_mode: str = self.train_config["spatial_mode"]
+        # the bundle's own patch and sliding-window settings where the job leaves them unset
+        self.update_train_config({}, bundle_variables={key: self.parser[key] for key in BUNDLE_DEFAULTED_KEYS})
+        check_patch_size(self.config, len(self.parser["channels"]))
+        self.spatial_mode: str = self.config.spatial.spatial_mode
+        spatial = self.config.spatial
         if self.volumes:
             logger.info("%s: volumes, spatial mode %s, patches %s voxels x %s per volume, target spacing %s mm, %s",
-                        site, self.spatial_mode, self.parser.get_parsed_content("crop_size"), self.train_config["patch_samples"],
-                        self.train_config["target_spacing"], self.train_config["modality"])
+                        site, self.spatial_mode, self.parser.get_parsed_content("crop_size"), spatial.patch_samples,
+                        self.config.volume.target_spacing, self.config.volume.modality)
         else:
             logger.info(
                 "%s: spatial mode %s (%s), rescale %s", site, self.spatial_mode,
-                f"patches {self.train_config['patch_size']} px x {self.train_config['patch_samples']} per image"
-                if self.spatial_mode == "patch" else f"images resized to {self.train_config['image_size']} px",
-                self.train_config["rescale"],
+                f"patches {spatial.patch_size} px x {spatial.patch_samples} per image"
+                if self.spatial_mode == "patch" else f"images resized to {self.config.network.image_size} px",
+                spatial.rescale,
             )
         self.num_classes = int(self.parser["num_classes"])
         self.n_train = len(self.data["training"])
         self._train_transform = self.parser.get_parsed_content("train_preprocessing")
         self._eval_transform = self.parser.get_parsed_content("val_preprocessing")
-        self.predictor = WholeImagePredictor(self.train_config)
-        self.cache = CacheBudget(self.train_config.get("cache_max_mb"), int(self.parser["in_channels"]))
+        self.predictor = WholeImagePredictor(self.config)
+        self.cache = CacheBudget(self.config.cache.cache_max_mb, int(self.parser["in_channels"]))
         self._datasets: Dict[Tuple[str, bool], CacheDataset] = {}
         self._grid_shapes: Dict[str, List[Tuple[int, ...]]] = {}
         self._private: Dict[int, "PrivateTraining"] = {}
         #: the training split held on the device (fedseg.engine.resident); None = not decided yet, False = the loader
         self._resident: Any = None
-        #: evaluation splits held on the device for batched validation (``batched_dice``); None: not wholly cached
-        self._resident_eval: Dict[str, Any] = {}
+        #: test metrics, the validation Dice and the site's figures (``fedseg.engine.evaluation``)
+        self.evaluation = SegmentationEvaluation(self)
 
     def _prepare_volumes(self, site: str) -> None:
         """Volume jobs: every entry's image and label share one geometry and the declared channels (headers only), the
@@ -158,24 +155,23 @@ class SegEngine(LocalEngine):
         foreground slices only (FedEvi's prostate setting)."""
         from fedseg.data.volumes import check_volume_pair
 
-        names = self.train_config.get("image_channels")
+        names = self.config.volume.image_channels
         expected = len(names) if names else 1
         if int(self.train_config.get("in_channels") or expected) != expected:
             raise ValueError(f"{site}: the job's in_channels={self.train_config['in_channels']} but its volumes have {expected} "
                              f"channel(s) ({names or 'one volume per file'}); set in_channels={expected}")
-        self.train_config["in_channels"] = expected
+        self.update_train_config({"in_channels": expected})
         for split, entries in self.data.items():
             for i, e in enumerate(entries):
                 try:
                     check_volume_pair(e["image"], e["label"], names)
                 except ValueError as exc:
                     raise type(exc)(f"{exc} ({split}[{i}] of {self.datalist_path})") from exc
-        if self.train_config.get("slice_foreground_only"):
-            if self.train_config["spatial_mode"] != "slices":
+        if self.config.volume.slice_foreground_only:
+            if self.config.spatial.spatial_mode != "slices":
                 raise ValueError(f"{site}: slice_foreground_only needs spatial_mode 'slices'")
             # patch centres on foreground voxels only: every training slice shows the structure
-            self.train_config["patch_neg"] = 0.0
-            self.train_config["patch_ratios"] = [0.0] + [1.0] * (self.label_space.num_classes - 1)
+            self.update_train_config({"patch_neg": 0.0, "patch_ratios": [0.0] + [1.0] * (self.label_space.num_classes - 1)})
 
     # ----------------------------------------------------------------------------------- components
     def build_network(self) -> nn.Module:
@@ -204,13 +200,13 @@ class SegEngine(LocalEngine):
             if self.spatial_mode == "patch" and any("rescale" in e for e in entries):
                 # a pooled datalist states each data set's factor per entry (fedseg.data.transforms.Rescaled)
                 for item, e in zip(items, entries):
-                    item["rescale"] = float(e.get("rescale", self.train_config["rescale"]))
+                    item["rescale"] = float(e.get("rescale", self.config.spatial.rescale))
             # CacheDataset caches everything up to the first random transform (decoding, resizing or
             # rescaling) once per process, within the site's memory budget; patches and augmentation
             # are drawn afresh every epoch
-            cache_num = self.cache.reserve(items, self.train_config, train)
+            cache_num = self.cache.reserve(items, self.config, train)
             # training items beyond the budget may be kept decoded on local disk (train_config cache_dir)
-            self._datasets[key] = SiteDataset(items, transform, cache_num, self.train_config.get("cache_dir") if train else None,
+            self._datasets[key] = SiteDataset(items, transform, cache_num, self.config.cache.cache_dir if train else None,
                                               self.train_config)
         return self._datasets[key]
 
@@ -230,9 +226,9 @@ class SegEngine(LocalEngine):
             from fedseg.engine.resident import resident_training_data
 
             dataset = self._dataset("training", True)
-            if self.drop_last and len(dataset) < int(self.train_config.get("batch_size", 4)):
+            if self.drop_last and len(dataset) < self.config.training.batch_size:
                 return super().training_batches()  # the loader's own check names the problem
-            self._resident = resident_training_data(dataset, self.device, self.train_config, self.num_classes) or False
+            self._resident = resident_training_data(dataset, self.device, self.config, self.num_classes) or False
             if self._resident is False:
                 return super().training_batches()
             logger.info("%s: %d training images held on %s (%.0f MB%s), batches augmented there", self.site, self._resident.n,
@@ -261,17 +257,17 @@ class SegEngine(LocalEngine):
         if key not in self._private:
             from fedseg.engine.privacy import PrivateTraining  # Opacus is imported only when DP is on
 
-            cfg = self.train_config
-            epochs = int(ctx.total_rounds) * int(cfg.get("local_epochs", 1))
+            privacy = self.config.privacy
+            epochs = int(ctx.total_rounds) * self.config.schedule.local_epochs
             self._private[key] = PrivateTraining(
                 model,
                 self.make_optimizer(model),
                 self._dataset("training", train=True),
-                batch_size=int(cfg.get("batch_size", 4)),
-                target_epsilon=float(cfg["dp_target_epsilon"]),
-                delta=float(cfg.get("dp_delta", 1e-5)),
+                batch_size=self.config.training.batch_size,
+                target_epsilon=privacy.dp_target_epsilon,
+                delta=privacy.dp_delta,
                 epochs=epochs,
-                max_grad_norm=float(cfg.get("dp_max_grad_norm", 1.0)),
+                max_grad_norm=privacy.dp_max_grad_norm,
                 seed=self.dp_seed,
                 device=self.device,
             )
@@ -333,17 +329,7 @@ class SegEngine(LocalEngine):
             return {"loss": total}
 
         with private.training():
-            trainer = SupervisedTrainer(
-                device=self.device,
-                max_epochs=epochs,
-                train_data_loader=private.data_loader,
-                network=model,
-                optimizer=private.optimizer,
-                loss_function=objective.seg_loss,
-                iteration_update=iteration,
-                amp=False,
-            )
-            trainer.run()
+            self.trainer(model, objective, private.optimizer, private.data_loader, epochs, iteration).run()
         private.save(ctx.state_dir, ctx.round)
         return {
             "train_loss": float(sum(losses) / max(len(losses), 1)),
@@ -388,7 +374,7 @@ class SegEngine(LocalEngine):
         """
         if network_grid and self.volumes:
             raise ValueError(f"{self.site}: network_grid applies to 2-D images; volume scores are scored in the scan's geometry")
-        for batch, logits, features in self._iterate(model, split, with_features, resize_back=not network_grid):
+        for batch, logits, features in self.scored_batches(model, split, with_features, resize_back=not network_grid):
             labels = plain(batch["label"]).to(self.device)
             if self.volumes:
                 inputs = invert_to_scan(batch, batch["image"], self._eval_transform).to(self.device)
@@ -398,7 +384,10 @@ class SegEngine(LocalEngine):
                 inputs = resize_scores(batch["image"].to(self.device), labels.shape[2:])
             yield inputs, labels, logits, features
 
-    def _iterate(self, model: nn.Module, split: str, with_features: bool, resize_back: bool = True):
+    def scored_batches(self, model: nn.Module, split: str, with_features: bool, resize_back: bool = True):
+        """Yield ``(batch, logits, features)`` per image of ``split`` (the evaluation loader's batch), the model in
+        eval mode: ``logits`` at the image's own size (``resize_back``; volumes: inverted to the scan's geometry),
+        else on the network's grid."""
         was_training = model.training
         model.eval()
         try:
@@ -430,7 +419,7 @@ class SegEngine(LocalEngine):
     @property
     def window_cell(self) -> int:
         """Cell of a sample window: the sliding window's stride, ``patch_size * (1 - sw_overlap)``."""
-        return window_cell_size(int(self.train_config["patch_size"]), float(self.train_config["sw_overlap"]))
+        return window_cell_size(int(self.config.spatial.patch_size), self.config.sliding_window.sw_overlap)
 
     @property
     def window_sample_available(self) -> bool:
@@ -461,7 +450,7 @@ class SegEngine(LocalEngine):
         """Yield ``(entry, windows (n, C, P, P), masks (n, 1, P, P) bool)`` on the device for each image of
         ``sample`` (``window_sample``): the network inputs that score its cells and the cells' own pixels."""
         dataset = self._dataset(split, False)
-        patch = int(self.train_config["patch_size"])
+        patch = int(self.config.spatial.patch_size)
         for entry in sample:
             image = torch.as_tensor(dataset[entry.index]["image"]).to(self.device)
             windows, masks = crop_windows(image, entry.cells, patch, self.window_cell)
@@ -474,7 +463,7 @@ class SegEngine(LocalEngine):
         """Yield ``(entry, logits (n, num_classes, P, P), masks (n, 1, P, P))`` for each image of ``sample``:
         one eval-mode forward pass per window without gradients (``sw_batch_size`` windows at a time), no
         blending — each cell's pixels are scored by the one window that holds it."""
-        step = max(int(self.train_config.get("sw_batch_size", 4)), 1)
+        step = max(self.config.sliding_window.sw_batch_size, 1)
         was_training = model.training
         model.eval()
         try:
@@ -492,102 +481,18 @@ class SegEngine(LocalEngine):
         per_image: bool = False,
         largest_component: Optional[bool] = None,
     ):
-        """Mean foreground metrics of ``model`` over the images of ``split``, each scored at its own size
-        against its mask on disk (inside the FOV and in mm too where the datalist provides them; see
-        ``fedseg.metrics.segmentation``). ``metrics`` None = ``train_config["eval_metrics"]``, else Dice, HD95
-        and ASSD. With ``per_image`` returns ``(means, rows)``, one row per image in datalist order:
-        ``{"id": image file name, <metric>: value, ...}``. ``largest_component`` (None =
-        ``train_config["eval_largest_component"]``): also every metric of the prediction reduced to each class's
-        largest connected component, under ``<metric>_lcc`` (``keep_largest_component``), beside the raw one."""
-        if largest_component is None:
-            largest_component = bool(self.train_config.get("eval_largest_component", False))
-        metrics = metrics or self.train_config.get("eval_metrics") or DEFAULT_EVAL_METRICS
-        meters = {"": SegmentationMetrics(self.num_classes, metrics, label_space=self.label_space)}
-        if largest_component:
-            meters[LARGEST_COMPONENT_SUFFIX] = SegmentationMetrics(self.num_classes, metrics, label_space=self.label_space)
-        entries = self.data[split]
-        for i, (batch, logits, _) in enumerate(self._iterate(model, split, False)):
-            fov = batch.get("fov")
-            if self.volumes:  # distances in mm from the scan's own header (the label is in its own geometry)
-                spacing = scan_spacing(batch["label"])
-            else:
-                spacing = tensor_spacing(pixel_spacing(entries[i], self.datalist_info), entries[i]["image"])
-            pred = logits.argmax(dim=1, keepdim=True).cpu()
-            for suffix, meter in meters.items():
-                meter.update(
-                    keep_largest_component(pred, self.num_classes) if suffix else pred,
-                    plain(batch["label"]).cpu(),
-                    fov=None if fov is None else fov.cpu(),
-                    spacing=spacing,
-                )
-        # the post-processed scores beside the raw ones, under their own keys (dice_lcc, ...)
-        means, rows = {}, [{"id": os.path.basename(e["image"])} for e in entries]
-        for suffix, meter in meters.items():
-            rename = largest_component_key if suffix else (lambda key: key)
-            means.update({rename(k): v for k, v in meter.aggregate().items()})
-            for row, values in zip(rows, meter.per_image()):
-                row.update({rename(k): v for k, v in values.items()})
-        return (means, rows) if per_image else means
+        """Mean foreground metrics of ``model`` over the images of ``split``, each scored at its own size; ``(means,
+        rows)`` with ``per_image`` (``fedseg.engine.evaluation.SegmentationEvaluation.evaluate``)."""
+        return self.evaluation.evaluate(model, split, metrics=metrics, per_image=per_image, largest_component=largest_component)
 
     def validation_metrics(self, model: nn.Module) -> Dict[str, float]:
-        """``{"val_dice": mean Dice on the validation split}`` (sent with the trained weights): what
-        ``evaluate(model, "validation", ("dice",))`` gives, computed in batches on the device where the split allows it
-        (:meth:`batched_dice`)."""
-        dice = self.batched_dice(model, "validation")
-        if dice is None:
-            dice = self.evaluate(model, "validation", metrics=("dice",), largest_component=False)["dice"]
-        return {"val_dice": dice}
-
-    @torch.no_grad()
-    def batched_dice(self, model: nn.Module, split: str) -> Optional[float]:
-        """Mean foreground Dice of ``model`` over ``split``, as :meth:`evaluate` scores it (scores resized back to each
-        image's own size before the argmax, empty-mask policy of ``fedseg.metrics``), with the images held on the
-        device and predicted ``eval_batch_size`` at a time (default 16). Resize mode, 2-D, a wholly cached split and
-        ``resident_data`` on; else None (the caller evaluates image by image)."""
-        if self.volumes or self.spatial_mode != "resize" or not self.train_config.get("resident_data", True):
-            return None
-        if split not in self._resident_eval:
-            self._resident_eval[split] = self._hold_split(split)
-        held = self._resident_eval[split]
-        if held is None:
-            return None
-        images, labels = held
-        step = max(int(self.train_config.get("eval_batch_size") or 16), 1)
-        meter = SegmentationMetrics(self.num_classes, ("dice",), label_space=self.label_space)
-        was_training = model.training
-        model.eval()
-        try:
-            scores = torch.cat([self.predict(model, images[i:i + step]) for i in range(0, len(images), step)])
-        finally:
-            model.train(was_training)
-        # images whose masks share a size are scored together; the mean over images does not depend on the order
-        for size, (index, truth) in labels.items():
-            pred = resize_scores(scores.index_select(0, index), size).argmax(dim=1, keepdim=True)
-            meter.update(pred, truth)
-        return meter.aggregate()["dice"]
-
-    def _hold_split(self, split: str) -> Optional[Tuple[torch.Tensor, Dict[Tuple[int, ...], Tuple[torch.Tensor, torch.Tensor]]]]:
-        """A wholly cached evaluation split on the device: images ``(N, C, h, w)`` on the network's grid, and its masks
-        grouped by size ``{(H, W): (image indices, masks (n, 1, H, W))}``; None when it is not wholly cached."""
-        dataset = self._dataset(split, False)
-        if len(dataset) == 0 or dataset.cache_num < len(dataset.data):
-            return None
-        items = [dataset[i] for i in range(len(dataset))]
-        images = torch.stack([plain(it["image"]).float() for it in items]).to(self.device)
-        groups: Dict[Tuple[int, ...], List[int]] = {}
-        for i, it in enumerate(items):
-            groups.setdefault(tuple(int(x) for x in it["label"].shape[1:]), []).append(i)
-        labels = {size: (torch.tensor(index, device=self.device),
-                         torch.stack([plain(items[i]["label"]).float() for i in index]).to(self.device))
-                  for size, index in groups.items()}
-        return images, labels
+        """``{"val_dice": mean Dice on the validation split}``, sent with the trained weights
+        (``fedseg.engine.evaluation.SegmentationEvaluation.validation_metrics``)."""
+        return self.evaluation.validation_metrics(model)
 
     def save_evaluation_figures(self, model: nn.Module, output_dir: os.PathLike, model_name: str) -> None:
         """Overlay strip (image / truth / prediction) of the test split, for the global model only."""
-        if model_name == "global":
-            from fedseg.plots.overlays import save_overlay_strip
-
-            save_overlay_strip(self, model, os.path.join(output_dir, f"overlays_{model_name}.png"))
+        self.evaluation.save_figures(model, output_dir, model_name)
 
 
 def _check_dp_objective(objective: ClientObjective) -> None:

@@ -22,18 +22,17 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from fedseg.config import BASE_TRAIN_CONFIG, TrainConfig, as_train_config
 from fedseg.data.batch_transforms import Batch, BatchOp, apply_pipeline, batch_pipeline
 
 logger = logging.getLogger(__name__)
 
 #: stored tensor keys of a cached training item (the rest, e.g. a ``rescale`` factor, has done its work)
 TENSOR_KEYS = ("image", "label", "image_mean", "image_std")
-#: device memory the stored training split of one site process may take, unless train_config says otherwise (MiB)
-DEFAULT_DEVICE_CACHE_MB = 4096
 
 
 def _plain(x: Any) -> torch.Tensor:
@@ -148,7 +147,7 @@ class ResidentTrainingData:
     """
 
     def __init__(self, items: Sequence[Mapping[str, Any]], tail: Sequence[Any], device: torch.device, batch_size: int,
-                 drop_last: bool, num_classes: int, device_cache_mb: Optional[float] = DEFAULT_DEVICE_CACHE_MB):
+                 drop_last: bool, num_classes: int, device_cache_mb: Optional[float] = BASE_TRAIN_CONFIG["device_cache_mb"]):
         import monai.transforms as mt
 
         if not items:
@@ -265,11 +264,13 @@ class ResidentLoader:
         return self.data.epoch(order, seed)
 
 
-def resident_training_data(dataset: Any, device: torch.device, train_config: Mapping[str, Any],
+def resident_training_data(dataset: Any, device: torch.device, train_config: "Mapping[str, Any] | TrainConfig",
                            num_classes: int) -> Optional[ResidentTrainingData]:
     """:class:`ResidentTrainingData` of a fully cached training ``SiteDataset``, or None (with the reason logged) when
-    the site must keep the per-sample loader: ``resident_data`` off, items not all cached, or no batch form."""
-    if not train_config.get("resident_data", True):
+    the site must keep the per-sample loader: ``resident_data`` off, items not all cached, or no batch form.
+    ``train_config``: the engine's typed config or a train_config dict."""
+    config = as_train_config(train_config)
+    if not config.runtime.resident_data:
         return None
     if dataset.cache_num < len(dataset.data) or getattr(dataset, "_cache", None) is None:
         logger.info("training split not wholly cached (%d of %d): per-sample loader", dataset.cache_num, len(dataset.data))
@@ -284,8 +285,8 @@ def resident_training_data(dataset: Any, device: torch.device, train_config: Map
         return None
     try:
         return ResidentTrainingData(
-            items, tail, device, int(train_config.get("batch_size", 4)), bool(train_config.get("drop_last", False)),
-            num_classes, train_config.get("device_cache_mb", DEFAULT_DEVICE_CACHE_MB),
+            items, tail, device, config.training.batch_size, bool(config.training.drop_last), num_classes,
+            config.runtime.device_cache_mb,
         )
     except ValueError as e:
         logger.info("per-sample loader for the training split: %s", e)

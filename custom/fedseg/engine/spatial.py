@@ -39,6 +39,8 @@ import torch
 from monai.inferers import SlidingWindowInferer
 from torch import nn
 
+from fedseg.config import TrainConfig, as_train_config
+
 logger = logging.getLogger(__name__)
 
 SPATIAL_MODES = ("resize", "patch", "slices")
@@ -82,25 +84,27 @@ def resolve_spatial_settings(train_config: Mapping[str, Any], datalist: Mapping[
     return out
 
 
-def check_patch_size(train_config: Mapping[str, Any], levels: int) -> None:
+def check_patch_size(train_config: "Mapping[str, Any] | TrainConfig", levels: int) -> None:
     """The patch (or resized image) must pass through every pooling level of the U-Net, and keep more
     than one pixel at the bottleneck (instance norm needs two). Volumes: every side of the 3-D patch, or the in-plane
-    sides in slice mode."""
+    sides in slice mode. ``train_config``: a typed config or a train_config dict."""
+    config = as_train_config(train_config)
     factor = 2 ** (levels - 1)
-    mode = train_config.get("spatial_mode")
+    mode = config.spatial.spatial_mode
     key = "patch_size" if mode in ("patch", "slices") else "image_size"
-    if int(train_config.get("spatial_dims") or 2) == 3:
+    value = config.spatial.patch_size if key == "patch_size" else config.network.image_size
+    if config.volume.spatial_dims == 3:
         from fedseg.data.volumes import crop_shape
 
-        axis = int(train_config.get("slice_axis", 2))
-        sides = [s for i, s in enumerate(crop_shape(train_config[key], mode, axis)) if not (mode == "slices" and i == axis)]
+        axis = config.volume.slice_axis
+        sides = [s for i, s in enumerate(crop_shape(value, mode, axis)) if not (mode == "slices" and i == axis)]
     else:
-        if not isinstance(train_config[key], (int, float)):
-            raise ValueError(f"{key} {train_config[key]!r}: a 2-D job takes one number")
-        sides = [int(train_config[key])]
+        if not isinstance(value, (int, float)):
+            raise ValueError(f"{key} {value!r}: a 2-D job takes one number")
+        sides = [int(value)]
     for size in sides:
         if size % factor or size < 2 * factor:
-            raise ValueError(f"{key} {train_config[key]!r} must be a multiple of {factor} and at least {2 * factor} "
+            raise ValueError(f"{key} {value!r} must be a multiple of {factor} and at least {2 * factor} "
                              f"(on every side) for a {levels}-level U-Net")
 
 
@@ -112,23 +116,25 @@ class WholeImagePredictor:
     the result is cropped back by MONAI. Resize mode is one forward pass.
     """
 
-    def __init__(self, train_config: Mapping[str, Any]):
-        self.mode = train_config.get("spatial_mode", "resize")
+    def __init__(self, train_config: "Mapping[str, Any] | TrainConfig"):
+        config = as_train_config(train_config)
+        self.mode = config.spatial.spatial_mode or "resize"
         self.inferer: Optional[SlidingWindowInferer] = None
         self.slice_axis: Optional[int] = None
-        if int(train_config.get("spatial_dims") or 2) == 3:
+        if config.volume.spatial_dims == 3:
             from fedseg.data.volumes import crop_shape
 
-            roi = tuple(crop_shape(train_config["patch_size"], self.mode, int(train_config.get("slice_axis", 2))))
-            self.slice_axis = int(train_config.get("slice_axis", 2)) if self.mode == "slices" else None
+            roi = tuple(crop_shape(config.spatial.patch_size, self.mode, config.volume.slice_axis))
+            self.slice_axis = config.volume.slice_axis if self.mode == "slices" else None
         elif self.mode == "patch":
-            roi = (int(train_config["patch_size"]),) * 2
+            roi = (int(config.spatial.patch_size),) * 2
         if self.mode in ("patch", "slices"):
+            window = config.sliding_window
             self.inferer = SlidingWindowInferer(
                 roi_size=roi,
-                sw_batch_size=int(train_config.get("sw_batch_size", 4)),
-                overlap=float(train_config.get("sw_overlap", 0.25)),
-                mode=str(train_config.get("sw_blend_mode", "gaussian")),
+                sw_batch_size=window.sw_batch_size,
+                overlap=window.sw_overlap,
+                mode=str(window.sw_blend_mode),
                 progress=False,
             )
 

@@ -5,14 +5,20 @@ objective (named here and shipped to sites in the task meta). The controller wri
 a markdown summary and plots into the run directory, and after every round ``round_checkpoint.pt``
 (``fedseg.fl.checkpoint``) into ``checkpoint_dir``: a job started with the same configuration and a
 checkpoint there continues from the round after the checkpoint's instead of starting over.
+
+A run is ``_start`` (sites, strategy, resume), one ``_round`` per round (train task, aggregation, report entry,
+checkpoint; its tasks' rejections, bytes, times and screening geometry collect in a ``RoundStats``) and ``_finish``
+(final evaluation, report). Where each round's global model is validated for best-round selection is decided by
+``fedseg.fl.round_validation.ValidationSchedule``.
 """
 
 from __future__ import annotations
 
 import resource
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
@@ -27,6 +33,7 @@ from fedseg.fl.payload import payload_dtype, to_wire
 from fedseg.fl.protocol import (BASE_STATISTICS, EVALUATE_TASK, META_KEY, RECEIVED_PREFIX, SPATIAL_KEY, SPATIAL_MODE_CODES,
                                 SUBMIT_MODEL_TASK, TRAIN_TASK, VALIDATE_RECEIVED_KEY, unpack_models)
 from fedseg.fl.report import RunReport
+from fedseg.fl.round_validation import Validation, ValidationSchedule
 from fedseg.fl.task_clock import TaskClock
 from fedseg.fl.task_hold import hold_task_requests
 from fedseg.fl.screening import (
@@ -53,14 +60,47 @@ from fedseg.strategies.registry import build_strategy
 from fedseg.strategies.server_step import ServerStep, server_step_config
 
 
-#: how each round's global model is validated for best-round selection (train_config ``round_validation``): with the
-#: task the sites receive next (the next round's train task; the final evaluation after the last round), or by an
-#: evaluate task of its own after every round
-ROUND_VALIDATION = ("train_task", "task")
-
 #: keys NVFlare's ModelController writes into a result's meta on the server (base_model_controller: the task's
 #: meta as "props", and "client_name"); they are not part of what the site sent
 NVFLARE_RESULT_META = ("props", "client_name")
+
+
+@dataclass
+class RoundStats:
+    """What one round's tasks cost and what the checks on their results saw; every task the round sends adds to it.
+
+    ``rejected``: ``{site: "task: reason"}`` of every result left out; ``bytes_sent`` / ``bytes_received``: payload
+    bytes of every task, server -> sites and sites -> server (``payload_bytes``: tensors by size, scalars at 8 bytes, no
+    serialisation overhead); ``clock``: each task's send -> last-result seconds and its per-site split
+    (``fedseg.fl.task_clock``); ``screening``: ``{task: {site[ model]: {update_norm, update_cosine, model_cosine}}}``,
+    what the screening thresholds were compared with; ``started``: the round's start (``time.perf_counter``).
+    """
+
+    rejected: Dict[str, str] = field(default_factory=dict)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    clock: TaskClock = field(default_factory=TaskClock)
+    screening: Dict[str, Dict[str, Dict[str, float]]] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+
+    def report_fields(self) -> Dict[str, Any]:
+        """The round's report fields from these stats (``rounds[]`` of ``report.json``, in the report's order)."""
+        return dict(
+            rejected=dict(self.rejected),
+            # ||w_i - w_sent_i|| and its cosine with the median update, per task and site: what the
+            # screening thresholds (config.screening) were compared with
+            screening=dict(self.screening),
+            wall_time=time.perf_counter() - self.started,
+            # seconds from sending each task to the last answer: lets a benchmark see what a
+            # method's extra task (e.g. FedEvi's evaluate_surrogate) costs within the round
+            task_times=self.clock.totals(),
+            # each task's median deliver / site / return seconds over sites (fedseg.fl.task_clock)
+            task_breakdown=self.clock.breakdown(),
+            bytes_sent=self.bytes_sent,
+            bytes_received=self.bytes_received,
+            # peak resident memory of the server process so far (MiB): how the server scales with K sites
+            server_peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        )
 
 
 class FedSegController(ModelController):
@@ -161,17 +201,15 @@ class FedSegController(ModelController):
         self._screening = ScreeningConfig.from_options(self.screening)
         self._statistic_ranges = {**BASE_STATISTIC_RANGES, **dict(objective_.statistic_ranges)}
         self._reference: Dict[str, torch.Tensor] = {}
-        self._rejected: Dict[str, str] = {}
-        self._clock = TaskClock()
-        #: per task: the update norm / cosine of every screened model (report field ``screening``)
-        self._geometry: Dict[str, Dict[str, Dict[str, float]]] = {}
-        self._bytes: Dict[str, int] = {"sent": 0, "received": 0}
         # wire dtype of the weights this server sends (sites cast theirs themselves); fails here if unknown
         self._payload_dtype = payload_dtype(self.train_config)
         #: each segmentation site's [patch?, rescale] (protocol.SPATIAL_KEY), from its train results
         self._site_spatial: Dict[str, List[float]] = {}
         #: the best round's global model by mean validation metric (train_config eval_best_val_round), else None
         self._selection = BestValidationRound() if self.train_config.get("eval_best_val_round") else None
+        #: where each round's global model is validated for that selection (fedseg.fl.round_validation)
+        self._validation = ValidationSchedule.for_job(self.train_config, self._strategy.has_global_model,
+                                                      self._strategy.evaluates_global, self.final_evaluation)
         #: the latest round's locally trained models as the sites sent them (train_config eval_local_models), else None
         self._local_models: Optional[Dict[str, Dict[str, torch.Tensor]]] = {} if self.train_config.get("eval_local_models") else None
 
@@ -185,6 +223,16 @@ class FedSegController(ModelController):
                 hold.release()
 
     def _run(self) -> None:
+        clients, report, first_round = self._start()
+        for round_ in range(first_round, self.num_rounds):
+            if self.abort_signal.triggered:
+                return
+            self._round(report, clients, round_)
+        self._finish(report, clients)
+
+    def _start(self) -> Tuple[List[str], RunReport, int]:
+        """Check the sites, start the strategy from the persistor's model, and continue from this job's checkpoint if
+        there is one; returns the sites (sorted), the run's report and the first round still to run."""
         initial = self.load_model()
         self._attach_train_config()
         self._reference = {k: v.clone() for k, v in to_tensor_params(initial.params).items()}
@@ -211,109 +259,70 @@ class FedSegController(ModelController):
             clients=clients,
             config=self._effective_config(clients),
         )
-        first_round = self._resume(report)
-        for round_ in range(first_round, self.num_rounds):
-            if self.abort_signal.triggered:
-                return
-            started = time.perf_counter()
-            self._rejected, self._bytes = {}, {"sent": 0, "received": 0}
-            self._clock = TaskClock()
-            self._geometry = {}
-            payloads = {site: self._strategy.payload(site, round_) for site in clients}
-            # best-round selection: the previous round's global model, which the sites receive now, is validated
-            # with this train task (one task per round) where every site receives exactly that model
-            validates_previous = round_ > 0 and self._awaits_validation(report, round_ - 1)
-            if validates_previous and not self._validates_with_train(payloads):  # a personalised payload: its own task
-                self._offer_round(report, round_ - 1, self._validate_global(clients, round_ - 1), self._strategy.global_params())
-                validates_previous = False
-            if validates_previous:
-                sent_global = self._strategy.global_params()
-                payloads = {s: SitePayload(params=p.params, meta={**p.meta, VALIDATE_RECEIVED_KEY: True}) for s, p in payloads.items()}
-            updates = self._exchange(TRAIN_TASK, payloads, round_, reference=self._train_reference)
-            if validates_previous:
-                self._offer_round(report, round_ - 1, received_scores(updates), sent_global)
-            if self._local_models is not None:
-                self._local_models = {s: u.params for s, u in updates.items()}
-            self._attach_train_config()  # now with the spatial settings the sites reported
-            fields = self._strategy.aggregate_round(
-                round_, updates, lambda task, p, r=round_: self._exchange(task, p, r, require_params=task in self._weight_tasks)
-            )
-            if self._selects_best_round() and not self._validates_later():
-                fields["global_val"] = self._validate_global(clients, round_)
-                self._selection.offer(round_, fields["global_val"], self._strategy.global_params())
-            report.add_round(
-                round_,
-                metrics={s: u.metrics for s, u in updates.items()},
-                missing=[s for s in clients if s not in updates],
-                rejected=dict(self._rejected),
-                # ||w_i - w_sent_i|| and its cosine with the median update, per task and site: what the
-                # screening thresholds (config.screening) were compared with
-                screening=dict(self._geometry),
-                wall_time=time.perf_counter() - started,
-                # seconds from sending each task to the last answer: lets a benchmark see what a
-                # method's extra task (e.g. FedEvi's evaluate_surrogate) costs within the round
-                task_times=self._clock.totals(),
-                # each task's median deliver / site / return seconds over sites (fedseg.fl.task_clock)
-                task_breakdown=self._clock.breakdown(),
-                # payload bytes (tensors by size, scalars at 8 bytes; no serialisation overhead) of every
-                # task of the round, server -> sites and sites -> server
-                bytes_sent=self._bytes["sent"],
-                bytes_received=self._bytes["received"],
-                # peak resident memory of the server process so far (MiB): how the server scales with K sites
-                server_peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                **fields,
-            )
-            if self._strategy.has_global_model:
-                self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
-            report.write(self.get_run_dir(), plots=False)
-            self._checkpoint(report, round_)
-            self.info(f"round {round_ + 1}/{self.num_rounds} done: {report.round_summary(round_)}")
+        return clients, report, self._resume(report)
 
-        last = self.num_rounds - 1
-        if self._awaits_validation(report, last) and not (self.final_evaluation and self._strategy.evaluates_global):
+    def _round(self, report: RunReport, clients: List[str], round_: int) -> None:
+        """One round: the train task, the strategy's aggregation (with the tasks of its own it sends), the round's
+        validation where it has a task of its own; then its report entry, the global model and the checkpoint."""
+        stats = RoundStats()
+        updates = self._train(report, clients, round_, stats)
+        if self._local_models is not None:
+            self._local_models = {s: u.params for s, u in updates.items()}
+        self._attach_train_config()  # now with the spatial settings the sites reported
+        fields = self._strategy.aggregate_round(
+            round_, updates,
+            lambda task, p, r=round_: self._exchange(task, p, r, require_params=task in self._weight_tasks,
+                                                     stats=stats),
+        )
+        if self._validation.after_aggregation() is Validation.OWN_TASK:
+            fields["global_val"] = self._validate_global(clients, round_, stats)
+            self._selection.offer(round_, fields["global_val"], self._strategy.global_params())
+        report.add_round(
+            round_,
+            metrics={s: u.metrics for s, u in updates.items()},
+            missing=[s for s in clients if s not in updates],
+            **stats.report_fields(),
+            **fields,
+        )
+        if self._strategy.has_global_model:
+            self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
+        report.write(self.get_run_dir(), plots=False)
+        self._checkpoint(report, round_)
+        self.info(f"round {round_ + 1}/{self.num_rounds} done: {report.round_summary(round_)}")
+
+    def _train(self, report: RunReport, clients: List[str], round_: int, stats: RoundStats) -> Dict[str, ClientUpdate]:
+        """Round ``round_``'s train task; returns the valid results. Where the previous round's global model still
+        awaits its validation, it rides on this task (every site receives exactly that model and scores it before it
+        trains), or has an evaluate task of its own first (a site receives a model of its own)."""
+        payloads = {site: self._strategy.payload(site, round_) for site in clients}
+        previous = self._validation.before_train(report.rounds, round_, payloads, self._strategy.global_params)
+        if previous is Validation.OWN_TASK:
+            self._offer_round(report, round_ - 1, self._validate_global(clients, round_ - 1, stats), self._strategy.global_params())
+        elif previous is Validation.WITH_TRAIN_TASK:
+            sent_global = self._strategy.global_params()
+            payloads = {s: SitePayload(params=p.params, meta={**p.meta, VALIDATE_RECEIVED_KEY: True}) for s, p in payloads.items()}
+        updates = self._exchange(TRAIN_TASK, payloads, round_, reference=self._train_reference, stats=stats)
+        if previous is Validation.WITH_TRAIN_TASK:
+            self._offer_round(report, round_ - 1, received_scores(updates), sent_global)
+        return updates
+
+    def _finish(self, report: RunReport, clients: List[str]) -> None:
+        """After the last round: its global model's validation where that has a task of its own, the strategy's
+        end, the final evaluation, and the report with its summary and plots."""
+        if self._validation.after_last_round(report.rounds, self.num_rounds) is Validation.OWN_TASK:
+            last = self.num_rounds - 1
             self._offer_round(report, last, self._validate_global(clients, last), self._strategy.global_params())
         finished = self._strategy.finish()
         if finished:
             report.final.update(finished)
         if not self._strategy.has_global_model:
             self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
-
         if self.final_evaluation:
             self._final_evaluation(report, clients)
         path = report.write(self.get_run_dir(), plots=True)
         self.info(f"report written to {path}")
 
-    # ---------------------------------------------------------------------------------- final phase
-    def _selects_best_round(self) -> bool:
-        """Best-validation-round selection is on and applies: the method has a complete global model."""
-        return self._selection is not None and self._strategy.has_global_model and self._strategy.evaluates_global
-
-    def _validates_with_train(self, payloads: Dict[str, SitePayload]) -> bool:
-        """Whether this round's train task validates the previous round's global model: selection is on, the job
-        validates with the train task (``train_config["round_validation"]``), and every site receives the global
-        model itself (not a personalised one) as its main weights."""
-        params = self._strategy.global_params()
-        for payload in payloads.values():
-            main, _ = unpack_models(payload.params)
-            if set(main) != set(params) or any(main[k] is not params[k] for k in params):
-                return False
-        return True
-
-    def _validates_later(self) -> bool:
-        """Whether each round's global model is validated by the next task the sites receive (the next round's train
-        task, or the final evaluation after the last round) rather than by an evaluate task of its own
-        (``train_config["round_validation"]``: ``"train_task"``, the default, or ``"task"``)."""
-        mode = self.train_config.get("round_validation", "train_task")
-        if mode not in ROUND_VALIDATION:
-            raise ValueError(f"train_config['round_validation'] must be one of {ROUND_VALIDATION}, got {mode!r}")
-        return mode == "train_task"
-
-    def _awaits_validation(self, report: RunReport, round_: int) -> bool:
-        """Round ``round_``'s global model is still to be validated for the best-round selection."""
-        if not (self._selects_best_round() and self._validates_later()):
-            return False
-        return not any(r["round"] == round_ and "global_val" in r for r in report.rounds)
-
+    # ---------------------------------------------------------------------------------- best-round validation
     def _offer_round(self, report: RunReport, round_: int, scores: Dict[str, float], params) -> None:
         """Record round ``round_``'s validation scores of its global model (``rounds[].global_val``) and offer the
         model to the best-round selection."""
@@ -322,14 +331,16 @@ class FedSegController(ModelController):
                 entry["global_val"] = dict(scores)
         self._selection.offer(round_, scores, params)
 
-    def _validate_global(self, clients: List[str], round_: int) -> Dict[str, float]:
+    def _validate_global(self, clients: List[str], round_: int, stats: Optional[RoundStats] = None) -> Dict[str, float]:
         """Every site's validation metric of the current global model by an evaluate task of its own
-        (``fedseg.fl.model_selection``). A site that does not answer is left out of the mean; training goes on."""
+        (``fedseg.fl.model_selection``). A site that does not answer is left out of the mean; training goes on.
+        ``stats``: the round's that the task counts in (None after the last round: not reported)."""
         params = self._strategy.global_params()
         payloads = {s: SitePayload(params=params, meta={"model_name": "global", SPLIT_META_KEY: VALIDATION_SPLIT}) for s in clients}
-        results = self._exchange(EVALUATE_TASK, payloads, round_, require_params=False, min_results=0)
+        results = self._exchange(EVALUATE_TASK, payloads, round_, require_params=False, min_results=0, stats=stats)
         return {s: float(next(iter(u.metrics.values()))) for s, u in sorted(results.items()) if u.metrics}
 
+    # ---------------------------------------------------------------------------------- final phase
     def _final_evaluation(self, report: RunReport, clients: List[str]) -> None:
         """``final.global`` (unless the strategy has no complete global model), ``final.global_best_val`` (the best
         validation round's global model, with ``eval_best_val_round``), ``final.local`` (each site's model of the
@@ -338,13 +349,13 @@ class FedSegController(ModelController):
         ``submit_model``) and ``final.cross_site``."""
         if self._strategy.evaluates_global:
             last = self.num_rounds - 1
-            validate = self._awaits_validation(report, last)
+            validate = self._validation.after_last_round(report.rounds, self.num_rounds) is Validation.WITH_FINAL_EVALUATION
             params = self._strategy.global_params()
             report.final["global"] = self._evaluate({s: params for s in clients}, "global", validate=validate)
             if validate:  # the last round's global model: validated with its test evaluation
                 scores = {s: m.pop(k) for s, m in report.final["global"].items() for k in list(m) if k.startswith(RECEIVED_PREFIX)}
                 self._offer_round(report, last, scores, params)
-        if self._selects_best_round() and self._selection.params is not None:
+        if self._validation.selects and self._selection.params is not None:
             report.final["best_val_round"] = self._selection.best_round
             report.final["best_val_score"] = self._selection.best_score
             report.final[BEST_VAL_MODEL] = self._evaluate({s: self._selection.params for s in clients}, BEST_VAL_MODEL)
@@ -515,20 +526,20 @@ class FedSegController(ModelController):
     def _exchange(
         self, task_name: str, payloads: Dict[str, SitePayload], round_: int, require_params: bool = True,
         reference: Optional[Dict[str, torch.Tensor]] = None, min_results: Optional[int] = None,
+        stats: Optional[RoundStats] = None,
     ) -> Dict[str, ClientUpdate]:
         """Send each site its payload, wait for all answers (or the timeout), return validated results.
 
-        Sites that receive the same parameter object share one task, so a broadcast costs one
-        serialisation; personalised payloads go out as one task per site. ``reference``: the entries a
-        returned model must hold (default: the whole global model); ``min_results``: fewest valid results
-        (default ``min_clients``) before the job stops with an error.
+        A broadcast (``broadcast_groups``) goes out as one task, so it costs one serialisation; personalised
+        payloads go out as one task per site. ``reference``: the entries a returned model must hold (default: the
+        whole global model); ``min_results``: fewest valid results (default ``min_clients``) before the job stops
+        with an error; ``stats``: the round's record that this task's rejections, bytes, times and screening
+        geometry add to (None outside a round, in the final phase: nothing reports them).
         """
         reference = self._reference if reference is None else reference
         min_results = self.min_clients if min_results is None else int(min_results)
+        stats = RoundStats() if stats is None else stats
         started, started_wall = time.perf_counter(), time.time()
-        groups: Dict[int, List[str]] = {}
-        for site, payload in payloads.items():
-            groups.setdefault(id(payload.params), []).append(site)
         results: Dict[str, ClientUpdate] = {}
         answered: List[str] = []
         handled: List[str] = []
@@ -536,7 +547,7 @@ class FedSegController(ModelController):
 
         def reject(site: str, reason: str) -> None:
             self.warning(f"rejected {task_name} result: {reason}")
-            self._rejected[site] = f"{task_name}: {reason}"
+            stats.rejected[site] = f"{task_name}: {reason}"
 
         def on_result(result: FLModel) -> bool:
             site = result.meta.get("client_name", "?")
@@ -544,11 +555,11 @@ class FedSegController(ModelController):
             # NVFlare adds the task's own meta to the result on the server ("props", with e.g. GraphFedSeg's
             # neighbour direction) and the sender's name: neither travelled from the site
             sent_meta = {k: v for k, v in (result.meta or {}).items() if k not in NVFLARE_RESULT_META}
-            self._bytes["received"] += payload_bytes(result.params) + payload_bytes(sent_meta)
+            stats.bytes_received += payload_bytes(result.params) + payload_bytes(sent_meta)
             if site not in payloads:
                 reject(site, f"{site}: answered a {task_name} task it was not sent")
                 return False
-            self._clock.record(task_name, sent_at.get(site, started_wall), time.time(), result.meta or {})
+            stats.clock.record(task_name, sent_at.get(site, started_wall), time.time(), result.meta or {})
             try:
                 results[site] = self._to_update(site, result, require_params, round_, reference)
                 return True
@@ -558,25 +569,7 @@ class FedSegController(ModelController):
             finally:
                 handled.append(site)  # after its result is in `results` (or rejected): the wait below reads this
 
-        for sites in groups.values():
-            first = payloads[sites[0]]
-            if not all(_same_meta(payloads[s].meta, first.meta) for s in sites):
-                sub_groups = [[s] for s in sites]
-            else:
-                sub_groups = [sites]
-            # the group's sites share one parameter object, so one cast (train_config payload_dtype) serves them
-            wire = to_wire(first.params, self._payload_dtype) if first.params else first.params
-            for targets in sub_groups:
-                data = FLModel(
-                    params=wire,
-                    params_type=ParamsType.FULL,
-                    current_round=round_,
-                    total_rounds=self.num_rounds,
-                    meta=self._task_meta(round_, payloads[targets[0]].meta),
-                )
-                self._bytes["sent"] += len(targets) * (payload_bytes(data.params) + payload_bytes(data.meta))
-                sent_at.update(dict.fromkeys(targets, time.time()))  # before the task is serialised and queued
-                self.send_model(task_name, data, targets=targets, timeout=self.task_timeout, callback=on_result)
+        self._send(task_name, payloads, round_, on_result, sent_at, stats)
         # done when every site's answer is handled: NVFlare retires a finished task only at its next task check
         # (task_check_period), which would otherwise add up to that period to every task of every round
         expected = set(payloads)
@@ -584,7 +577,7 @@ class FedSegController(ModelController):
             if self.abort_signal.triggered:
                 raise RuntimeError("job aborted")
             time.sleep(0.005)
-        self._clock.add_total(task_name, time.perf_counter() - started)
+        stats.clock.add_total(task_name, time.perf_counter() - started)
         # two answers under one name: neither can be trusted to be the site's own
         for site, count in duplicated_sites(answered).items():
             results.pop(site, None)
@@ -594,7 +587,7 @@ class FedSegController(ModelController):
                 {s: {MAIN_MODEL: u.params, **u.models} if u.params else dict(u.models) for s, u in results.items()},
                 {s: _named_models(payloads[s].params) for s in results},
                 self._screening,
-                geometry_out=self._geometry.setdefault(task_name, {}),
+                geometry_out=stats.screening.setdefault(task_name, {}),
             ).items():
                 results.pop(site)
                 reject(site, reason)
@@ -604,6 +597,27 @@ class FedSegController(ModelController):
                 f"({sorted(results)}), fewer than {min_results} (min_clients={self.min_clients})"
             )
         return results
+
+    def _send(self, task_name: str, payloads: Dict[str, SitePayload], round_: int, callback: Callable[[FLModel], bool],
+              sent_at: Dict[str, float], stats: RoundStats) -> None:
+        """Queue the tasks that carry ``payloads``: each broadcast group as one task where its sites' metas agree,
+        else one per site; notes in ``sent_at`` when each site's task went out and counts the bytes sent."""
+        for sites in broadcast_groups(payloads):
+            first = payloads[sites[0]]
+            same_meta = all(_same_meta(payloads[s].meta, first.meta) for s in sites)
+            # the group's sites share one parameter object, so one cast (train_config payload_dtype) serves them
+            wire = to_wire(first.params, self._payload_dtype) if first.params else first.params
+            for targets in ([sites] if same_meta else [[s] for s in sites]):
+                data = FLModel(
+                    params=wire,
+                    params_type=ParamsType.FULL,
+                    current_round=round_,
+                    total_rounds=self.num_rounds,
+                    meta=self._task_meta(round_, payloads[targets[0]].meta),
+                )
+                stats.bytes_sent += len(targets) * (payload_bytes(data.params) + payload_bytes(data.meta))
+                sent_at.update(dict.fromkeys(targets, time.time()))  # before the task is serialised and queued
+                self.send_model(task_name, data, targets=targets, timeout=self.task_timeout, callback=callback)
 
     def _to_update(
         self, site: str, result: FLModel, require_params: bool, round_: Optional[int] = None,
@@ -668,6 +682,21 @@ def payload_bytes(value: Any) -> int:
     if isinstance(value, (list, tuple)):
         return sum(payload_bytes(v) for v in value)
     return 8 if isinstance(value, (int, float, bool)) else 0
+
+
+def broadcast_groups(payloads: Mapping[str, SitePayload]) -> List[List[str]]:
+    """The sites grouped by the parameter object they are sent, in the order of ``payloads``: the sites of one group
+    all receive the same parameters (a broadcast, such as the global model), every other site its own.
+
+    Identity, not equality, is the test. A strategy that broadcasts hands every site the very same dict, so identity
+    finds a broadcast without reading a weight, where comparing tensors would read the whole model for every pair of
+    sites; and a payload built for one site (a personalised model) stays that site's own task even where its values
+    happen to equal another's. The ids are those of objects ``payloads`` holds alive, so no two coincide.
+    """
+    groups: Dict[int, List[str]] = {}
+    for site, payload in payloads.items():
+        groups.setdefault(id(payload.params), []).append(site)
+    return list(groups.values())
 
 
 def _named_models(params: Dict[str, Any]) -> Dict[str, Dict[str, torch.Tensor]]:

@@ -15,6 +15,8 @@ from typing import Any, Dict, Mapping
 import numpy as np
 import torch
 
+from fedseg.config import BASE_TRAIN_CONFIG
+
 #: train_config ``payload_dtype`` values
 PAYLOAD_DTYPES: Dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: dtypes that only ever appear on the wire (cast back to float32 on receipt)
@@ -27,7 +29,7 @@ def payload_dtype(train_config: Mapping[str, Any]) -> torch.dtype:
     Raises:
         ValueError: an unknown name.
     """
-    name = train_config.get("payload_dtype") or "float32"
+    name = train_config.get("payload_dtype") or BASE_TRAIN_CONFIG["payload_dtype"]
     if name not in PAYLOAD_DTYPES:
         raise ValueError(f"train_config['payload_dtype'] must be one of {sorted(PAYLOAD_DTYPES)}, got {name!r}")
     return PAYLOAD_DTYPES[name]

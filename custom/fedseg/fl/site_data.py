@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
+from fedseg.config import TrainConfig
+
 DATALIST_ENV = "FEDSEG_DATALIST"
 DATA_ROOT_ENV = "FEDSEG_DATA_ROOT"
 SITE_CONFIG_NAME = "fedseg_site.json"
@@ -52,12 +54,13 @@ def resolve_site_datalist(
 
     from fedseg.data.synthetic import generate_site_data
 
+    data = TrainConfig.from_dict(train_config).data
     return generate_site_data(
-        family=train_config.get("data_family", "polyp"),
+        family=data.data_family,
         site=site,
         out_dir=root,
-        seed=int(train_config.get("data_seed", 0)),
-        profile=train_config.get("data_profile", "default"),
+        seed=data.data_seed,
+        profile=data.data_profile,
         image_size=train_config.get("data_image_size"),
     )
 
@@ -79,14 +82,15 @@ def builtin_foundation_datalist(
             f"built-in {FOUNDATION_FAMILY!r} silos need the federation's site list, which the server sends; "
             f"{site!r} is not in {sites}"
         )
+    config = TrainConfig.from_dict(train_config)
     out = builtin_foundation_silos(
         root / FOUNDATION_FAMILY,
         sites,
-        unseen=float(train_config.get("data_unseen", 1.0)),
-        seed=int(train_config.get("data_seed", 0)),
-        profile=train_config.get("data_profile", "default"),
+        unseen=config.data.data_unseen,
+        seed=config.data.data_seed,
+        profile=config.data.data_profile,
         only_site=site,
         n_scanners=train_config.get("data_scanners"),
-        image_size=train_config.get("vit_image_size"),
+        image_size=config.classifier.vit_image_size,
     )
     return Path(out[site])

@@ -12,6 +12,8 @@ from typing import Any, Dict, Optional
 
 from torch import nn
 
+from fedseg.config import BASE_TRAIN_CONFIG
+
 
 class BundleNetwork:
     """``BundleNetwork(bundle=..., ...)`` is the bundle's network itself (an ``nn.Module`` of the bundle's class).
@@ -37,4 +39,4 @@ def bundle_network_component(train_config: Dict[str, Any]) -> Dict[str, Any]:
     return {"path": f"{__name__}.BundleNetwork",
             "args": {"bundle": train_config["bundle"], "bundle_overrides": train_config.get("bundle_overrides"),
                      "feature_layer": train_config.get("feature_layer"), "head_layer": train_config.get("head_layer"),
-                     "feature_alignment": bool(train_config.get("feature_alignment")), "seed": int(train_config.get("seed", 0))}}
+                     "feature_alignment": bool(train_config.get("feature_alignment")), "seed": int(train_config.get("seed", BASE_TRAIN_CONFIG["seed"]))}}

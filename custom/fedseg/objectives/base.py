@@ -38,14 +38,16 @@ other shape.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type
 
 import torch
 from torch import nn
 
-#: the site's engine, which calls the objective (``fedseg.engine.base.LocalEngine``; what an objective may call on
-#: it: ``fedseg/engine/api.md``). Named, not imported: the engine imports this module, the interface it drives.
-SiteEngine = Any
+from fedseg.method_options import MethodOptions, set_options
+
+if TYPE_CHECKING:  # pragma: no cover - the engines import this module, the interface they drive
+    # what an objective may call on the site's engine: the protocols of fedseg.engine.api
+    from fedseg.engine.api import SiteEngine
 
 
 class UnknownTaskError(ValueError):
@@ -127,9 +129,12 @@ class ClientObjective:
     #: finite values at the server
     partial_models: Tuple[str, ...] = ()
 
-    def __init__(self, seg_loss: Optional[nn.Module] = None, **kwargs: Any):
-        if kwargs:
-            raise TypeError(f"{type(self).__name__} got unknown options {sorted(kwargs)}")
+    #: the objective's options (a :class:`fedseg.method_options.MethodOptions` dataclass): its fields are the
+    #: constructor's keywords besides ``seg_loss``, and the objective's attributes of the same names (None: none)
+    options_class: Optional[Type[MethodOptions]] = None
+
+    def __init__(self, seg_loss: Optional[nn.Module] = None, **options: Any):
+        set_options(self, self.options_class, options)
         self.seg_loss = seg_loss
 
     def set_seg_loss(self, seg_loss: nn.Module) -> None:
@@ -182,7 +187,7 @@ class ClientObjective:
         These may show images; they never leave the site.
         """
 
-    def local_training(self, engine: "LocalEngine", model: nn.Module, ctx: RoundContext) -> Dict[str, float]:
+    def local_training(self, engine: SiteEngine, model: nn.Module, ctx: RoundContext) -> Dict[str, float]:
         """The local training of a train task (after ``begin_round``, before ``end_round``); returns the
         engine's metrics (at least ``train_loss`` and ``steps``). Default: ``local_epochs`` epochs of
         :meth:`loss` on ``model``."""

@@ -17,17 +17,23 @@ from __future__ import annotations
 import copy
 import math
 import os
-from typing import Dict, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import torch
 from nvflare.app_opt.pt.ditto import PTDittoHelper
 from torch import nn
 
 from fedseg.fl.protocol import SUBMIT_MODEL_TASK
+from fedseg.config import BASE_TRAIN_CONFIG
+from fedseg.method_options import MethodOptions, option
 
 from .base import ClientObjective, RoundContext, UnknownTaskError
 from .fedprox import FedProxObjective
 from .site_records import KeepsRoundRecords, cpu_copy, refuse_dp
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedseg.engine.api import SiteEngine
 
 
 class RoundKeyedDittoHelper(PTDittoHelper):
@@ -57,7 +63,7 @@ class RoundKeyedDittoHelper(PTDittoHelper):
         self.records.save(round_, {"model": cpu_copy(self.model.state_dict()),
                                    "optimizer": copy.deepcopy(self.optimizer.state_dict())})
 
-    def local_train(self, engine, model_global: nn.Module, ctx: RoundContext) -> Dict[str, float]:
+    def local_train(self, engine: SiteEngine, model_global: nn.Module, ctx: RoundContext) -> Dict[str, float]:
         """``model_epochs`` epochs of ``L_seg(v) + prox_criterion(v, w_global)`` with the engine."""
         objective = FedProxObjective(mu=self.prox_criterion.mu, seg_loss=self.criterion)
         objective.prox = self.prox_criterion
@@ -68,37 +74,46 @@ class RoundKeyedDittoHelper(PTDittoHelper):
             objective.release()
 
 
+@dataclass(frozen=True)
+class DittoOptions(MethodOptions):
+    """Ditto's site options."""
+
+    ditto_lambda: float = option(0.1, "weight of the personal model's proximal term (PTDittoHelper's default; the Ditto "
+                                 "paper tunes lambda per data set)")
+    personal_epochs: Optional[int] = option(None, "local epochs of the personal model (None: local_epochs)")
+
+    def __post_init__(self):
+        lam, epochs = self.ditto_lambda, self.personal_epochs
+        if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam >= 0):
+            raise ValueError(f"Ditto lambda must be a finite number >= 0, got {lam!r}")
+        if epochs is not None and not (isinstance(epochs, int) and epochs >= 1):
+            raise ValueError(f"Ditto personal_epochs must be None or an integer >= 1, got {epochs!r}")
+        self._set("ditto_lambda", float(lam))
+
+
 class DittoObjective(KeepsRoundRecords, ClientObjective):
-    """Args:
-        ditto_lambda: weight of the personal model's proximal term (``PTDittoHelper``'s default 0.1; the Ditto
-            paper tunes lambda per data set).
-        personal_epochs: local epochs of the personal model (None: ``local_epochs``).
-        seg_loss: the bundle's segmentation loss (set by the engine when None).
-    """
+    """A global and a personal model per site (NVFlare's ``PTDittoHelper``); options: :class:`DittoOptions`;
+    ``seg_loss``: the bundle's segmentation loss (set by the engine when None)."""
 
     name = "ditto"
     weight_tasks = (SUBMIT_MODEL_TASK,)
     records_name = "ditto_personal"
+    options_class = DittoOptions
 
-    def __init__(self, ditto_lambda: float = 0.1, personal_epochs: Optional[int] = None, seg_loss: Optional[nn.Module] = None):
-        super().__init__(seg_loss=seg_loss)
-        if not (isinstance(ditto_lambda, (int, float)) and math.isfinite(ditto_lambda) and ditto_lambda >= 0):
-            raise ValueError(f"Ditto lambda must be a finite number >= 0, got {ditto_lambda!r}")
-        if personal_epochs is not None and not (isinstance(personal_epochs, int) and personal_epochs >= 1):
-            raise ValueError(f"Ditto personal_epochs must be None or an integer >= 1, got {personal_epochs!r}")
-        self.ditto_lambda = float(ditto_lambda)
-        self.personal_epochs = personal_epochs
+    def __init__(self, seg_loss: Optional[nn.Module] = None, **options: Any):
+        super().__init__(seg_loss=seg_loss, **options)
         self.helper: Optional[RoundKeyedDittoHelper] = None
         self._received: Dict[str, torch.Tensor] = {}
 
     def begin_round(self, ctx: RoundContext, model: nn.Module) -> None:
         self._received = cpu_copy(model.state_dict())  # w_global of this round
 
-    def _helper(self, engine, ctx: RoundContext) -> RoundKeyedDittoHelper:
+    def _helper(self, engine: SiteEngine, ctx: RoundContext) -> RoundKeyedDittoHelper:
         if self.helper is None:
             personal = engine.build_network()
             optimizer = engine.make_optimizer(personal)
-            epochs = int(self.personal_epochs or ctx.train_config.get("local_epochs", 1))
+            local_epochs = ctx.train_config.get("local_epochs", BASE_TRAIN_CONFIG["local_epochs"])
+            epochs = int(self.personal_epochs or local_epochs)
             self.helper = RoundKeyedDittoHelper(
                 self.site_records(ctx), criterion=self.seg_loss, model=personal, optimizer=optimizer,
                 device=engine.device, app_dir=ctx.state_dir or os.getcwd(), ditto_lambda=self.ditto_lambda,
@@ -107,7 +122,7 @@ class DittoObjective(KeepsRoundRecords, ClientObjective):
         self.helper.records = self.site_records(ctx)
         return self.helper
 
-    def local_training(self, engine, model: nn.Module, ctx: RoundContext) -> Dict[str, float]:
+    def local_training(self, engine: SiteEngine, model: nn.Module, ctx: RoundContext) -> Dict[str, float]:
         """The global model's update (sent), then the personal model's (kept); metrics of both."""
         refuse_dp(ctx, "Ditto", "it trains a second (personal) model whose privacy accounting is not wired")
         metrics = engine.train(model, self, ctx)  # also hands this objective the bundle's loss
@@ -119,7 +134,7 @@ class DittoObjective(KeepsRoundRecords, ClientObjective):
         helper.save_model(ctx.round)
         return {**metrics, "personal_train_loss": personal["train_loss"], "personal_steps": personal["steps"]}
 
-    def handle_weight_task(self, task_name: str, ctx: RoundContext, model: nn.Module, engine):
+    def handle_weight_task(self, task_name: str, ctx: RoundContext, model: nn.Module, engine: SiteEngine):
         """``submit_model``: the personal model after this site's last training."""
         if task_name != SUBMIT_MODEL_TASK:
             raise UnknownTaskError(f"objective {self.name!r} does not handle weight task {task_name!r}")

@@ -12,7 +12,7 @@ The server's half is NVFlare's ``FedCEModelAggregator`` (``fedseg.strategies.fed
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.app_opt.pt.fedce import FedCEConstants, PTFedCEHelper
@@ -20,6 +20,9 @@ from torch import nn
 
 from .base import ClientObjective, RoundContext
 from .site_records import KeepsRoundRecords, cpu_copy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedseg.engine.api import SegmentationEngine
 
 MINUS_SCORE = FedCEConstants.MINUS_MODEL_SCORE  # "fedce_minus_val"
 WEIGHTS = FedCEConstants.CONTRIBUTION_WEIGHTS  # "fedce_coef"
@@ -44,13 +47,13 @@ class FedCEObjective(KeepsRoundRecords, ClientObjective):
         kept = self.site_records(ctx).before(ctx.round)
         return PTFedCEHelper.make_minus_model(model, kept[1]["model"] if kept else {}, weight)
 
-    def local_training(self, engine, model: nn.Module, ctx: RoundContext) -> Dict[str, float]:
+    def local_training(self, engine: SegmentationEngine, model: nn.Module, ctx: RoundContext) -> Dict[str, float]:
         minus = self.minus_model(ctx, model)
         self._score = 1.0 - float(engine.evaluate(minus, "validation", metrics=("dice",))["dice"])
         del minus
         return engine.train(model, self, ctx)
 
-    def end_round(self, ctx: RoundContext, model: nn.Module, engine) -> Dict[str, Any]:
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: SegmentationEngine) -> Dict[str, Any]:
         self.site_records(ctx).save(ctx.round, {"model": cpu_copy(model.state_dict())})
         if self._score is None:
             raise RuntimeError(f"{ctx.site}: FedCE's minus-model score was not computed this round")

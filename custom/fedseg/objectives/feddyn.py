@@ -13,13 +13,19 @@ extra terms read only weights and the site's state: ``parameter_loss`` (added af
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
+from fedseg.method_options import MethodOptions, option
+
 from .base import BatchOutput, ClientObjective, RoundContext
 from .site_records import KeepsRoundRecords, cpu_copy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedseg.engine.api import SiteEngine
 
 META_KEY = "feddyn"
 
@@ -32,21 +38,28 @@ def feddyn_penalty(params: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     return total
 
 
+@dataclass(frozen=True)
+class FedDynOptions(MethodOptions):
+    """FedDyn's options, one set for both halves (the server sends its alpha; a different one at a site is an error)."""
+
+    alpha: float = option(0.01, "the regulariser's weight (FedDyn paper: chosen from {0.1, 0.01, 0.001})")
+
+    def __post_init__(self):
+        if not (math.isfinite(self.alpha) and self.alpha > 0):
+            raise ValueError(f"FedDyn alpha must be a finite number > 0, got {self.alpha!r}")
+        self._set("alpha", float(self.alpha))
+
+
 class FedDynObjective(KeepsRoundRecords, ClientObjective):
-    """Args:
-        alpha: the regulariser's weight (FedDyn paper: chosen from {0.1, 0.01, 0.001}; default 0.01). The
-            server sends the alpha it uses; a different one here is an error (both halves must agree).
-        seg_loss: the bundle's segmentation loss (set by the engine when None).
-    """
+    """FedDyn's site half; options: :class:`FedDynOptions`; ``seg_loss``: the bundle's segmentation loss (set by the
+    engine when None)."""
 
     name = "feddyn"
     records_name = "feddyn_state"
+    options_class = FedDynOptions
 
-    def __init__(self, alpha: float = 0.01, seg_loss: Optional[nn.Module] = None):
-        super().__init__(seg_loss=seg_loss)
-        if not (math.isfinite(alpha) and alpha > 0):
-            raise ValueError(f"FedDyn alpha must be a finite number > 0, got {alpha!r}")
-        self.alpha = float(alpha)
+    def __init__(self, seg_loss: Optional[nn.Module] = None, **options: Any):
+        super().__init__(seg_loss=seg_loss, **options)
         self._bound: List[Tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def begin_round(self, ctx: RoundContext, model: nn.Module) -> None:
@@ -75,7 +88,7 @@ class FedDynObjective(KeepsRoundRecords, ClientObjective):
     def loss(self, out: BatchOutput) -> torch.Tensor:
         return self.data_loss(out) + self.parameter_loss(None)
 
-    def end_round(self, ctx: RoundContext, model: nn.Module, engine) -> Dict[str, Any]:
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: SiteEngine) -> Dict[str, Any]:
         """``g_k <- g_k - alpha (w_k - theta)``, kept for the next round."""
         grad = {name: (g - self.alpha * (w.detach() - theta)) for name, w, theta, g in self._bound}
         self.site_records(ctx).save(ctx.round, {"grad": cpu_copy(grad)})

@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 
 import copy
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -26,8 +27,12 @@ from torch import nn
 
 from fedseg.foundation.distillation import distillation_loss
 from fedseg.foundation.topology import gossip_mix
+from fedseg.method_options import MethodOptions, option
 
 from .base import BatchOutput, ClientObjective, RoundContext
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedseg.engine.api import SiteEngine
 
 OVERSEAS_TASK = "overseas_train"
 GOSSIP_TASK = "gossip"
@@ -52,45 +57,43 @@ def _tokens(features: Any) -> torch.Tensor:
     return features
 
 
+@dataclass(frozen=True)
+class FedEFMSiteOptions(MethodOptions):
+    """FedEFM's site options: ``L = (1-a) CE + sum_t w_t [a T^2 KL + mu EMD_t]``, ``w = softmax(-EMD / tau)``."""
+
+    alpha: float = option(0.5, "weight a of the distillation against the cross-entropy")
+    temperature: float = option(4.0, "logit softening T")
+    tau: float = option(0.1, "temperature of the teacher weights softmax(-EMD / tau)")
+    mu: float = option(0.1, "weight of the EMD term")
+    use_emd: bool = option(True, "off: the w/o EMD ablation (uniform teacher weights, no EMD term)")
+    overseas_epochs: int = option(1, "local epochs an overseas expert trains at its host")
+    gossip_self_weight: float = option(0.5, "DFL mixing weight on the silo's own model (the server's value)")
+
+    def __post_init__(self):
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must lie in [0, 1], got {self.alpha}")
+        if self.temperature <= 0 or self.tau <= 0:
+            raise ValueError(f"temperature and tau must be positive, got {self.temperature}, {self.tau}")
+        if int(self.overseas_epochs) < 1:
+            raise ValueError(f"overseas_epochs must be at least 1, got {self.overseas_epochs}")
+        for name in ("alpha", "temperature", "tau", "mu", "gossip_self_weight"):
+            self._set(name, float(getattr(self, name)))
+        self._set("use_emd", bool(self.use_emd))
+        self._set("overseas_epochs", int(self.overseas_epochs))
+
+
 class FedEFMObjective(ClientObjective):
-    """Args:
-        alpha: weight ``a`` of the distillation against the cross-entropy.
-        temperature: logit softening ``T``.
-        tau: temperature of the teacher weights ``softmax(-EMD / tau)``.
-        mu: weight of the EMD term.
-        use_emd: ``False`` = the "w/o EMD" ablation (uniform teacher weights, no EMD term).
-        overseas_epochs: local epochs an overseas expert trains at its host.
-        gossip_self_weight: DFL mixing weight on the silo's own model.
-    """
+    """Cross-entropy plus EMD-weighted distillation from the overseas experts; options: :class:`FedEFMSiteOptions`."""
 
     name = "fedefm"
     declared_statistics = ("teacher_emd", "teacher_weights")
     # an EMD is a distance; the teacher weights are a softmax
     statistic_ranges = {"teacher_emd": (0.0, math.inf), "teacher_weights": (0.0, 1.0)}
     weight_tasks = (OVERSEAS_TASK, GOSSIP_TASK)
+    options_class = FedEFMSiteOptions
 
-    def __init__(
-        self,
-        alpha: float = 0.5,
-        temperature: float = 4.0,
-        tau: float = 0.1,
-        mu: float = 0.1,
-        use_emd: bool = True,
-        overseas_epochs: int = 1,
-        gossip_self_weight: float = 0.5,
-        **kwargs: Any,
-    ):
-        super().__init__(**kwargs)
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
-        if temperature <= 0 or tau <= 0:
-            raise ValueError(f"temperature and tau must be positive, got {temperature}, {tau}")
-        if int(overseas_epochs) < 1:
-            raise ValueError(f"overseas_epochs must be at least 1, got {overseas_epochs}")
-        self.alpha, self.temperature, self.tau, self.mu = float(alpha), float(temperature), float(tau), float(mu)
-        self.use_emd = bool(use_emd)
-        self.overseas_epochs = int(overseas_epochs)
-        self.gossip_self_weight = float(gossip_self_weight)
+    def __init__(self, **options: Any):
+        super().__init__(**options)
         self._teachers: List[nn.Module] = []
         # frozen teacher and guest networks are kept by name and reloaded each round: stable objects
         # keep the engine's per-model optimisers valid and memory flat over the rounds
@@ -157,7 +160,7 @@ class FedEFMObjective(ClientObjective):
                 self._sums = {k: self._sums[k] + sums[k].to(self._sums[k].device) for k in self._sums}
             self._batches += batches
 
-    def end_round(self, ctx: RoundContext, model: nn.Module, engine) -> Dict[str, Any]:
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: SiteEngine) -> Dict[str, Any]:
         if not self._sums:
             return {}
         out = {"teacher_weights": (self._sums["weights"] / self._batches).tolist()}

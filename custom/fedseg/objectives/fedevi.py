@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
+from fedseg.method_options import MethodOptions, option
 from fedseg.uncertainty.window_sample import check_window_count
 from fedseg.uncertainty.client_uncertainty import masked_mean
 from fedseg.uncertainty.evidential import aleatoric_uncertainty, dirichlet_alpha, epistemic_uncertainty
@@ -44,7 +46,7 @@ from .base import BatchOutput, ClientObjective, RoundContext
 from .evidential_losses import EvidentialSegLoss
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fedseg.engine.engine import SegEngine
+    from fedseg.engine.api import SegmentationEngine
 
 SURROGATE_TASK = "evaluate_surrogate"
 #: floor on an image's mean aleatoric uncertainty before taking 1/U (keeps R_paper finite)
@@ -62,20 +64,31 @@ def _per_image_mean(pixel_map: torch.Tensor) -> torch.Tensor:
     return pixel_map.flatten(1).to(torch.float64).mean(dim=1)
 
 
-class FedEviObjective(ClientObjective):
-    """Evidential loss + G / A / R_paper for the server's weight update.
+@dataclass(frozen=True)
+class FedEviSiteOptions(MethodOptions):
+    """FedEvi's site options."""
 
-    Args:
-        kl_weight: lambda of the KL regulariser (paper: 0.01).
-        anneal_rounds: KL ramp length in rounds (paper: 10).
-        dice_form: "dice" (reference code) or "bayes_risk" (expected-moment form).
-        eps: Dice smoothing.
-        seg_loss: accepted for the common interface; FedEvi trains with its evidential loss instead.
-        surrogate_windows: in patch mode, the number of validation windows the surrogate task draws per
-            round (module docstring); ``None`` or ``"whole_image"``: every whole validation image.
-        uncertainty_grid: "image" (each image's own size) or "network" (the network's grid; 2-D images).
-        clamp_epistemic: clamp the pixel epistemic uncertainty at 0 (default) or keep it as computed.
-    """
+    kl_weight: float = option(0.01, "lambda of the KL regulariser (paper: 0.01)")
+    anneal_rounds: int = option(10, "KL ramp length in rounds (paper: 10)")
+    dice_form: str = option("dice", "dice (reference code) or bayes_risk (expected-moment form)")
+    eps: float = option(1e-5, "Dice smoothing")
+    surrogate_windows: Union[int, str, None] = option(
+        DEFAULT_SURROGATE_WINDOWS, "in patch mode, the validation windows the surrogate task draws per round (module "
+        "docstring); None or whole_image: every whole validation image")
+    uncertainty_grid: str = option("image", "where whole-image uncertainties are measured: image (each image's own "
+                                   "size) or network (the network's grid; 2-D images)")
+    clamp_epistemic: bool = option(True, "clamp the pixel epistemic uncertainty at 0, or keep it as computed")
+
+    def __post_init__(self):
+        self._set("surrogate_windows", check_window_count(self.surrogate_windows, "surrogate_windows"))
+        if self.uncertainty_grid not in UNCERTAINTY_GRIDS:
+            raise ValueError(f"uncertainty_grid must be one of {UNCERTAINTY_GRIDS}, got {self.uncertainty_grid!r}")
+        self._set("clamp_epistemic", bool(self.clamp_epistemic))
+
+
+class FedEviObjective(ClientObjective):
+    """Evidential loss + G / A / R_paper for the server's weight update; options: :class:`FedEviSiteOptions`;
+    ``seg_loss``: accepted for the common interface (FedEvi trains with its evidential loss instead)."""
 
     name = "fedevi"
     needs_class_logits = True
@@ -84,29 +97,12 @@ class FedEviObjective(ClientObjective):
     # mean epistemic / aleatoric uncertainties and a mean of 1/aleatoric: none is negative
     statistic_ranges = {"G": (0.0, math.inf), "A": (0.0, math.inf), "R_paper": (0.0, math.inf)}
 
-    def __init__(
-        self,
-        kl_weight: float = 0.01,
-        anneal_rounds: int = 10,
-        dice_form: str = "dice",
-        eps: float = 1e-5,
-        seg_loss: Optional[nn.Module] = None,
-        surrogate_windows: Union[int, str, None] = DEFAULT_SURROGATE_WINDOWS,
-        uncertainty_grid: str = "image",
-        clamp_epistemic: bool = True,
-    ):
-        super().__init__(seg_loss=seg_loss)
-        self.surrogate_windows = check_window_count(surrogate_windows, "surrogate_windows")
-        if uncertainty_grid not in UNCERTAINTY_GRIDS:
-            raise ValueError(f"uncertainty_grid must be one of {UNCERTAINTY_GRIDS}, got {uncertainty_grid!r}")
-        self.uncertainty_grid = uncertainty_grid
-        self.clamp_epistemic = bool(clamp_epistemic)
-        self.kl_weight = kl_weight
-        self.anneal_rounds = anneal_rounds
-        self.dice_form = dice_form
-        self.eps = eps
+    options_class = FedEviSiteOptions
+
+    def __init__(self, seg_loss: Optional[nn.Module] = None, **options: Any):
+        super().__init__(seg_loss=seg_loss, **options)
         self.evidential_loss = EvidentialSegLoss(
-            dice_form=dice_form, kl_weight=kl_weight, anneal_rounds=anneal_rounds, eps=eps
+            dice_form=self.dice_form, kl_weight=self.kl_weight, anneal_rounds=self.anneal_rounds, eps=self.eps
         )
         self._ctx: Optional[RoundContext] = None
 
@@ -121,7 +117,7 @@ class FedEviObjective(ClientObjective):
             raise RuntimeError("FedEviObjective.loss needs the round: call begin_round(ctx, model) first")
         return self.evidential_loss(out.logits, out.labels, self._ctx.round + 1)
 
-    def end_round(self, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: "SegmentationEngine") -> Dict[str, Any]:
         """``{"A", "R_paper"}`` of the model as it left this round's training (sent with the weights)."""
         sample, grid = self._where(engine, ctx.round)
         aleatoric = _per_image(engine, model, aleatoric_uncertainty, sample, grid)
@@ -129,7 +125,7 @@ class FedEviObjective(ClientObjective):
 
     # --- surrogate task -------------------------------------------------------------------------
 
-    def handle_task(self, task_name: str, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:
+    def handle_task(self, task_name: str, ctx: RoundContext, model: nn.Module, engine: "SegmentationEngine") -> Dict[str, Any]:
         """``"evaluate_surrogate"``: ``model`` holds the surrogate; returns ``{"G"}`` (a float)."""
         if task_name != SURROGATE_TASK:
             return super().handle_task(task_name, ctx, model, engine)
@@ -138,7 +134,7 @@ class FedEviObjective(ClientObjective):
         epistemic = functools.partial(epistemic_uncertainty, clamp=self.clamp_epistemic)
         return {"G": float(_per_image(engine, model, epistemic, sample, grid).mean())}
 
-    def _where(self, engine: "SegEngine", round_: int) -> Tuple[Optional[List], bool]:
+    def _where(self, engine: "SegmentationEngine", round_: int) -> Tuple[Optional[List], bool]:
         """Where the round's uncertainties are measured: this round's window sample (patch mode with
         ``surrogate_windows``; the same cells for G and A), and whether on the network's grid."""
         sample = None  # whole images, or this round's windows for both models
@@ -146,7 +142,7 @@ class FedEviObjective(ClientObjective):
             sample = engine.window_sample("validation", self.surrogate_windows, int(round_), SAMPLE_PURPOSE)
         return sample, self.uncertainty_grid == "network" and not getattr(engine, "volumes", False)
 
-    def surrogate_statistics(self, engine: "SegEngine", surrogate: nn.Module, local_model: nn.Module,
+    def surrogate_statistics(self, engine: "SegmentationEngine", surrogate: nn.Module, local_model: nn.Module,
                              round_: int) -> Dict[str, float]:
         """``{"G", "A", "R_paper"}`` of round ``round_`` with this objective's options (grid, clamp, window
         sample): :func:`surrogate_statistics`. Independent of which task runs it: the surrogate task, or any placement
@@ -156,7 +152,7 @@ class FedEviObjective(ClientObjective):
                                     clamp_epistemic=self.clamp_epistemic)
 
 
-def surrogate_statistics(engine: "SegEngine", surrogate: nn.Module, local_model: nn.Module, sample: Optional[List] = None,
+def surrogate_statistics(engine: "SegmentationEngine", surrogate: nn.Module, local_model: nn.Module, sample: Optional[List] = None,
                          network_grid: bool = False, clamp_epistemic: bool = True) -> Dict[str, float]:
     """FedEvi's three site statistics on the validation split, as the authors' code computes them:
 
@@ -181,7 +177,7 @@ def local_statistics(aleatoric: torch.Tensor) -> Dict[str, float]:
     return {"A": float(aleatoric.mean()), "R_paper": float((1.0 / aleatoric.clamp_min(MIN_ALEATORIC)).mean())}
 
 
-def _per_image(engine: "SegEngine", model: nn.Module, uncertainty, sample: Optional[List] = None,
+def _per_image(engine: "SegmentationEngine", model: nn.Module, uncertainty, sample: Optional[List] = None,
                network_grid: bool = False) -> torch.Tensor:
     """Pixel-mean uncertainty of every validation image, ``(N_val,)`` float64 on the CPU (at the image's own
     size, or on the network's grid with ``network_grid``); with a window ``sample`` (``engine.window_sample``),

@@ -10,30 +10,44 @@ gradient), so the ablation row ``prox0=fedprox:mu=0`` runs the same code path as
 from __future__ import annotations
 
 import math
-from typing import Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import torch
 from nvflare.app_opt.pt.fedproxloss import PTFedProxLoss
 from torch import nn
 
+from fedseg.method_options import MethodOptions, option
+
 from .base import BatchOutput, ClientObjective, RoundContext
 from .site_records import frozen_copy
 
+if TYPE_CHECKING:  # pragma: no cover
+    from fedseg.engine.api import SiteEngine
+
+
+@dataclass(frozen=True)
+class FedProxOptions(MethodOptions):
+    """FedProx's site options."""
+
+    mu: float = option(0.01, "weight of the proximal term (NVFlare's PTFedProxLoss default; the FedProx paper tunes it "
+                       "over {0.001, 0.01, 0.1, 1})")
+
+    def __post_init__(self):
+        if not (isinstance(self.mu, (int, float)) and math.isfinite(self.mu) and self.mu >= 0):
+            raise ValueError(f"FedProx mu must be a finite number >= 0, got {self.mu!r}")
+        self._set("mu", float(self.mu))
+
 
 class FedProxObjective(ClientObjective):
-    """Args:
-        mu: weight of the proximal term (NVFlare's ``PTFedProxLoss`` default 0.01; the FedProx paper tunes
-            it over {0.001, 0.01, 0.1, 1}).
-        seg_loss: the bundle's segmentation loss (set by the engine when None).
-    """
+    """The bundle's loss plus ``(mu / 2) ||w - w_global||^2``; options: :class:`FedProxOptions`; ``seg_loss``: the
+    bundle's segmentation loss (set by the engine when None)."""
 
     name = "fedprox"
+    options_class = FedProxOptions
 
-    def __init__(self, mu: float = 0.01, seg_loss: Optional[nn.Module] = None):
-        super().__init__(seg_loss=seg_loss)
-        if not (isinstance(mu, (int, float)) and math.isfinite(mu) and mu >= 0):
-            raise ValueError(f"FedProx mu must be a finite number >= 0, got {mu!r}")
-        self.mu = float(mu)
+    def __init__(self, seg_loss: Optional[nn.Module] = None, **options: Any):
+        super().__init__(seg_loss=seg_loss, **options)
         self.prox = PTFedProxLoss(mu=self.mu)
         self._model: Optional[nn.Module] = None
         self._anchor: Optional[nn.Module] = None
@@ -61,6 +75,6 @@ class FedProxObjective(ClientObjective):
     def loss(self, out: BatchOutput) -> torch.Tensor:
         return self.data_loss(out) + self.parameter_loss(None)
 
-    def end_round(self, ctx, model, engine):
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: SiteEngine) -> Dict[str, Any]:
         self.release()
         return {}

@@ -9,40 +9,49 @@ FedBN's layers (``fedseg.objectives.local_layers``).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, List
 
 from torch import nn
 
+from fedseg.method_options import MethodOptions, option
 from fedseg.networks.partition import HEADS, head_state_keys
 
 from .base import RoundContext
 from .local_layers import LocalLayersObjective
 from .site_records import refuse_dp
 
+if TYPE_CHECKING:  # pragma: no cover
+    from fedseg.engine.api import SiteEngine
+
+
+@dataclass(frozen=True)
+class FedRepSiteOptions(MethodOptions):
+    """FedRep's site options."""
+
+    head: str = option("conv1x1", "the layers kept at the site: conv1x1 or last_block (module notes)")
+    head_epochs: int = option(1, "local epochs of the head update before the body's local_epochs")
+
+    def __post_init__(self):
+        if self.head not in HEADS:
+            raise ValueError(f"FedRep head must be one of {HEADS}, got {self.head!r}")
+        epochs = self.head_epochs
+        if not (isinstance(epochs, int) and not isinstance(epochs, bool) and epochs >= 1):
+            raise ValueError(f"FedRep head_epochs must be an integer >= 1, got {epochs!r}")
+
 
 class FedRepObjective(LocalLayersObjective):
-    """Args:
-        head: ``"conv1x1"`` or ``"last_block"`` (module notes).
-        head_epochs: local epochs of the head update before the body's ``local_epochs``.
-        seg_loss: the bundle's segmentation loss (set by the engine when None).
-    """
+    """Head epochs (body frozen), then body epochs (head frozen); options: :class:`FedRepSiteOptions`; ``seg_loss``:
+    the bundle's segmentation loss (set by the engine when None)."""
 
     name = "fedrep"
     records_name = "fedrep_local_layers"
-
-    def __init__(self, head: str = "conv1x1", head_epochs: int = 1, seg_loss: Optional[nn.Module] = None):
-        super().__init__(seg_loss=seg_loss)
-        if head not in HEADS:
-            raise ValueError(f"FedRep head must be one of {HEADS}, got {head!r}")
-        if not (isinstance(head_epochs, int) and not isinstance(head_epochs, bool) and head_epochs >= 1):
-            raise ValueError(f"FedRep head_epochs must be an integer >= 1, got {head_epochs!r}")
-        self.head = head
-        self.head_epochs = head_epochs
+    options_class = FedRepSiteOptions
 
     def local_keys(self, model: nn.Module) -> List[str]:
         return head_state_keys(model, self.head)
 
-    def local_training(self, engine, model: nn.Module, ctx: RoundContext) -> Dict[str, float]:
+    def local_training(self, engine: SiteEngine, model: nn.Module, ctx: RoundContext) -> Dict[str, float]:
         """Head epochs (body frozen), then body epochs (head frozen); ``train_loss`` / ``steps`` over both."""
         refuse_dp(ctx, "FedRep", "its alternating head/body updates are not wired to DP-SGD")
         local = set(self.local_state_keys(model))

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedseg.method_options import MethodOptions, option
 from fedseg.uncertainty.morphology import as_class_index, pixel_uncertainty, pixel_weight_map
 
 from fedseg.networks.feature_taps import network_features
@@ -25,37 +27,64 @@ from fedseg.networks.feature_taps import network_features
 from .base import BatchOutput, ClientObjective, RoundContext
 from .fvac_losses import FVDA_FOREGROUND, FVDA_MEAN, fmug_loss, fvda_loss
 
+if TYPE_CHECKING:  # pragma: no cover
+    from fedseg.engine.api import SiteEngine
+
+
+@dataclass(frozen=True)
+class FVACOptions(MethodOptions):
+    """FVAC's site options."""
+
+    beta: float = option(2.0, "weight of the alignment term (paper: 2, best of {0.5, 1, 2, 3, 4})")
+    use_fmug: bool = option(True, "uncertainty-weighted CE (Eq. 9); off: plain mean pixel CE (ablation)")
+    use_fvda: bool = option(True, "add beta * L_FVDA (Eq. 11); off: dropped (ablation)")
+    feature_layer: str = option("decoder_last", "the FeatureUNet.forward_features map to align (the paper names none: "
+                                "the last decoder map before the 1x1 head is at full input resolution, so the mask "
+                                "needs no down-sampling, and the head classifies it linearly)")
+    mix: float = option(0.5, "weight of the global uncertainty in alpha = mix * U_g + (1 - mix) * U_k (paper: 0.5)")
+    keep_weight_maps: int = option(4, "(image, label, alpha) triples kept for the site-local Fig. 4 figure, one image "
+                                   "from each of the most recent batches; 0 keeps none")
+    fvda_foreground: str = option("union", "how FVDA splits a multi-class mask: union (every non-background class; "
+                                  "docs/methods.md FVAC) or per_class (one aligned mean feature per class); identical "
+                                  "for binary masks")
+    fvda_mean: str = option("image", "what each class's feature vector is divided by: image (every pixel of the map, "
+                            "Eq. 10 as printed: a class's mean scaled by its pixel share) or class (its own pixels)")
+    record_terms: int = option(0, "how big each term is (0: not recorded): every batch the two terms' values, every "
+                               "record_terms-th batch their gradient norms too (class notes)")
+
+    def __post_init__(self):
+        if self.beta < 0:
+            raise ValueError(f"beta must be >= 0, got {self.beta}")
+        if not 0.0 <= self.mix <= 1.0:
+            raise ValueError(f"mix must be in [0, 1], got {self.mix}")
+        if self.keep_weight_maps < 0:
+            raise ValueError(f"keep_weight_maps must be >= 0, got {self.keep_weight_maps}")
+        if self.fvda_foreground not in FVDA_FOREGROUND:
+            raise ValueError(f"fvda_foreground must be one of {FVDA_FOREGROUND}, got {self.fvda_foreground!r}")
+        if self.fvda_mean not in FVDA_MEAN:
+            raise ValueError(f"fvda_mean must be one of {FVDA_MEAN}, got {self.fvda_mean!r}")
+        terms = self.record_terms
+        if not (isinstance(terms, int) and not isinstance(terms, bool) and terms >= 0):
+            raise ValueError(f"record_terms must be an integer >= 0 (0 = off), got {terms!r}")
+        for name in ("beta", "mix"):
+            self._set(name, float(getattr(self, name)))
+        for name in ("use_fmug", "use_fvda"):
+            self._set(name, bool(getattr(self, name)))
+        self._set("feature_layer", str(self.feature_layer))
+        self._set("keep_weight_maps", int(self.keep_weight_maps))
+
 
 class FVACObjective(ClientObjective):
     """``L = (L_FMUG or mean CE) + beta * L_FVDA`` against a frozen copy of the round's global model.
 
-    Args:
-        seg_loss: unused by the FVAC loss itself (FVAC replaces the bundle's Dice-CE with its own
-            cross-entropy); accepted so the engine's hand-over works like for every objective.
-        beta: weight of the alignment term (paper: 2, best of {0.5, 1, 2, 3, 4}).
-        use_fmug: uncertainty-weighted CE (Eq. 9); ``False`` uses plain mean pixel CE (ablation).
-        use_fvda: add ``beta * L_FVDA`` (Eq. 11); ``False`` drops it (ablation).
-        feature_layer: name of the ``FeatureUNet.forward_features`` map to align. The paper does not
-            name the layer. The default ``"decoder_last"`` is the last decoder map before the 1x1 head:
-            it is at full input resolution, so the label mask needs no down-sampling (no thin vessel
-            disappears from ``S``), and it is the map the head classifies linearly, where foreground
-            and background are best separated.
-        mix: weight of the global uncertainty in ``alpha = mix * U_g + (1 - mix) * U_k`` (paper: 0.5).
-        keep_weight_maps: how many (image, label, alpha) triples to keep for the site-local Fig. 4
-            figure — one image (the first) from each of the most recent batches. 0 keeps none.
-        fvda_foreground: how FVDA splits a multi-class mask: ``"union"`` (foreground = every non-background
-            class, the default; docs/methods.md FVAC) or ``"per_class"`` (one aligned mean feature per class).
-            Identical for binary masks.
-        fvda_mean: what each class's feature vector is divided by: ``"image"`` (every pixel of the map, Eq. 10 as
-            printed, the default: a class's mean scaled by its pixel share, so thin vessels weigh little) or
-            ``"class"`` (the class's own pixels: its plain mean feature).
-        record_terms: how big each term is (0, the default: not recorded). Every batch, the two terms' values; on the
-            round's ``record_terms``-th, ``2 record_terms``-th, ... batch also the gradient norm of each over the
-            trainable parameters (two extra backward passes; the round's first batch, where FVDA is zero because the
-            local model is the global one, only when ``record_terms`` is 1). The round's train metrics then carry ``fvda_loss_share`` (mean of
-            ``beta L_FVDA / (L_main + beta L_FVDA)``), ``fvda_grad_ratio`` (mean of
-            ``||grad beta L_FVDA|| / ||grad L_main||``), ``main_loss`` and ``fvda_loss`` (means of ``L_main`` and
-            ``beta L_FVDA``): scalars of this site's training, like ``train_loss``.
+Options: :class:`FVACOptions`; ``seg_loss``: unused by the FVAC loss itself (FVAC replaces the bundle's Dice-CE
+    with its own cross-entropy), accepted so the engine's hand-over works like for every objective. With
+    ``record_terms`` N, every batch records the two terms' values; on the round's N-th, 2N-th, ... batch also the
+    gradient norm of each over the trainable parameters (two extra backward passes; the round's first batch, where
+    FVDA is zero because the local model is the global one, only when N is 1). The round's train metrics then carry
+    ``fvda_loss_share`` (mean of ``beta L_FVDA / (L_main + beta L_FVDA)``), ``fvda_grad_ratio`` (mean of
+    ``||grad beta L_FVDA|| / ||grad L_main||``), ``main_loss`` and ``fvda_loss`` (means of ``L_main`` and
+    ``beta L_FVDA``): scalars of this site's training, like ``train_loss``.
 
     The frozen copy is taken in :meth:`begin_round` in eval mode with ``requires_grad=False``: eval mode
     so it never updates normalisation running statistics and its dropout (if any) is off, making ``U_g``
@@ -68,49 +97,17 @@ class FVACObjective(ClientObjective):
     needs_features = True
     needs_class_logits = True
     declared_statistics: Tuple[str, ...] = ()
+    options_class = FVACOptions
 
-    def __init__(
-        self,
-        seg_loss: Optional[nn.Module] = None,
-        beta: float = 2.0,
-        use_fmug: bool = True,
-        use_fvda: bool = True,
-        feature_layer: str = "decoder_last",
-        mix: float = 0.5,
-        keep_weight_maps: int = 4,
-        fvda_foreground: str = "union",
-        fvda_mean: str = "image",
-        record_terms: int = 0,
-        **kwargs: Any,
-    ):
-        super().__init__(seg_loss=seg_loss, **kwargs)
-        if beta < 0:
-            raise ValueError(f"beta must be >= 0, got {beta}")
-        if not 0.0 <= mix <= 1.0:
-            raise ValueError(f"mix must be in [0, 1], got {mix}")
-        if keep_weight_maps < 0:
-            raise ValueError(f"keep_weight_maps must be >= 0, got {keep_weight_maps}")
-        if fvda_foreground not in FVDA_FOREGROUND:
-            raise ValueError(f"fvda_foreground must be one of {FVDA_FOREGROUND}, got {fvda_foreground!r}")
-        self.fvda_foreground = fvda_foreground
-        if fvda_mean not in FVDA_MEAN:
-            raise ValueError(f"fvda_mean must be one of {FVDA_MEAN}, got {fvda_mean!r}")
-        self.fvda_mean = fvda_mean
-        if not (isinstance(record_terms, int) and not isinstance(record_terms, bool) and record_terms >= 0):
-            raise ValueError(f"record_terms must be an integer >= 0 (0 = off), got {record_terms!r}")
-        self.record_terms = int(record_terms)
+    def __init__(self, seg_loss: Optional[nn.Module] = None, **options: Any):
+        super().__init__(seg_loss=seg_loss, **options)
         self._params: List[nn.Parameter] = []
         self._terms: List[Tuple[float, float]] = []
         self._grad_ratios: List[float] = []
-        self.beta = float(beta)
-        self.use_fmug = bool(use_fmug)
-        self.use_fvda = bool(use_fvda)
-        self.feature_layer = str(feature_layer)
         #: FVDA reads this map of the local and the frozen global model (none when FVDA is off)
         self.feature_roles = (self.feature_layer,) if self.use_fvda and self.beta > 0 else ()
-        self.mix = float(mix)
         self._global: Optional[nn.Module] = None
-        self._weight_maps: Deque[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = deque(maxlen=int(keep_weight_maps))
+        self._weight_maps: Deque[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = deque(maxlen=self.keep_weight_maps)
 
     # ------------------------------------------------------------------------------------- round hooks
     @property
@@ -132,7 +129,7 @@ class FVACObjective(ClientObjective):
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._terms, self._grad_ratios = [], []
 
-    def local_training(self, engine: Any, model: nn.Module, ctx: RoundContext) -> Dict[str, float]:
+    def local_training(self, engine: SiteEngine, model: nn.Module, ctx: RoundContext) -> Dict[str, float]:
         """The round's training; with ``record_terms``, its term sizes among the train metrics (class notes)."""
         metrics = super().local_training(engine, model, ctx)
         if self._terms:
@@ -168,7 +165,7 @@ class FVACObjective(ClientObjective):
             return
         save_weight_map_figure(images, labels, alpha, Path(out_dir) / "fvac_weight_maps.png")
 
-    def end_round(self, ctx: RoundContext, model: nn.Module, engine: Any) -> Dict[str, Any]:
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: SiteEngine) -> Dict[str, Any]:
         """Drop the frozen copy (frees one model's memory between rounds); nothing is sent."""
         self._global = None
         self._params = []

@@ -42,11 +42,14 @@ from __future__ import annotations
 import math
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Union
 
 import torch
 from torch import nn
 
+from fedseg.config import BASE_TRAIN_CONFIG
+from fedseg.method_options import MethodOptions, option
 from fedseg.uncertainty.window_sample import check_window_count
 from fedseg.strategies.collaboration_graph import similarity_regulariser, top_k_regulariser
 from fedseg.uncertainty.client_uncertainty import (
@@ -54,15 +57,15 @@ from fedseg.uncertainty.client_uncertainty import (
     client_uncertainty,
     evidential_image_uncertainty,
     evidential_pixel_uncertainty,
+    image_uncertainty,
     masked_mean,
-    mc_dropout_image_uncertainty,
     mc_dropout_pixel_uncertainty,
 )
 
 from .base import BatchOutput, ClientObjective, RoundContext
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fedseg.engine.engine import SegEngine
+    from fedseg.engine.api import SegmentationEngine, WindowSampledEngine
 
 logger = logging.getLogger(__name__)
 
@@ -75,49 +78,45 @@ SAMPLE_PURPOSE = "graphfedseg_uncertainty"
 _WRAPPER_PREFIX = "_module."
 
 
-class GraphFedSegObjective(ClientObjective):
-    """Segmentation loss + neighbour-similarity regulariser; sends the client uncertainty.
+@dataclass(frozen=True)
+class GraphFedSegSiteOptions(MethodOptions):
+    """GraphFedSeg's site options; the estimator's three are used when the server's meta does not say."""
 
-    Args:
-        seg_loss: the bundle's segmentation loss (DiceCE) unless given.
-        uncertainty: "evidential" or "mc_dropout", used when the server's meta does not say.
-        mc_samples: T for "mc_dropout", used when the server's meta does not say.
-        uncertainty_pass: "after_training" or "last_epoch" (module docstring), used when the server's
-            meta does not say.
-        uncertainty_windows: in patch mode, the number of windows the after-training pass draws per round
-            (module docstring); ``None`` or ``"whole_image"``: a sliding window over every whole image.
-        uncertainty_loss_weight: weight of the constant ``log(1 + u^2)`` per batch (module docstring; the
-            authors' code: 0.4); 0 adds nothing.
-    """
+    uncertainty: str = option("evidential", "the estimator: evidential or mc_dropout")
+    mc_samples: int = option(5, "T for mc_dropout")
+    uncertainty_pass: str = option("after_training", "after_training, last_epoch or training_batches (module docstring)")
+    uncertainty_loss_weight: float = option(0.0, "weight of the constant log(1 + u^2) per batch (module docstring; the "
+                                            "authors' code: 0.4); 0 adds nothing")
+    uncertainty_windows: Union[int, str, None] = option(
+        DEFAULT_UNCERTAINTY_WINDOWS, "in patch mode, the windows the after-training pass draws per round (module "
+        "docstring); None or whole_image: a sliding window over every whole image")
+
+    def __post_init__(self):
+        check_estimator(self.uncertainty, self.mc_samples, self.uncertainty_pass)
+        weight = self.uncertainty_loss_weight
+        if not (math.isfinite(weight) and weight >= 0):
+            raise ValueError(f"uncertainty_loss_weight must be a finite number >= 0, got {weight}")
+        self._set("uncertainty_loss_weight", float(weight))
+        self._set("uncertainty_windows", check_window_count(self.uncertainty_windows, "uncertainty_windows"))
+        self._set("mc_samples", int(self.mc_samples))
+
+
+class GraphFedSegObjective(ClientObjective):
+    """Segmentation loss + neighbour-similarity regulariser; sends the client uncertainty. Options:
+    :class:`GraphFedSegSiteOptions`; ``seg_loss``: the bundle's segmentation loss (DiceCE) unless given."""
 
     name = "graphfedseg"
     needs_class_logits = True
     declared_statistics = ("uncertainty",)
     statistic_ranges = {"uncertainty": (0.0, math.inf)}  # U is a mean of per-image uncertainties
+    options_class = GraphFedSegSiteOptions
 
-    def __init__(
-        self,
-        seg_loss: Optional[nn.Module] = None,
-        uncertainty: str = "evidential",
-        mc_samples: int = 5,
-        uncertainty_pass: str = "after_training",
-        uncertainty_windows: Union[int, str, None] = DEFAULT_UNCERTAINTY_WINDOWS,
-        uncertainty_loss_weight: float = 0.0,
-        **kwargs: Any,
-    ):
-        super().__init__(seg_loss=seg_loss, **kwargs)
-        check_estimator(uncertainty, mc_samples, uncertainty_pass)
-        if not (math.isfinite(uncertainty_loss_weight) and uncertainty_loss_weight >= 0):
-            raise ValueError(f"uncertainty_loss_weight must be a finite number >= 0, got {uncertainty_loss_weight}")
-        self.uncertainty_loss_weight = float(uncertainty_loss_weight)
-        self.uncertainty_windows = check_window_count(uncertainty_windows, "uncertainty_windows")
-        self.uncertainty = uncertainty
-        self.mc_samples = int(mc_samples)
-        self.uncertainty_pass = uncertainty_pass
+    def __init__(self, seg_loss: Optional[nn.Module] = None, **options: Any):
+        super().__init__(seg_loss=seg_loss, **options)
         self.lambda1 = 0.0
-        self._round_uncertainty = uncertainty
+        self._round_uncertainty = self.uncertainty
         self._round_mc_samples = self.mc_samples
-        self._round_pass = uncertainty_pass
+        self._round_pass = self.uncertainty_pass
         self._last_epoch = 0
         self._training_values: List[torch.Tensor] = []
         self._params: List[torch.Tensor] = []
@@ -138,7 +137,7 @@ class GraphFedSegObjective(ClientObjective):
         self._round_mc_samples = int(meta.get("mc_samples", self.mc_samples))
         self._round_pass = meta.get("uncertainty_pass", self.uncertainty_pass)
         check_estimator(self._round_uncertainty, self._round_mc_samples, self._round_pass)
-        self._last_epoch = int(ctx.train_config.get("local_epochs", 1)) - 1
+        self._last_epoch = int(ctx.train_config.get("local_epochs", BASE_TRAIN_CONFIG["local_epochs"])) - 1
         self._training_values = []
         direction = meta.get("direction")
         self._regulariser = meta.get("regulariser", "paper")
@@ -195,7 +194,7 @@ class GraphFedSegObjective(ClientObjective):
             self._training_values.extend(v.to(self._training_values[0].device) if self._training_values else v
                                          for v in values or [])
 
-    def end_round(self, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> Dict[str, Any]:
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: "SegmentationEngine") -> Dict[str, Any]:
         self._params, self._direction = [], None  # do not hold the model past the round
         values, self._training_values = self._training_values, []
         if values:  # "last_epoch" / "training_batches": measured during training
@@ -211,17 +210,18 @@ class GraphFedSegObjective(ClientObjective):
             values = self._whole_image_values(model, engine)
         return {"uncertainty": client_uncertainty(values)}
 
-    def _whole_image_values(self, model: nn.Module, engine: "SegEngine") -> List[torch.Tensor]:
+    def _whole_image_values(self, model: nn.Module, engine: "SegmentationEngine") -> List[torch.Tensor]:
         """Eq. 3 on every whole training image (sliding window in patch mode): ``(1,)`` per image."""
         if self._round_uncertainty == "evidential":
             return [evidential_image_uncertainty(logits) for _, _, logits, _ in engine.iterate_logits(model, "training")]
         values = []
         for batch in engine.loader("training"):
             images = batch["image"].to(engine.device)
-            values.append(mc_dropout_image_uncertainty(model, images, self._round_mc_samples, forward=engine.predictor))
+            pixel_values = mc_dropout_pixel_uncertainty(model, images, self._round_mc_samples, forward=engine.predictor)
+            values.append(image_uncertainty(pixel_values))
         return values
 
-    def _sampled_image_values(self, ctx: RoundContext, model: nn.Module, engine: "SegEngine") -> List[torch.Tensor]:
+    def _sampled_image_values(self, ctx: RoundContext, model: nn.Module, engine: "WindowSampledEngine") -> List[torch.Tensor]:
         """Eq. 3 on this round's window sample: per sampled image, the mean pixel value over its sampled
         cells (0-d float64 each)."""
         sample = engine.window_sample("training", self.uncertainty_windows, ctx.round, SAMPLE_PURPOSE)

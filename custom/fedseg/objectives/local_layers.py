@@ -11,9 +11,8 @@ and in the cross-site evaluation.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-import torch
 from torch import nn
 
 from fedseg.fl.protocol import SUBMIT_MODEL_TASK
@@ -21,14 +20,17 @@ from fedseg.fl.protocol import SUBMIT_MODEL_TASK
 from .base import ClientObjective, RoundContext, UnknownTaskError
 from .site_records import KeepsRoundRecords, cpu_copy
 
+if TYPE_CHECKING:  # pragma: no cover
+    from fedseg.engine.api import SiteEngine
+
 
 class LocalLayersObjective(KeepsRoundRecords, ClientObjective):
     """Base: the bundle's segmentation loss; ``local_keys(model)`` name the entries that stay at the site."""
 
     weight_tasks = (SUBMIT_MODEL_TASK,)
 
-    def __init__(self, seg_loss: Optional[nn.Module] = None):
-        super().__init__(seg_loss=seg_loss)
+    def __init__(self, seg_loss: Optional[nn.Module] = None, **options: Any):
+        super().__init__(seg_loss=seg_loss, **options)
         self._keys: Dict[int, Tuple[str, ...]] = {}
 
     def local_keys(self, model: nn.Module) -> List[str]:  # pragma: no cover - abstract
@@ -60,12 +62,12 @@ class LocalLayersObjective(KeepsRoundRecords, ClientObjective):
     def begin_round(self, ctx: RoundContext, model: nn.Module) -> None:
         self.restore_local(ctx, model, ctx.round)
 
-    def end_round(self, ctx: RoundContext, model: nn.Module, engine) -> Dict[str, Any]:
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: SiteEngine) -> Dict[str, Any]:
         state = model.state_dict()
         self.site_records(ctx).save(ctx.round, {"local": cpu_copy({k: state[k] for k in self.local_state_keys(model)})})
         return {}
 
-    def handle_weight_task(self, task_name: str, ctx: RoundContext, model: nn.Module, engine):
+    def handle_weight_task(self, task_name: str, ctx: RoundContext, model: nn.Module, engine: SiteEngine):
         """``submit_model``: the site's whole model after its last training (shared entries as received)."""
         if task_name != SUBMIT_MODEL_TASK:
             raise UnknownTaskError(f"objective {self.name!r} does not handle weight task {task_name!r}")

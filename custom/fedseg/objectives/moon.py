@@ -14,16 +14,21 @@ global model stands in (MOON's reference code starts its model pool the same way
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedseg.method_options import MethodOptions, option
 from fedseg.networks.feature_taps import network_features
 
 from .base import BatchOutput, ClientObjective, RoundContext
 from .site_records import KeepsRoundRecords, cpu_copy, frozen_copy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedseg.engine.api import SiteEngine
 
 
 def pooled_representation(feature_map: torch.Tensor) -> torch.Tensor:
@@ -38,29 +43,35 @@ def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.
     return F.cross_entropy(logits, torch.zeros(z.shape[0], dtype=torch.long, device=z.device))
 
 
+@dataclass(frozen=True)
+class MOONOptions(MethodOptions):
+    """MOON's site options."""
+
+    mu: float = option(1.0, "weight of the contrastive term (MOON paper: 1 to 10 depending on the data set)")
+    temperature: float = option(0.5, "tau (MOON paper: 0.5)")
+    representation: str = option("bottleneck", "the FeatureUNet feature map the term compares")
+
+    def __post_init__(self):
+        if not (math.isfinite(self.mu) and self.mu >= 0):
+            raise ValueError(f"MOON mu must be a finite number >= 0, got {self.mu!r}")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"MOON temperature must be > 0, got {self.temperature!r}")
+        self._set("mu", float(self.mu))
+        self._set("temperature", float(self.temperature))
+
+
 class MOONObjective(KeepsRoundRecords, ClientObjective):
-    """Args:
-        mu: weight of the contrastive term (MOON paper: 1 to 10 depending on the data set; default 1).
-        temperature: tau (MOON paper: 0.5).
-        representation: the FeatureUNet feature map the term compares (default ``"bottleneck"``).
-        seg_loss: the bundle's segmentation loss (set by the engine when None).
-    """
+    """The bundle's loss plus MOON's model-contrastive term; options: :class:`MOONOptions`; ``seg_loss``: the bundle's
+    segmentation loss (set by the engine when None)."""
 
     name = "moon"
     needs_features = True
     records_name = "moon_previous_model"
+    options_class = MOONOptions
 
-    def __init__(self, mu: float = 1.0, temperature: float = 0.5, representation: str = "bottleneck",
-                 seg_loss: Optional[nn.Module] = None):
-        super().__init__(seg_loss=seg_loss)
-        if not (math.isfinite(mu) and mu >= 0):
-            raise ValueError(f"MOON mu must be a finite number >= 0, got {mu!r}")
-        if not (math.isfinite(temperature) and temperature > 0):
-            raise ValueError(f"MOON temperature must be > 0, got {temperature!r}")
-        self.mu = float(mu)
-        self.temperature = float(temperature)
-        self.representation = representation
-        self.feature_roles = (representation,)
+    def __init__(self, seg_loss: Optional[nn.Module] = None, **options: Any):
+        super().__init__(seg_loss=seg_loss, **options)
+        self.feature_roles = (self.representation,)
         self._global: Optional[nn.Module] = None
         self._previous: Optional[nn.Module] = None
 
@@ -87,7 +98,7 @@ class MOONObjective(KeepsRoundRecords, ClientObjective):
             z_prev = self._represent(self._previous, out.inputs)
         return seg + self.mu * model_contrastive_loss(z, z_glob, z_prev, self.temperature)
 
-    def end_round(self, ctx: RoundContext, model: nn.Module, engine) -> Dict[str, Any]:
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: SiteEngine) -> Dict[str, Any]:
         self.site_records(ctx).save(ctx.round, {"model": cpu_copy(model.state_dict())})
         self._global = self._previous = None
         return {}

@@ -21,17 +21,22 @@ import math
 
 import zlib
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import nn
 
 from fedseg.alignment.style import channel_statistics, hybrid_images
-
+from fedseg.config import BASE_TRAIN_CONFIG
+from fedseg.method_options import MethodOptions, option
 from fedseg.networks.feature_taps import feature_module, has_native_features
 
 from .base import ClientObjective, RoundContext
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedseg.engine.api import SegmentationEngine
 
 #: ``cse_statistics`` values: a patch is restyled with its own or its whole image's channel statistics
 CSE_STATISTICS = ("patch", "image")
@@ -48,51 +53,46 @@ def noise_dims(train_config: Dict[str, Any]) -> int:
     return 3 if three_d else 2
 
 
-class PathFLObjective(ClientObjective):
-    """Segmentation loss on CSE hybrids; AFA moments and the SSA noise batch as declared statistics.
+@dataclass(frozen=True)
+class PathFLSiteOptions(MethodOptions):
+    """PathFL's site options."""
 
-    Args:
-        seg_loss: the segmentation loss (default: the bundle's, handed over by the engine).
-        use_cse: mix every training image with a restyled copy of itself once the server sends a style pool.
-        use_afa: report bottleneck moments (the alignment layer is in the network: ``feature_alignment``).
-        use_ssa: send a Gaussian noise batch each round.
-        ssa_noise_batch, ssa_noise_size: the noise batch is ``(ssa_noise_batch, C, size, size)``; ``size``
-            must suit the network (a multiple of ``2 ** depth``).
-        keep_examples: how many (original, restyled, hybrid) triples to keep for the site-local figure.
-        cse_statistics: whose mean/std CSE normalises a training patch by, and reports as the site's style:
-            "image" (default: the whole image the patch was cut from — what the paper's whole 512 px inputs
-            amount to) or "patch" (the patch's own; a small patch of near-uniform tissue then has its noise
-            stretched to the target spread: docs/methods.md, PathFL). Resize mode: the same either way.
-    """
+    use_cse: bool = option(True, "mix every training image with a restyled copy of itself once the server sends a "
+                           "style pool")
+    use_afa: bool = option(True, "report bottleneck moments (the alignment layer is in the network: feature_alignment)")
+    use_ssa: bool = option(True, "send a Gaussian noise batch each round")
+    ssa_noise_batch: int = option(4, "images in the noise batch (ssa_noise_batch, C, size, size)")
+    ssa_noise_size: int = option(64, "side of the noise images; must suit the network (a multiple of 2 ** depth)")
+    keep_examples: int = option(4, "(original, restyled, hybrid) triples kept for the site-local figure")
+    cse_statistics: str = option("image", "whose mean/std CSE normalises a training patch by, and reports as the site's "
+                                 "style: image (the whole image the patch was cut from: what the paper's whole 512 px "
+                                 "inputs amount to) or patch (the patch's own; docs/methods.md, PathFL)")
+
+    def __post_init__(self):
+        if self.cse_statistics not in CSE_STATISTICS:
+            raise ValueError(f"cse_statistics must be one of {CSE_STATISTICS}, got {self.cse_statistics!r}")
+        if self.ssa_noise_batch < 1 or self.ssa_noise_size < 1:
+            raise ValueError(f"ssa_noise_batch and ssa_noise_size must be >= 1, got {self.ssa_noise_batch}, "
+                             f"{self.ssa_noise_size}")
+        for name in ("use_cse", "use_afa", "use_ssa"):
+            self._set(name, bool(getattr(self, name)))
+        for name in ("ssa_noise_batch", "ssa_noise_size", "keep_examples"):
+            self._set(name, int(getattr(self, name)))
+
+
+class PathFLObjective(ClientObjective):
+    """Segmentation loss on CSE hybrids; AFA moments and the SSA noise batch as declared statistics; options:
+    :class:`PathFLSiteOptions`; ``seg_loss``: the segmentation loss (default: the bundle's, handed over by the engine).
+    Resize mode restyles the same with either ``cse_statistics``."""
 
     name = "pathfl"
     declared_statistics: Tuple[str, ...] = ("cse_mean", "cse_std", "afa_mean", "afa_sq_mean")
     # a standard deviation and a second moment are not negative (the means may be)
     statistic_ranges = {"cse_std": (0.0, math.inf), "afa_sq_mean": (0.0, math.inf)}
+    options_class = PathFLSiteOptions
 
-    def __init__(
-        self,
-        seg_loss: Optional[nn.Module] = None,
-        use_cse: bool = True,
-        use_afa: bool = True,
-        use_ssa: bool = True,
-        ssa_noise_batch: int = 4,
-        ssa_noise_size: int = 64,
-        keep_examples: int = 4,
-        cse_statistics: str = "image",
-        **kwargs: Any,
-    ):
-        super().__init__(seg_loss=seg_loss, **kwargs)
-        if cse_statistics not in CSE_STATISTICS:
-            raise ValueError(f"cse_statistics must be one of {CSE_STATISTICS}, got {cse_statistics!r}")
-        self.cse_statistics = cse_statistics
-        if ssa_noise_batch < 1 or ssa_noise_size < 1:
-            raise ValueError(f"ssa_noise_batch and ssa_noise_size must be >= 1, got {ssa_noise_batch}, {ssa_noise_size}")
-        self.use_cse = bool(use_cse)
-        self.use_afa = bool(use_afa)
-        self.use_ssa = bool(use_ssa)
-        self.ssa_noise_batch = int(ssa_noise_batch)
-        self.ssa_noise_size = int(ssa_noise_size)
+    def __init__(self, seg_loss: Optional[nn.Module] = None, **options: Any):
+        super().__init__(seg_loss=seg_loss, **options)
         self._pool: Optional[Tuple[list, list]] = None
         self._generator: Optional[torch.Generator] = None
         self._batch_sum: Optional[torch.Tensor] = None  # (2, C): sums of batch means and stds
@@ -102,12 +102,12 @@ class PathFLObjective(ClientObjective):
         self._hook = None
         self._spatial_dims = 2
         self._training_stats: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
-        self._examples: Deque[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = deque(maxlen=int(keep_examples))
+        self._examples: Deque[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = deque(maxlen=self.keep_examples)
 
     def declared_arrays(self, train_config: Dict[str, Any]) -> Dict[str, Tuple[int, ...]]:
         if not self.use_ssa:
             return {}
-        channels = int(train_config.get("in_channels", 3))
+        channels = int(train_config.get("in_channels", BASE_TRAIN_CONFIG["in_channels"]))
         dims = noise_dims(train_config)
         return {"ssa_noise": (self.ssa_noise_batch, channels) + (self.ssa_noise_size,) * dims}
 
@@ -119,7 +119,8 @@ class PathFLObjective(ClientObjective):
             raise ValueError("PathFL is 2-D only: run volumes with spatial_mode='slices'")
         self._spatial_dims = noise_dims(ctx.train_config)
         if self._generator is None:
-            seed = int(ctx.train_config.get("seed", 0)) * 1_000_003 + zlib.crc32(ctx.site.encode())
+            job_seed = int(ctx.train_config.get("seed", BASE_TRAIN_CONFIG["seed"]))
+            seed = job_seed * 1_000_003 + zlib.crc32(ctx.site.encode())
             self._generator = torch.Generator().manual_seed(seed)
         pool = ctx.server_meta.get(STYLE_POOL_KEY) if self.use_cse else None
         self._pool = (pool["mean"], pool["std"]) if pool and pool.get("mean") else None
@@ -191,7 +192,7 @@ class PathFLObjective(ClientObjective):
         self._examples.append(tuple(t.detach().cpu() for t in example))
         return hybrids
 
-    def end_round(self, ctx: RoundContext, model: nn.Module, engine: Any) -> Dict[str, Any]:
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: SegmentationEngine) -> Dict[str, Any]:
         out: Dict[str, Any] = {}
         if self.use_cse and self._batches:
             mean, std = (self._batch_sum / self._batches).tolist()
@@ -204,7 +205,7 @@ class PathFLObjective(ClientObjective):
         return out
 
     # -------------------------------------------------------------------------------------- SSA
-    def noise_batch(self, engine: Any, round_: int) -> np.ndarray:
+    def noise_batch(self, engine: SegmentationEngine, round_: int) -> np.ndarray:
         """``g_m ~ N(mu_m, sigma_m)`` per channel, ``(ssa_noise_batch, C, S, S)`` float32, where ``mu_m``,
         ``sigma_m`` are the whole training set's intensity statistics (computed once)."""
         if self._training_stats is None:

@@ -15,7 +15,7 @@ NVFlare's helper does with whatever optimiser a client uses (docs/methods.md).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import torch
 from nvflare.app_opt.pt.scaffold import PTScaffoldHelper, get_lr_values
@@ -23,6 +23,9 @@ from torch import nn
 
 from .base import ClientObjective, RoundContext
 from .site_records import KeepsRoundRecords, cpu_copy, frozen_copy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedseg.engine.api import SiteEngine
 
 #: extra model the server sends: the global control variate c
 CONTROL_GLOBAL = "scaffold_c_global"
@@ -67,7 +70,7 @@ class ScaffoldObjective(KeepsRoundRecords, ClientObjective):
         self._lr = get_lr_values(optimizer)[0]
         self.helper.model_update(model, self._lr, self._c_global, self._c_local)
 
-    def end_round(self, ctx: RoundContext, model: nn.Module, engine) -> Dict[str, Any]:
+    def end_round(self, ctx: RoundContext, model: nn.Module, engine: SiteEngine) -> Dict[str, Any]:
         if self._lr is None:
             raise RuntimeError(f"{ctx.site}: SCAFFOLD trained no step this round (empty training split?)")
         self.helper.terms_update(model, self._lr, self._c_global, self._c_local, self._global_model)

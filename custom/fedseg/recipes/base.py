@@ -6,6 +6,7 @@ A method's recipe module only gives its strategy's and objective's options and a
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence
 
@@ -13,11 +14,12 @@ from nvflare.app_opt.pt.job_config.base_fed_job import BaseFedJob
 from nvflare.recipe.spec import ExecEnv, Recipe
 
 from fedseg.bundle import build_network, bundle_network_fields, is_bundle_path
-from fedseg.config import default_task_timeout, resolve_profile
+from fedseg.config import BASE_TRAIN_CONFIG, default_task_timeout, resolve_profile
 from fedseg.fl.audit import ResultAuditFilter
 from fedseg.fl.controller import FedSegController
 from fedseg.fl.protocol import EVALUATE_TASK, TRAIN_TASK
 from fedseg.fl.site_executor import FedSegRanksExecutor, FedSegScriptExecutor, FedSegSiteExecutor, torchrun_command
+from fedseg.method_options import JobOptions, nearest_name, unknown_options
 from fedseg.methods import get_method
 from fedseg.objectives.registry import OBJECTIVES
 from fedseg.processes import Stopped, stopping
@@ -78,8 +80,10 @@ class FedSegRecipe(Recipe):
     ``jobs/<method>``) or run as it is in an execution environment, ``recipe.execute(SimEnv(...))`` (or ``PocEnv``,
     ``ProdEnv``; ``jobs/job.py``). The job carries no code; every participant runs its installed fedseg.
 
-    A method's recipe passes its name, its strategy's and objective's options, and its ``profile``, ``PAPER_PROFILES``,
-    ``num_rounds`` and ``**options`` as it received them; this class resolves the training configuration from them.
+    A method's recipe names the options of its strategy and objective it takes (:attr:`strategy_options`,
+    :attr:`objective_options`: their dataclasses own the defaults), takes them out of its keywords
+    (:meth:`method_args`), and passes its name, those arguments, its ``profile``, ``PAPER_PROFILES``, ``num_rounds`` and
+    the other keywords as it received them; this class resolves the training configuration from them.
 
     Args:
         name: job name (also the exported folder's job name).
@@ -113,6 +117,44 @@ class FedSegRecipe(Recipe):
             ``server_betas`` ((0.9, 0.99)) and ``server_eps`` (1e-3).
     """
 
+    #: the options of the method's strategy this recipe takes as keywords and writes into its job (None: none)
+    strategy_options: Optional[JobOptions] = None
+    #: the same for the method's objective
+    objective_options: Optional[JobOptions] = None
+    #: False for a method whose local training does not go through DP-SGD (Ditto's two models, FedRep's alternating
+    #: updates): a job setting ``dp_target_epsilon`` is refused before anything is built
+    supports_dp: bool = True
+
+    @classmethod
+    def method_options(cls) -> Dict[str, inspect.Parameter]:
+        """The recipe's own keywords: the strategy's and the objective's options it takes, with their defaults (an
+        option both halves take, once)."""
+        offered: Dict[str, inspect.Parameter] = {}
+        for options in (cls.strategy_options, cls.objective_options):
+            for name, parameter in (options.offered() if options is not None else {}).items():
+                offered.setdefault(name, parameter)
+        return offered
+
+    @classmethod
+    def method_args(cls, options: Dict[str, Any], profile_values: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+        """``{"strategy_args", "objective_args"}`` of the job from a recipe's keywords ``options``, whose method options
+        (:meth:`method_options`) are taken out of it; the rest are the shared job and training options.
+        ``profile_values``: the profile's values of method options over their defaults (GraphFedSeg's ``paper``
+        profile runs the authors' code); a keyword given as None keeps the profile's value (``JobOptions.job_args``).
+
+        Raises:
+            ValueError / TypeError: a value the strategy's or the objective's options refuse (before any site starts).
+        """
+        offered = cls.method_options()
+        given = {name: options.pop(name) for name in offered if name in options}
+        # a misspelt method option would otherwise be refused as an unknown train_config key
+        misspelt = [k for k in options if k not in BASE_TRAIN_CONFIG and k not in RECIPE_KEYWORDS
+                    and nearest_name(k, [*offered, *BASE_TRAIN_CONFIG]) in offered]
+        if misspelt:
+            raise unknown_options(cls.__name__, misspelt, offered, error=ValueError)
+        return {key: job.job_args(given, profile_values) if job is not None else None
+                for key, job in (("strategy_args", cls.strategy_options), ("objective_args", cls.objective_options))}
+
     def __init__(
         self,
         *,
@@ -142,6 +184,8 @@ class FedSegRecipe(Recipe):
         if not (isinstance(task_request_interval, (int, float)) and 0 < task_request_interval <= 60):
             raise ValueError(f"task_request_interval must be in (0, 60] seconds, got {task_request_interval!r}")
         spec = get_method(method)
+        if not self.supports_dp and train_overrides.get("dp_target_epsilon") is not None:
+            raise ValueError(f"{spec.title} does not support differential privacy (dp_target_epsilon)")
         strategy, objective = spec.strategy, spec.objective
         OBJECTIVES.target(objective)  # an objective no site could build fails here, not at the sites
         resolved = resolve_profile(profile, profiles, num_rounds, **train_overrides)
@@ -231,3 +275,8 @@ class FedSegRecipe(Recipe):
             if explained is None:
                 raise
             raise explained from e
+
+
+#: the keywords :class:`FedSegRecipe` takes itself (the job's options); a recipe's other keywords are its method's
+#: options and ``train_config`` keys
+RECIPE_KEYWORDS = frozenset(inspect.signature(FedSegRecipe.__init__).parameters) - {"self", "train_overrides"}

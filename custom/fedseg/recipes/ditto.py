@@ -6,19 +6,23 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from fedseg.method_options import JobOptions
+from fedseg.objectives.ditto import DittoOptions
 from fedseg.recipes.base import FedSegRecipe
 from fedseg.recipes.fedavg import PAPER_PROFILES
+from fedseg.strategies.fedavg import FedAvgOptions
 
 
 class DittoRecipe(FedSegRecipe):
-    """Args (besides the shared job/train options): ditto_lambda (0.1), personal_epochs (None: local_epochs)."""
+    """Keywords besides the shared job/train options: the objective's (:class:`DittoOptions`: ``ditto_lambda``,
+    ``personal_epochs``); FedAvg's sample-weighted average of the global models at the server."""
+
+    strategy_options = JobOptions(FedAvgOptions, names=(), fixed={"weighting": "samples"})
+    objective_options = JobOptions(DittoOptions)
+    supports_dp = False
 
     def __init__(self, *, name: str = "ditto", profile: str = "default", num_rounds: Optional[int] = None,
-                 ditto_lambda: float = 0.1, personal_epochs: Optional[int] = None, **options: Any):
-        if options.get("dp_target_epsilon") is not None:
-            raise ValueError("Ditto does not support differential privacy (dp_target_epsilon)")
-        super().__init__(
-            name=name, method="ditto", strategy_args={"weighting": "samples"},
-            objective_args={"ditto_lambda": ditto_lambda, "personal_epochs": personal_epochs},
-            profile=profile, profiles=PAPER_PROFILES, num_rounds=num_rounds, **options,
-        )
+                 **options: Any):
+        args = self.method_args(options)
+        super().__init__(name=name, method="ditto", **args, profile=profile, profiles=PAPER_PROFILES,
+                         num_rounds=num_rounds, **options)

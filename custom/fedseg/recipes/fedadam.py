@@ -6,21 +6,22 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from fedseg.method_options import JobOptions
 from fedseg.recipes.base import FedSegRecipe
 from fedseg.recipes.fedavg import PAPER_PROFILES
+from fedseg.strategies.fedopt import FedOptOptions
 
 
 class FedAdamRecipe(FedSegRecipe):
-    """Args (besides the shared job/train options): server_optimizer ("adam", "sgd", "adagrad"), server_lr
-    (1e-2), beta1 (0.9), beta2 (0.99), tau (1e-3, Adam's epsilon), momentum (SGD only)."""
+    """Keywords besides the shared job/train options: the strategy's (:class:`FedOptOptions`) but ``weighting``:
+    ``server_optimizer`` ("adam", "sgd", "adagrad"), ``server_lr``, ``beta1``, ``beta2``, ``tau`` (Adam's epsilon),
+    ``momentum`` (SGD only). Its ``server_optimizer`` and ``server_lr`` are FedOpt's, not the server step's."""
+
+    strategy_options = JobOptions(FedOptOptions, names=("server_optimizer", "server_lr", "beta1", "beta2", "tau",
+                                                        "momentum"))
 
     def __init__(self, *, name: str = "fedadam", profile: str = "default", num_rounds: Optional[int] = None,
-                 server_optimizer: str = "adam", server_lr: float = 1e-2, beta1: float = 0.9, beta2: float = 0.99,
-                 tau: float = 1e-3, momentum: float = 0.0, **options: Any):
-        super().__init__(
-            name=name, method="fedadam",
-            strategy_args={"server_optimizer": server_optimizer, "server_lr": server_lr, "beta1": beta1, "beta2": beta2,
-                           "tau": tau, "momentum": momentum},
-            objective_args={},
-            profile=profile, profiles=PAPER_PROFILES, num_rounds=num_rounds, **options,
-        )
+                 **options: Any):
+        args = self.method_args(options)
+        super().__init__(name=name, method="fedadam", **args, profile=profile, profiles=PAPER_PROFILES,
+                         num_rounds=num_rounds, **options)

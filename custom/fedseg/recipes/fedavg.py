@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from fedseg.method_options import JobOptions
 from fedseg.recipes.base import FedSegRecipe
+from fedseg.strategies.fedavg import FedAvgOptions
 
 # McMahan et al. report no segmentation setting; "paper" here mirrors the GraphFedSeg comparison
 # (Adam 5e-4, batch 4, E = 2, 250 rounds) so FedAvg numbers line up with the headline method.
@@ -17,24 +19,14 @@ PAPER_PROFILES = {
 
 
 class FedAvgRecipe(FedSegRecipe):
-    def __init__(
-        self,
-        *,
-        name: str = "fedavg",
-        profile: str = "default",
-        num_rounds: Optional[int] = None,
-        weighting: str = "samples",
-        aggregation: str = "mean",
-        trim: float = 0.1,
-        **options: Any,
-    ):
-        super().__init__(
-            name=name,
-            method="fedavg",
-            # aggregation="median" / "trimmed_mean": robust FedAvg for federations that cannot trust every site
-            strategy_args={"weighting": weighting, "aggregation": aggregation, "trim": trim},
-            profile=profile,
-            profiles=PAPER_PROFILES,
-            num_rounds=num_rounds,
-            **options,
-        )
+    """Keywords besides the shared job/train options: the strategy's (:class:`FedAvgOptions`: ``weighting``, and
+    ``aggregation="median"`` / ``"trimmed_mean"`` with ``trim``: robust FedAvg for federations that cannot trust every
+    site)."""
+
+    strategy_options = JobOptions(FedAvgOptions)
+
+    def __init__(self, *, name: str = "fedavg", profile: str = "default", num_rounds: Optional[int] = None,
+                 **options: Any):
+        args = self.method_args(options)
+        super().__init__(name=name, method="fedavg", **args, profile=profile, profiles=PAPER_PROFILES,
+                         num_rounds=num_rounds, **options)

@@ -13,17 +13,22 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from fedseg.method_options import JobOptions
 from fedseg.recipes.base import FedSegRecipe
 from fedseg.recipes.fedavg import PAPER_PROFILES
+from fedseg.strategies.local_layers import LocalLayersOptions
 
 #: FedBN's normalisation when the job does not set one
 DEFAULT_NORM = "instance_affine"
 
 
 class FedBNRecipe(FedSegRecipe):
+    """No keywords besides the shared job/train options: FedAvg's sample-weighted average of the shared entries."""
+
+    strategy_options = JobOptions(LocalLayersOptions, names=(), fixed={"weighting": "samples"})
+
     def __init__(self, *, name: str = "fedbn", profile: str = "default", num_rounds: Optional[int] = None, **options: Any):
         options.setdefault("norm", DEFAULT_NORM)
-        super().__init__(
-            name=name, method="fedbn", strategy_args={"weighting": "samples"}, objective_args={},
-            profile=profile, profiles=PAPER_PROFILES, num_rounds=num_rounds, **options,
-        )
+        args = self.method_args(options)
+        super().__init__(name=name, method="fedbn", **args, profile=profile, profiles=PAPER_PROFILES,
+                         num_rounds=num_rounds, **options)

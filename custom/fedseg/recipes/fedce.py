@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from fedseg.method_options import JobOptions
 from fedseg.recipes.base import FedSegRecipe
 from fedseg.recipes.fedevi import PAPER_PROFILES
+from fedseg.strategies.fedce import FedCEOptions
 
 
 class FedCERecipe(FedSegRecipe):
-    """Args (besides the shared job/train options): mode ("plus" or "times"), epsilon (1e-6)."""
+    """Keywords besides the shared job/train options: the strategy's (:class:`FedCEOptions`: ``mode``, ``epsilon``)."""
+
+    strategy_options = JobOptions(FedCEOptions)
 
     def __init__(self, *, name: str = "fedce", profile: str = "default", num_rounds: Optional[int] = None,
-                 mode: str = "plus", epsilon: float = 1e-6, **options: Any):
-        super().__init__(
-            name=name, method="fedce", strategy_args={"mode": mode, "epsilon": epsilon}, objective_args={},
-            profile=profile, profiles=PAPER_PROFILES, num_rounds=num_rounds, **options,
-        )
+                 **options: Any):
+        args = self.method_args(options)
+        super().__init__(name=name, method="fedce", **args, profile=profile, profiles=PAPER_PROFILES,
+                         num_rounds=num_rounds, **options)

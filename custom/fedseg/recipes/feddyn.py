@@ -5,16 +5,20 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from fedseg.method_options import JobOptions
+from fedseg.objectives.feddyn import FedDynOptions
 from fedseg.recipes.base import FedSegRecipe
 from fedseg.recipes.fvac import PAPER_PROFILES
 
 
 class FedDynRecipe(FedSegRecipe):
-    """Args (besides the shared job/train options): alpha (0.01)."""
+    """Keywords besides the shared job/train options: ``alpha`` (:class:`FedDynOptions`, both halves)."""
+
+    strategy_options = JobOptions(FedDynOptions)
+    objective_options = JobOptions(FedDynOptions)
 
     def __init__(self, *, name: str = "feddyn", profile: str = "default", num_rounds: Optional[int] = None,
-                 alpha: float = 0.01, **options: Any):
-        super().__init__(
-            name=name, method="feddyn", strategy_args={"alpha": alpha}, objective_args={"alpha": alpha},
-            profile=profile, profiles=PAPER_PROFILES, num_rounds=num_rounds, **options,
-        )
+                 **options: Any):
+        args = self.method_args(options)
+        super().__init__(name=name, method="feddyn", **args, profile=profile, profiles=PAPER_PROFILES,
+                         num_rounds=num_rounds, **options)

@@ -23,7 +23,10 @@ from fedseg.bundle import refuse_user_bundle
 from fedseg.config import BASE_TRAIN_CONFIG
 from fedseg.data.synthetic.xray import DEVICES
 from fedseg.fl.site_data import FOUNDATION_FAMILY
+from fedseg.method_options import JobOptions
+from fedseg.objectives.fedefm import FedEFMSiteOptions
 from fedseg.recipes.base import FedSegRecipe
+from fedseg.strategies.fedefm import FedEFMOptions
 
 #: every FedEFM run is an image classification over the global label space
 CLASSIFICATION_DEFAULTS = {
@@ -57,39 +60,19 @@ PAPER_PROFILES = {
 
 
 class FedEFMRecipe(FedSegRecipe):
-    """Args:
-        mode: ``"cfl"`` (server averages every round) or ``"dfl"`` (gossip; the server only relays).
-        topology: ``"ring"`` (directed ring in site order) or ``"full"``.
-        overseas: train overseas experts and distil from them (``False``: the plain-CE baselines).
-        use_emd: ``False`` = the "w/o EMD" ablation (uniform teacher weights, no EMD term).
-        alpha, temperature, tau, mu: distillation weight, logit temperature, teacher-weight temperature,
-            EMD weight (``L = (1-a) CE + sum_t w_t [a T^2 KL + mu EMD_t]``, ``w = softmax(-EMD / tau)``).
-        overseas_epochs: local epochs an overseas expert trains at its host.
-        gossip_self_weight: DFL mixing weight on a silo's own model.
-        weighting: CFL / final averaging, ``"samples"`` or ``"uniform"``.
+    """Keywords besides the shared job/train options: the strategy's (:class:`FedEFMOptions`: ``mode``, ``topology``,
+    ``overseas``, ``gossip_self_weight``, ``weighting``) and the objective's (:class:`FedEFMSiteOptions`: ``alpha``,
+    ``temperature``, ``tau``, ``mu``, ``use_emd``, ``overseas_epochs``; ``gossip_self_weight`` goes to both), and
+
         unseen: built-in silos only: share of each silo's classes no other silo holds (0, 0.5, 1).
     """
 
-    def __init__(
-        self,
-        *,
-        name: str = "fedefm",
-        profile: str = "default",
-        num_rounds: Optional[int] = None,
-        mode: str = "cfl",
-        topology: str = "ring",
-        overseas: bool = True,
-        use_emd: bool = True,
-        alpha: float = 0.5,
-        temperature: float = 4.0,
-        tau: float = 0.1,
-        mu: float = 0.1,
-        overseas_epochs: int = 1,
-        gossip_self_weight: float = 0.5,
-        weighting: str = "samples",
-        unseen: Optional[float] = None,
-        **options: Any,
-    ):
+    strategy_options = JobOptions(FedEFMOptions, names=("mode", "topology", "overseas", "gossip_self_weight",
+                                                        "weighting"))
+    objective_options = JobOptions(FedEFMSiteOptions)
+
+    def __init__(self, *, name: str = "fedefm", profile: str = "default", num_rounds: Optional[int] = None,
+                 unseen: Optional[float] = None, **options: Any):
         for key, value in CLASSIFICATION_DEFAULTS.items():
             options.setdefault(key, value)
         if unseen is not None:
@@ -98,27 +81,6 @@ class FedEFMRecipe(FedSegRecipe):
             # the built-in label space: 4 device classes per scanner style
             options["num_classes"] = len(DEVICES) * int(options.get("data_scanners") or BASE_TRAIN_CONFIG["data_scanners"])
         refuse_user_bundle(options, "FedEFM's pre-training trains its own classification ViT over silos' class labels; a segmentation bundle cannot stand in for it")
-        super().__init__(
-            name=name,
-            method="fedefm",
-            strategy_args={
-                "mode": mode,
-                "topology": topology,
-                "overseas": overseas,
-                "gossip_self_weight": gossip_self_weight,
-                "weighting": weighting,
-            },
-            objective_args={
-                "alpha": alpha,
-                "temperature": temperature,
-                "tau": tau,
-                "mu": mu,
-                "use_emd": use_emd,
-                "overseas_epochs": overseas_epochs,
-                "gossip_self_weight": gossip_self_weight,
-            },
-            profile=profile,
-            profiles=PAPER_PROFILES,
-            num_rounds=num_rounds,
-            **options,
-        )
+        args = self.method_args(options)
+        super().__init__(name=name, method="fedefm", **args, profile=profile, profiles=PAPER_PROFILES,
+                         num_rounds=num_rounds, **options)

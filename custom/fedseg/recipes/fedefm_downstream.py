@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from fedseg.bundle import refuse_user_bundle
+from fedseg.method_options import JobOptions
 from fedseg.recipes.base import FedSegRecipe
+from fedseg.strategies.fedavg import FedAvgOptions
 
 DOWNSTREAM_DEFAULTS = {
     "task": "segmentation",
@@ -47,24 +49,17 @@ PAPER_PROFILES = {
 
 
 class FedEFMDownstreamRecipe(FedSegRecipe):
-    """Args:
+    """Keywords besides the shared job/train options: the strategy's ``weighting`` (:class:`FedAvgOptions`), and
+
         foundation_ckpt: absolute path of a phase-1 ``FL_global_model.pt`` (None: from scratch).
         partial_depth: accept a foundation with fewer than UNETR's 12 blocks (the ``tiny`` ViT has 4): its
             blocks fill the first ones, the rest start at random (``bundles/unetr_seg`` docs).
-        weighting: FedAvg weighting (``samples`` or ``uniform``).
     """
 
-    def __init__(
-        self,
-        *,
-        name: str = "fedefm_downstream",
-        profile: str = "default",
-        num_rounds: Optional[int] = None,
-        foundation_ckpt: Optional[str] = None,
-        partial_depth: bool = True,
-        weighting: str = "samples",
-        **options: Any,
-    ):
+    strategy_options = JobOptions(FedAvgOptions, names=("weighting",))
+
+    def __init__(self, *, name: str = "fedefm_downstream", profile: str = "default", num_rounds: Optional[int] = None,
+                 foundation_ckpt: Optional[str] = None, partial_depth: bool = True, **options: Any):
         for key, value in DOWNSTREAM_DEFAULTS.items():
             options.setdefault(key, value)
         if foundation_ckpt:
@@ -74,15 +69,9 @@ class FedEFMDownstreamRecipe(FedSegRecipe):
             options["foundation_ckpt"] = str(path)
         options["partial_depth"] = bool(partial_depth)
         refuse_user_bundle(options, "FedEFM's downstream fine-tunes the UNETR of bundles/unetr_seg from the foundation's ViT encoder; another bundle's network has no such encoder")
-        super().__init__(
-            name=name,
-            method="fedefm_downstream",
-            strategy_args={"weighting": weighting},
-            profile=profile,
-            profiles=PAPER_PROFILES,
-            num_rounds=num_rounds,
-            **options,
-        )
+        args = self.method_args(options)
+        super().__init__(name=name, method="fedefm_downstream", **args, profile=profile, profiles=PAPER_PROFILES,
+                         num_rounds=num_rounds, **options)
 
     def check_train_config(self, train_config: Dict[str, Any]) -> None:
         if int(train_config.get("spatial_dims") or 2) == 3:

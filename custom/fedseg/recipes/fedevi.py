@@ -5,11 +5,12 @@ Two tasks per round: ``train`` and ``evaluate_surrogate`` (each site returns two
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
-from fedseg.uncertainty.window_sample import check_window_count
-from fedseg.objectives.fedevi import DEFAULT_SURROGATE_WINDOWS
+from fedseg.method_options import JobOptions
+from fedseg.objectives.fedevi import FedEviSiteOptions
 from fedseg.recipes.base import FedSegRecipe
+from fedseg.strategies.fedevi import FedEviOptions
 
 # the authors' local training protocol, read off their public code (spec: shared/methods/fedevi.md; the ablation
 # of each difference from the suite's default: docs/results/fedevi-protocol.md). Their FedAvg trains with a
@@ -44,67 +45,19 @@ PAPER_OBJECTIVE_ARGS = {"paper": {"uncertainty_grid": "network", "clamp_epistemi
 
 
 class FedEviRecipe(FedSegRecipe):
-    """Args (besides the shared job/train options): the strategy's ``delta``, ``weight_form``, ``beta0``,
-    ``clip``, ``use_gap``, ``use_reliability``, ``accumulate`` and the objective's ``kl_weight``, ``anneal_rounds``,
-    ``dice_form`` (docs/methods.md, FedEvi), and
-
-        surrogate_windows: at native resolution (patch mode), the surrogate task computes G, A and R_paper
-            on this many patch-size windows of the validation images, drawn at each site per round
-            (default ``DEFAULT_SURROGATE_WINDOWS``); ``"whole_image"`` (or None) evaluates both models on
-            every whole validation image (docs/methods.md). Site-side only: the server strategy does not
-            read it.
-        uncertainty_grid / clamp_epistemic: where the surrogate task measures whole-image uncertainties
-            ("image" or "network") and whether the pixel epistemic uncertainty is clamped at 0; None = the
-            profile's (``paper``: "network", False, as the reference code; else "image", True).
+    """Keywords besides the shared job/train options: every option of the strategy (:class:`FedEviOptions`: ``delta``,
+    ``weight_form``, ``beta0``, ``clip``, ``use_gap``, ``use_reliability``, ``accumulate``) and the objective's
+    (:class:`FedEviSiteOptions`) but ``eps``; docs/methods.md, FedEvi. ``surrogate_windows`` is site-side only (the
+    server strategy does not read it); ``uncertainty_grid`` / ``clamp_epistemic`` None = the profile's (``paper``:
+    "network", False, as the reference code; else the defaults "image", True).
     """
 
-    def __init__(
-        self,
-        *,
-        name: str = "fedevi",
-        profile: str = "default",
-        num_rounds: Optional[int] = None,
-        delta: float = 1.0,
-        weight_form: str = "code",
-        beta0: str = "samples",
-        clip: float = 1e-3,
-        use_gap: bool = True,
-        use_reliability: bool = True,
-        accumulate: bool = True,
-        kl_weight: float = 0.01,
-        anneal_rounds: int = 10,
-        dice_form: str = "dice",
-        surrogate_windows: Union[int, str, None] = DEFAULT_SURROGATE_WINDOWS,
-        uncertainty_grid: Optional[str] = None,
-        clamp_epistemic: Optional[bool] = None,
-        **options: Any,
-    ):
-        surrogate = {"uncertainty_grid": "image", "clamp_epistemic": True, **PAPER_OBJECTIVE_ARGS.get(profile, {})}
-        if uncertainty_grid is not None:
-            surrogate["uncertainty_grid"] = uncertainty_grid
-        if clamp_epistemic is not None:
-            surrogate["clamp_epistemic"] = bool(clamp_epistemic)
-        super().__init__(
-            name=name,
-            method="fedevi",
-            strategy_args={
-                "delta": delta,
-                "weight_form": weight_form,
-                "beta0": beta0,
-                "clip": clip,
-                "use_gap": use_gap,
-                "use_reliability": use_reliability,
-                "accumulate": accumulate,
-            },
-            objective_args={
-                "kl_weight": kl_weight,
-                "anneal_rounds": anneal_rounds,
-                "dice_form": dice_form,
-                "surrogate_windows": check_window_count(surrogate_windows, "surrogate_windows"),
-                **surrogate,
-            },
-            profile=profile,
-            profiles=PAPER_PROFILES,
-            num_rounds=num_rounds,
-            **options,
-        )
+    strategy_options = JobOptions(FedEviOptions)
+    objective_options = JobOptions(FedEviSiteOptions, names=("kl_weight", "anneal_rounds", "dice_form",
+                                                              "surrogate_windows", "uncertainty_grid", "clamp_epistemic"))
+
+    def __init__(self, *, name: str = "fedevi", profile: str = "default", num_rounds: Optional[int] = None,
+                 **options: Any):
+        args = self.method_args(options, PAPER_OBJECTIVE_ARGS.get(profile))
+        super().__init__(name=name, method="fedevi", **args, profile=profile, profiles=PAPER_PROFILES,
+                         num_rounds=num_rounds, **options)

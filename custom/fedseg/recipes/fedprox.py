@@ -9,16 +9,22 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from fedseg.method_options import JobOptions
+from fedseg.objectives.fedprox import FedProxOptions
 from fedseg.recipes.base import FedSegRecipe
 from fedseg.recipes.fedavg import PAPER_PROFILES
+from fedseg.strategies.fedavg import FedAvgOptions
 
 
 class FedProxRecipe(FedSegRecipe):
-    """Args (besides the shared job/train options): mu, the proximal weight (default 0.01, NVFlare's)."""
+    """Keywords besides the shared job/train options: the objective's ``mu`` (:class:`FedProxOptions`); FedAvg's
+    sample-weighted average at the server."""
+
+    strategy_options = JobOptions(FedAvgOptions, names=(), fixed={"weighting": "samples"})
+    objective_options = JobOptions(FedProxOptions)
 
     def __init__(self, *, name: str = "fedprox", profile: str = "default", num_rounds: Optional[int] = None,
-                 mu: float = 0.01, **options: Any):
-        super().__init__(
-            name=name, method="fedprox", strategy_args={"weighting": "samples"}, objective_args={"mu": mu},
-            profile=profile, profiles=PAPER_PROFILES, num_rounds=num_rounds, **options,
-        )
+                 **options: Any):
+        args = self.method_args(options)
+        super().__init__(name=name, method="fedprox", **args, profile=profile, profiles=PAPER_PROFILES,
+                         num_rounds=num_rounds, **options)

@@ -6,19 +6,23 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from fedseg.method_options import JobOptions
+from fedseg.objectives.fedrep import FedRepSiteOptions
 from fedseg.recipes.base import FedSegRecipe
 from fedseg.recipes.fedavg import PAPER_PROFILES
+from fedseg.strategies.local_layers import FedRepOptions
 
 
 class FedRepRecipe(FedSegRecipe):
-    """Args (besides the shared job/train options): head ("conv1x1" or "last_block"), head_epochs (1)."""
+    """Keywords besides the shared job/train options: ``head`` (both halves: :class:`FedRepOptions`) and
+    ``head_epochs`` (:class:`FedRepSiteOptions`)."""
+
+    strategy_options = JobOptions(FedRepOptions, names=("head",))
+    objective_options = JobOptions(FedRepSiteOptions)
+    supports_dp = False
 
     def __init__(self, *, name: str = "fedrep", profile: str = "default", num_rounds: Optional[int] = None,
-                 head: str = "conv1x1", head_epochs: int = 1, **options: Any):
-        if options.get("dp_target_epsilon") is not None:
-            raise ValueError("FedRep does not support differential privacy (dp_target_epsilon)")
-        super().__init__(
-            name=name, method="fedrep", strategy_args={"head": head},
-            objective_args={"head": head, "head_epochs": head_epochs},
-            profile=profile, profiles=PAPER_PROFILES, num_rounds=num_rounds, **options,
-        )
+                 **options: Any):
+        args = self.method_args(options)
+        super().__init__(name=name, method="fedrep", **args, profile=profile, profiles=PAPER_PROFILES,
+                         num_rounds=num_rounds, **options)

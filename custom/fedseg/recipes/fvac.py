@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from fedseg.method_options import JobOptions
+from fedseg.objectives.fvac import FVACOptions
 from fedseg.recipes.base import FedSegRecipe
+from fedseg.strategies.fedavg import FedAvgOptions
 
 PAPER_PROFILES = {
     "paper": {
@@ -32,40 +35,22 @@ DEFAULT_LOCAL_EPOCHS = 5
 
 
 class FVACRecipe(FedSegRecipe):
-    """FVAC: its loss at the sites (``FVACObjective``: ``beta``, ``use_fmug``, ``use_fvda``, ``feature_layer``,
-    ``fvda_foreground``, ``fvda_mean``, ``record_terms``: the two terms' sizes among the train metrics, every ``record_terms``-th batch
-    with their gradient norms) and uniform averaging at the server (Alg. 1)."""
+    """FVAC: its loss at the sites (:class:`FVACOptions`: ``beta``, ``use_fmug``, ``use_fvda``, ``feature_layer``,
+    ``fvda_foreground``, ``fvda_mean``, ``record_terms``: the two terms' sizes among the train metrics, every
+    ``record_terms``-th batch with their gradient norms) and uniform averaging at the server (Alg. 1)."""
 
-    def __init__(
-        self,
-        *,
-        name: str = "fvac",
-        profile: str = "default",
-        num_rounds: Optional[int] = None,
-        beta: float = 2.0,
-        use_fmug: bool = True,
-        use_fvda: bool = True,
-        feature_layer: str = "decoder_last",
-        fvda_foreground: str = "union",
-        fvda_mean: str = "image",
-        record_terms: int = 0,
-        **options: Any,
-    ):
+    strategy_options = JobOptions(FedAvgOptions, names=(), fixed={"weighting": "uniform"})
+    # fvda_mean (the printed Eq. 10 unless asked) and record_terms (off) enter the job only when set: the exported job
+    # stays as it was before they existed
+    objective_options = JobOptions(FVACOptions, names=("beta", "use_fmug", "use_fvda", "feature_layer", "fvda_foreground",
+                                                       "fvda_mean", "record_terms"),
+                                   when_set=("fvda_mean", "record_terms"))
+
+    def __init__(self, *, name: str = "fvac", profile: str = "default", num_rounds: Optional[int] = None,
+                 **options: Any):
         options.setdefault("data_family", "vessel")
         if profile == "default":
             options.setdefault("local_epochs", DEFAULT_LOCAL_EPOCHS)
-        super().__init__(
-            name=name,
-            method="fvac",
-            strategy_args={"weighting": "uniform"},
-            objective_args={"beta": beta, "use_fmug": use_fmug, "use_fvda": use_fvda, "feature_layer": feature_layer,
-                            "fvda_foreground": fvda_foreground,
-                            # the printed Eq. 10 unless asked (off: the exported job is unchanged)
-                            **({"fvda_mean": fvda_mean} if fvda_mean != "image" else {}),
-                            # the term sizes among the train metrics (off: the exported job is unchanged)
-                            **({"record_terms": record_terms} if record_terms else {})},
-            profile=profile,
-            profiles=PAPER_PROFILES,
-            num_rounds=num_rounds,
-            **options,
-        )
+        args = self.method_args(options)
+        super().__init__(name=name, method="fvac", **args, profile=profile, profiles=PAPER_PROFILES,
+                         num_rounds=num_rounds, **options)

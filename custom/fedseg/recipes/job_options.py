@@ -13,11 +13,14 @@ SHARED_PARAMETERS = ("self", "name", "profile", "num_rounds")
 
 
 def method_parameters(recipe_class) -> Dict[str, inspect.Parameter]:
-    """A recipe's own keyword options (GraphFedSeg's ``alpha``, ``uncertainty``, ...): name -> parameter, in order."""
-    return {
+    """A recipe's own keyword options (GraphFedSeg's ``alpha``, ``uncertainty``, ...): name -> parameter. Its strategy's
+    and objective's options (``FedSegRecipe.method_options``: their dataclasses' defaults), then the keywords of its
+    signature (FedEFM's ``unseen``)."""
+    own = {
         name: p for name, p in inspect.signature(recipe_class.__init__).parameters.items()
         if name not in SHARED_PARAMETERS and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
     }
+    return {**recipe_class.method_options(), **own}
 
 
 def read_site_datalists(path: Path) -> Dict[str, str]:

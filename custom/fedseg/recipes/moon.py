@@ -5,17 +5,22 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from fedseg.method_options import JobOptions
+from fedseg.objectives.moon import MOONOptions
 from fedseg.recipes.base import FedSegRecipe
 from fedseg.recipes.fvac import PAPER_PROFILES
+from fedseg.strategies.fedavg import FedAvgOptions
 
 
 class MOONRecipe(FedSegRecipe):
-    """Args (besides the shared job/train options): mu (1.0), temperature (0.5), representation ("bottleneck")."""
+    """Keywords besides the shared job/train options: the objective's (:class:`MOONOptions`: ``mu``, ``temperature``,
+    ``representation``); FedAvg's sample-weighted average at the server."""
+
+    strategy_options = JobOptions(FedAvgOptions, names=(), fixed={"weighting": "samples"})
+    objective_options = JobOptions(MOONOptions)
 
     def __init__(self, *, name: str = "moon", profile: str = "default", num_rounds: Optional[int] = None,
-                 mu: float = 1.0, temperature: float = 0.5, representation: str = "bottleneck", **options: Any):
-        super().__init__(
-            name=name, method="moon", strategy_args={"weighting": "samples"},
-            objective_args={"mu": mu, "temperature": temperature, "representation": representation},
-            profile=profile, profiles=PAPER_PROFILES, num_rounds=num_rounds, **options,
-        )
+                 **options: Any):
+        args = self.method_args(options)
+        super().__init__(name=name, method="moon", **args, profile=profile, profiles=PAPER_PROFILES,
+                         num_rounds=num_rounds, **options)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
+from fedseg.method_options import JobOptions
+from fedseg.objectives.pathfl import PathFLSiteOptions
 from fedseg.recipes.base import FedSegRecipe
+from fedseg.strategies.pathfl import PathFLOptions
 
 PAPER_PROFILES = {
     "paper": {
@@ -44,59 +47,25 @@ def check_two_dimensional(train_config: Dict[str, Any]) -> None:
 
 
 class PathFLRecipe(FedSegRecipe):
-    """Args:
-        use_cse, use_afa, use_ssa: the three modules (all on = PathFL, all off = FedAvg's schedule).
-        afa_at_inference: keep the bottleneck alignment on in evaluation and bundle inference.
-        weighting: FedAvg weighting of the aggregation when SSA is off.
-        ssa_noise_batch, ssa_noise_size: shape of each site's noise batch (batch, C, size, size).
-        cse_statistics: "image" (default) or "patch": the statistics CSE normalises a training patch by
-            (``PathFLObjective``; docs/methods.md, PathFL).
+    """Keywords besides the shared job/train options: the strategy's (:class:`PathFLOptions`: ``use_cse``, ``use_afa``,
+    ``use_ssa``, ``weighting``, ``afa_at_inference``) and the objective's (:class:`PathFLSiteOptions`) but
+    ``keep_examples``: ``ssa_noise_batch``, ``ssa_noise_size``, ``cse_statistics`` (docs/methods.md, PathFL).
     The segmentation loss is the bundle's (Dice + CE) in the ``default`` profile, so that a comparison
     with FedAvg at the same settings isolates the method; the ``paper`` profile uses plain CE.
     """
 
-    def __init__(
-        self,
-        *,
-        name: str = "pathfl",
-        profile: str = "default",
-        num_rounds: Optional[int] = None,
-        use_cse: bool = True,
-        use_afa: bool = True,
-        use_ssa: bool = True,
-        afa_at_inference: bool = True,
-        weighting: str = "samples",
-        ssa_noise_batch: int = 4,
-        ssa_noise_size: int = 64,
-        cse_statistics: str = "image",
-        **options: Any,
-    ):
+    strategy_options = JobOptions(PathFLOptions)
+    objective_options = JobOptions(PathFLSiteOptions, names=("use_cse", "use_afa", "use_ssa", "ssa_noise_batch",
+                                                             "ssa_noise_size", "cse_statistics"))
+
+    def __init__(self, *, name: str = "pathfl", profile: str = "default", num_rounds: Optional[int] = None,
+                 **options: Any):
         options.setdefault("data_family", "nuclei")
+        args = self.method_args(options)
         # the alignment layer exists only when AFA is on, so AFA-off runs train FedAvg's exact network
-        options["feature_alignment"] = bool(use_afa)
-        super().__init__(
-            name=name,
-            method="pathfl",
-            strategy_args={
-                "use_cse": use_cse,
-                "use_afa": use_afa,
-                "use_ssa": use_ssa,
-                "weighting": weighting,
-                "afa_at_inference": afa_at_inference,
-            },
-            objective_args={
-                "use_cse": use_cse,
-                "use_afa": use_afa,
-                "use_ssa": use_ssa,
-                "ssa_noise_batch": ssa_noise_batch,
-                "ssa_noise_size": ssa_noise_size,
-                "cse_statistics": cse_statistics,
-            },
-            profile=profile,
-            profiles=PAPER_PROFILES,
-            num_rounds=num_rounds,
-            **options,
-        )
+        options["feature_alignment"] = args["strategy_args"]["use_afa"]
+        super().__init__(name=name, method="pathfl", **args, profile=profile, profiles=PAPER_PROFILES,
+                         num_rounds=num_rounds, **options)
 
     def check_train_config(self, train_config: Dict[str, Any]) -> None:
         check_two_dimensional(train_config)

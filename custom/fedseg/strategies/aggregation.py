@@ -44,6 +44,16 @@ def sample_weights(n_samples: Mapping[str, int], sites: Sequence[str]) -> list:
     return [n_samples[s] / total for s in sites]
 
 
+#: how a strategy weights the sites' models: by their training images, or equally
+WEIGHTINGS = ("samples", "uniform")
+
+
+def check_weighting(weighting: str, name: str = "weighting") -> None:
+    """Refuse a weighting that is not one of :data:`WEIGHTINGS` (``name``: the option's name in the message)."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"{name} must be 'samples' or 'uniform', got {weighting!r}")
+
+
 def site_weights(weighting: str, n_samples: Mapping[str, int], sites: Sequence[str]) -> list:
     """Aggregation weights in ``sites`` order: ``1 / K`` each for ``weighting="uniform"``, else
     :func:`sample_weights` (each site's share of the training images)."""

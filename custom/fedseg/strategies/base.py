@@ -22,9 +22,11 @@ Parameters are ``Dict[str, torch.Tensor]`` on the CPU.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Type
 
 import torch
+
+from fedseg.method_options import MethodOptions, set_options
 
 Params = Dict[str, torch.Tensor]
 
@@ -81,8 +83,12 @@ class ServerStrategy:
     personalized_at_sites: bool = False
     #: set ``True`` to get ``network_factory`` (a callable building the job's network) from the controller
     needs_network: bool = False
+    #: the strategy's options (a :class:`fedseg.method_options.MethodOptions` dataclass): its fields are the
+    #: constructor's keywords and the strategy's attributes of the same names (None: no options)
+    options_class: Optional[Type[MethodOptions]] = None
 
-    def __init__(self) -> None:
+    def __init__(self, **options: Any) -> None:
+        set_options(self, self.options_class, options)
         self.clients: List[str] = []
         self._global: Params = {}
         #: set by the controller before ``start``
@@ -93,13 +99,9 @@ class ServerStrategy:
         self.server_step = None
 
     def config(self) -> Dict[str, Any]:
-        """Effective hyper-parameters, written into ``report.json['config']``."""
-        return {"strategy": self.name}
-
-    def attributes_config(self, *names: str) -> Dict[str, Any]:
-        """A :meth:`config` of the strategy's name and the attributes ``names``, in that order (the strategies store
-        their hyper-parameters under their constructor arguments' names)."""
-        return {"strategy": self.name, **{name: getattr(self, name) for name in names}}
+        """Effective hyper-parameters, written into ``report.json['config']``: the strategy's name, then its options
+        in field order."""
+        return {"strategy": self.name, **(self.options.as_dict() if self.options is not None else {})}
 
     def start(self, clients: List[str], initial_params: Params) -> None:
         self.clients = list(clients)

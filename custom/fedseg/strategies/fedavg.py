@@ -2,36 +2,37 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict
 
-from .aggregation import check_aggregation, robust_average, site_weights
+from fedseg.method_options import MethodOptions, option
+
+from .aggregation import check_aggregation, check_weighting, robust_average, site_weights
 from .base import ClientUpdate, Exchange, ServerStrategy
 
 
-class FedAvgStrategy(ServerStrategy):
-    """theta <- sum_k w_k theta_k with w_k = n_k / sum(n) (``weighting="samples"``) or 1/K (``"uniform"``).
+@dataclass(frozen=True)
+class FedAvgOptions(MethodOptions):
+    """FedAvg's server options (every strategy that averages like it extends them)."""
 
-    Args:
-        weighting: ``"samples"`` or ``"uniform"`` (used by ``aggregation="mean"``).
-        aggregation: ``"mean"`` (FedAvg), or for federations that cannot trust every site the coordinate-wise
-            ``"median"`` or ``"trimmed_mean"`` (unweighted; ``fedseg.strategies.aggregation.robust_average``).
-        trim: fraction of the sites cut from each end per coordinate by ``"trimmed_mean"``.
-    """
+    weighting: str = option("samples", "samples (n_k / sum n) or uniform (1/K): the weights of the mean")
+    aggregation: str = option("mean", "mean (FedAvg), or for federations that cannot trust every site the coordinate-wise "
+                              "median or trimmed_mean (unweighted; aggregation.robust_average)")
+    trim: float = option(0.1, "fraction of the sites cut from each end per coordinate by trimmed_mean")
+
+    def __post_init__(self):
+        check_weighting(self.weighting)
+        check_aggregation(self.aggregation, self.trim)
+        self._set("trim", float(self.trim))
+
+
+class FedAvgStrategy(ServerStrategy):
+    """theta <- sum_k w_k theta_k with w_k = n_k / sum(n) (``weighting="samples"``) or 1/K (``"uniform"``); options:
+    :class:`FedAvgOptions`."""
 
     name = "fedavg"
     objective = "fedavg"
-
-    def __init__(self, weighting: str = "samples", aggregation: str = "mean", trim: float = 0.1):
-        super().__init__()
-        if weighting not in ("samples", "uniform"):
-            raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
-        check_aggregation(aggregation, trim)
-        self.weighting = weighting
-        self.aggregation = aggregation
-        self.trim = float(trim)
-
-    def config(self) -> Dict[str, Any]:
-        return {"strategy": self.name, "weighting": self.weighting, "aggregation": self.aggregation, "trim": self.trim}
+    options_class = FedAvgOptions
 
     def aggregate(self, round_: int, updates: Dict[str, ClientUpdate], exchange: Exchange) -> Dict[str, Any]:
         sites = sorted(updates)

@@ -13,6 +13,7 @@ private attributes, read and written through ``fedseg.fl.nvflare_internals``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict, List
 
 import torch
@@ -20,33 +21,36 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_opt.pt.fedce import FedCEModelAggregator
 
 from fedseg.fl.nvflare_internals import fedce_contribution_weights, fedce_cosine_means, fedce_state, restore_fedce_state
+from fedseg.method_options import MethodOptions, option
 from fedseg.objectives.fedce import MINUS_SCORE, WEIGHTS
 
 from .base import ClientUpdate, Exchange, Params, ServerStrategy, SitePayload, parameter_keys
 
 
+@dataclass(frozen=True)
+class FedCEOptions(MethodOptions):
+    """FedCE's server options."""
+
+    mode: str = option("plus", "how the two scores combine: plus (NVFlare's default) or times")
+    epsilon: float = option(1e-6, "floor of a normalised score (NVFlare's default)")
+
+    def __post_init__(self):
+        if self.mode not in FedCEModelAggregator.MODES:
+            raise ValueError(f"FedCE mode must be one of {FedCEModelAggregator.MODES}, got {self.mode!r}")
+        if not self.epsilon > 0:
+            raise ValueError(f"FedCE epsilon must be > 0, got {self.epsilon}")
+        self._set("epsilon", float(self.epsilon))
+
+
 class FedCEStrategy(ServerStrategy):
-    """Args:
-        mode: how the two scores combine, ``"plus"`` (NVFlare's default) or ``"times"``.
-        epsilon: floor of a normalised score (NVFlare's default 1e-6).
-    """
+    """FedCE's server half; options: :class:`FedCEOptions`."""
 
     name = "fedce"
     objective = "fedce"
     needs_network = True
-
-    def __init__(self, mode: str = "plus", epsilon: float = 1e-6):
-        super().__init__()
-        if mode not in FedCEModelAggregator.MODES:
-            raise ValueError(f"FedCE mode must be one of {FedCEModelAggregator.MODES}, got {mode!r}")
-        if not epsilon > 0:
-            raise ValueError(f"FedCE epsilon must be > 0, got {epsilon}")
-        self.mode = mode
-        self.epsilon = float(epsilon)
-        self.aggregator: FedCEModelAggregator = None
-
-    def config(self) -> Dict[str, Any]:
-        return {"strategy": self.name, "mode": self.mode, "epsilon": self.epsilon}
+    options_class = FedCEOptions
+    #: NVFlare's aggregator with its running state (built by ``start``)
+    aggregator: FedCEModelAggregator
 
     def start(self, clients: List[str], initial_params: Params) -> None:
         super().start(clients, initial_params)

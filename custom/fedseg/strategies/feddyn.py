@@ -15,7 +15,7 @@ from typing import Any, Dict, List
 
 import torch
 
-from fedseg.objectives.feddyn import META_KEY
+from fedseg.objectives.feddyn import META_KEY, FedDynOptions
 
 from .aggregation import weighted_average
 from .base import ClientUpdate, Exchange, Params, ServerStrategy, SitePayload, clone_params, parameter_keys
@@ -35,23 +35,15 @@ def feddyn_server_update(theta: Params, models: Dict[str, Params], h: Params, al
 
 
 class FedDynStrategy(ServerStrategy):
-    """Args:
-        alpha: FedDyn's regulariser weight, sent to the sites (default 0.01; FedDyn paper: {0.1, 0.01, 0.001}).
-    """
+    """FedDyn's server half; options: :class:`fedseg.objectives.feddyn.FedDynOptions` (the one ``alpha`` of both
+    halves, sent to the sites)."""
 
     name = "feddyn"
     objective = "feddyn"
     needs_network = True
-
-    def __init__(self, alpha: float = 0.01):
-        super().__init__()
-        if not alpha > 0:
-            raise ValueError(f"FedDyn alpha must be > 0, got {alpha}")
-        self.alpha = float(alpha)
-        self.h: Params = {}
-
-    def config(self) -> Dict[str, Any]:
-        return {"strategy": self.name, "alpha": self.alpha}
+    options_class = FedDynOptions
+    #: the server state h over the trainable parameters (zeros from ``start``)
+    h: Params
 
     def start(self, clients: List[str], initial_params: Params) -> None:
         super().start(clients, initial_params)

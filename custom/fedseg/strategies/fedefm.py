@@ -18,12 +18,14 @@ the only averaging). Only weights and the declared scalars ``teacher_emd`` / ``t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from fedseg.fl.protocol import pack_models
 from fedseg.foundation.topology import TOPOLOGIES, in_neighbours, mixing_matrix, out_neighbours
+from fedseg.method_options import MethodOptions, option
 
-from .aggregation import check_aggregation, robust_average, site_weights, weighted_average
+from .aggregation import check_aggregation, check_weighting, robust_average, site_weights, weighted_average
 from .base import ClientUpdate, Exchange, Params, ServerStrategy, SitePayload, clone_params
 
 OVERSEAS_TASK = "overseas_train"
@@ -37,59 +39,50 @@ def model_name(prefix: str, silo: str) -> str:
     return f"{prefix}@{silo.replace('/', '_')}"
 
 
+@dataclass(frozen=True)
+class FedEFMOptions(MethodOptions):
+    """FedEFM's server options."""
+
+    mode: str = option("cfl", "cfl (the server averages every round) or dfl (gossip over the topology; the server only "
+                       "relays)")
+    topology: str = option("ring", "ring (directed ring in the sites' order) or full")
+    overseas: bool = option(True, "train overseas experts (off: no experts, so the silos train plain CE: the FedAvg "
+                            "(CFL) / gossip (DFL) baselines of the same schedule)")
+    gossip_self_weight: float = option(0.5, "DFL mixing weight on a silo's own model")
+    weighting: str = option("samples", "CFL / final averaging: samples or uniform")
+    aggregation: str = option("mean", "CFL per-round combination: mean (weighted by weighting), or the robust "
+                              "coordinate-wise median / trimmed_mean (aggregation.robust_average)")
+    trim: float = option(0.1, "fraction cut from each end by trimmed_mean")
+
+    def __post_init__(self):
+        if self.mode not in ("cfl", "dfl"):
+            raise ValueError(f"mode must be 'cfl' or 'dfl', got {self.mode!r}")
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"topology must be one of {TOPOLOGIES}, got {self.topology!r}")
+        if not 0.0 <= self.gossip_self_weight <= 1.0:
+            raise ValueError(f"gossip_self_weight must lie in [0, 1], got {self.gossip_self_weight}")
+        check_weighting(self.weighting)
+        check_aggregation(self.aggregation, self.trim)
+        self._set("overseas", bool(self.overseas))
+        self._set("gossip_self_weight", float(self.gossip_self_weight))
+        self._set("trim", float(self.trim))
+
+
 class FedEFMStrategy(ServerStrategy):
-    """Args:
-        mode: ``"cfl"`` (server averages every round) or ``"dfl"`` (gossip over the topology).
-        topology: ``"ring"`` (directed ring in ``clients`` order) or ``"full"``.
-        overseas: train overseas experts (``False``: no experts, so the silos train plain CE — the
-            FedAvg (CFL) / gossip (DFL) baselines of the same schedule).
-        gossip_self_weight: DFL mixing weight on a silo's own model.
-        weighting: CFL / final averaging: ``"samples"`` or ``"uniform"``.
-        aggregation: CFL per-round combination: ``"mean"`` (weighted by ``weighting``), or the robust
-            coordinate-wise ``"median"`` / ``"trimmed_mean"`` (``fedseg.strategies.aggregation.robust_average``).
-        trim: fraction cut from each end by ``"trimmed_mean"``.
-    """
+    """FedEFM's server half; options: :class:`FedEFMOptions`."""
 
     name = "fedefm"
     objective = "fedefm"
     extra_tasks = (OVERSEAS_TASK, GOSSIP_TASK)
+    options_class = FedEFMOptions
 
-    def __init__(
-        self,
-        mode: str = "cfl",
-        topology: str = "ring",
-        overseas: bool = True,
-        gossip_self_weight: float = 0.5,
-        weighting: str = "samples",
-        aggregation: str = "mean",
-        trim: float = 0.1,
-    ):
-        super().__init__()
-        if mode not in ("cfl", "dfl"):
-            raise ValueError(f"mode must be 'cfl' or 'dfl', got {mode!r}")
-        if topology not in TOPOLOGIES:
-            raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
-        if weighting not in ("samples", "uniform"):
-            raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
-        if not 0.0 <= gossip_self_weight <= 1.0:
-            raise ValueError(f"gossip_self_weight must lie in [0, 1], got {gossip_self_weight}")
-        self.mode = mode
-        self.topology = topology
-        self.overseas = bool(overseas)
-        self.gossip_self_weight = float(gossip_self_weight)
-        check_aggregation(aggregation, trim)
-        self.weighting = weighting
-        self.aggregation = aggregation
-        self.trim = float(trim)
-        self.has_global_model = mode == "cfl"
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        self.has_global_model = self.mode == "cfl"
         self._models: Dict[str, Params] = {}
         #: experts[i][j] = theta_ij, trained at j last round, sent to i with the next train task
         self._experts: Dict[str, Dict[str, Params]] = {}
         self._n_samples: Dict[str, int] = {}
-
-    def config(self) -> Dict[str, Any]:
-        return self.attributes_config("mode", "topology", "overseas", "gossip_self_weight", "weighting", "aggregation",
-                                      "trim")
 
     def start(self, clients: List[str], initial_params: Params) -> None:
         super().start(clients, initial_params)

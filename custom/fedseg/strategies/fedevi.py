@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
-from .aggregation import sample_weights, weighted_average
+from fedseg.method_options import MethodOptions, option
+
+from .aggregation import check_weighting, sample_weights, weighted_average
 from .base import ClientUpdate, Exchange, ServerStrategy, SitePayload
 from .evidential_weights import RELIABILITY_FORMS, reliability, update_beta
 
@@ -34,57 +37,47 @@ logger = logging.getLogger(__name__)
 SURROGATE_TASK = "evaluate_surrogate"
 
 
-class FedEviStrategy(ServerStrategy):
-    """Re-weights sites every round from the surrogate's epistemic and the local models' aleatoric uncertainty.
+@dataclass(frozen=True)
+class FedEviOptions(MethodOptions):
+    """FedEvi's server options. The switches are the paper's ablation (Table 4): without G the gap factor is 1,
+    without R the reliability is 1; ``delta = 0`` keeps beta at beta^0 (evidential model training only, "EMT")."""
 
-    Args:
-        delta: weight-adjustment magnitude (paper: 1.0).
-        weight_form: reliability R used in the update; "code" (default) -> R = 1 / A as in the reference
-            code (the run the reference log and the paper's tables come from; also robust to a single
-            near-certain image), "paper" -> R = mean(1 / U_ale) as in Eq. 7.
-        beta0: "samples" (n_k / sum n) or "uniform" (1/K).
-        clip: lower bound on a weight after normalising (reference code: 1e-3).
-        accumulate: add each round's ``delta * G * R`` to the previous weights (reference log) or replace them.
-    """
+    delta: float = option(1.0, "weight-adjustment magnitude (paper: 1.0)")
+    weight_form: str = option("code", "the reliability R of the update: code (R = 1 / A, as the reference code whose run "
+                              "the paper's tables come from; robust to one near-certain image) or paper "
+                              "(R = mean(1 / U_ale), Eq. 7)")
+    beta0: str = option("samples", "the first weights: samples (n_k / sum n) or uniform (1/K)")
+    clip: float = option(1e-3, "lower bound on a weight after normalising (reference code: 1e-3)")
+    use_gap: bool = option(True, "the gap factor G of the update (off: 1)")
+    use_reliability: bool = option(True, "the reliability R of the update (off: 1)")
+    accumulate: bool = option(True, "add each round's delta * G * R to the previous weights (the reference run) or "
+                              "replace them")
+
+    def __post_init__(self):
+        if self.weight_form not in RELIABILITY_FORMS:
+            raise ValueError(f"weight_form must be one of {RELIABILITY_FORMS}, got {self.weight_form!r}")
+        check_weighting(self.beta0, "beta0")
+        if self.delta < 0 or not 0 <= self.clip < 1:
+            raise ValueError(f"need delta >= 0 and 0 <= clip < 1, got delta={self.delta}, clip={self.clip}")
+        self._set("delta", float(self.delta))
+        self._set("clip", float(self.clip))
+        for name in ("use_gap", "use_reliability", "accumulate"):
+            self._set(name, bool(getattr(self, name)))
+
+
+class FedEviStrategy(ServerStrategy):
+    """Re-weights sites every round from the surrogate's epistemic and the local models' aleatoric uncertainty;
+    options: :class:`FedEviOptions`."""
 
     name = "fedevi"
     objective = "fedevi"
     extra_tasks = (SURROGATE_TASK,)
+    options_class = FedEviOptions
 
-    def __init__(
-        self,
-        delta: float = 1.0,
-        weight_form: str = "code",
-        beta0: str = "samples",
-        clip: float = 1e-3,
-        use_gap: bool = True,
-        use_reliability: bool = True,
-        accumulate: bool = True,
-    ):
-        super().__init__()
-        if weight_form not in RELIABILITY_FORMS:
-            raise ValueError(f"weight_form must be one of {RELIABILITY_FORMS}, got {weight_form!r}")
-        if beta0 not in ("samples", "uniform"):
-            raise ValueError(f"beta0 must be 'samples' or 'uniform', got {beta0!r}")
-        if delta < 0 or not 0 <= clip < 1:
-            raise ValueError(f"need delta >= 0 and 0 <= clip < 1, got delta={delta}, clip={clip}")
-        # stored under the constructor's names: recipe export keeps only self.<argname> attributes
-        self.delta = float(delta)
-        self.weight_form = weight_form
-        self.beta0 = beta0
-        self.clip = float(clip)
-        # ablation switches (paper Table 4): without G the gap factor is 1, without R the reliability is 1;
-        # delta = 0 keeps beta at beta^0 (evidential model training only, "EMT")
-        self.use_gap = bool(use_gap)
-        self.use_reliability = bool(use_reliability)
-        # add each round's G * R to the previous weights (the reference run) or replace them (evidential_weights)
-        self.accumulate = bool(accumulate)
+    def __init__(self, **options: Any):
+        super().__init__(**options)
         #: current aggregation weights over every site seen so far (sum 1)
         self.beta: Dict[str, float] = {}
-
-    def config(self) -> Dict[str, Any]:
-        return self.attributes_config("delta", "weight_form", "beta0", "clip", "use_gap", "use_reliability",
-                                      "accumulate")
 
     def start(self, clients: List[str], initial_params) -> None:
         super().start(clients, initial_params)

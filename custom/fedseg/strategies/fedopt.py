@@ -10,53 +10,56 @@ The optimiser's moments are part of the server checkpoint. Every other method ta
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict, List
 
-from .aggregation import site_weights, weighted_average
+from fedseg.method_options import MethodOptions, option
+
+from .aggregation import check_weighting, site_weights, weighted_average
 from .base import ClientUpdate, Exchange, Params, ServerStrategy
 from .server_step import ServerStep, ServerStepConfig
 
 SERVER_OPTIMIZERS = ("adam", "sgd", "adagrad")
 
 
+@dataclass(frozen=True)
+class FedOptOptions(MethodOptions):
+    """FedOpt's server options (FedAdam's defaults)."""
+
+    server_optimizer: str = option("adam", "adam (FedAdam), sgd (with momentum: FedAvgM; NVFlare's FedOpt default is SGD, "
+                                   "lr 1.0, momentum 0.6) or adagrad (FedAdagrad)")
+    server_lr: float = option(1e-2, "the server learning rate (eta)")
+    beta1: float = option(0.9, "Adam's first moment decay (FedAdam: 0.9)")
+    beta2: float = option(0.99, "Adam's second moment decay (FedAdam: 0.99)")
+    tau: float = option(1e-3, "adaptivity / epsilon of Adam and Adagrad (FedAdam: 1e-3)")
+    momentum: float = option(0.0, "SGD momentum")
+    weighting: str = option("samples", "samples or uniform average of the sites' models")
+
+    def __post_init__(self):
+        if self.server_optimizer not in SERVER_OPTIMIZERS:
+            raise ValueError(f"server_optimizer must be one of {SERVER_OPTIMIZERS}, got {self.server_optimizer!r}")
+        check_weighting(self.weighting)
+        for name in ("server_lr", "beta1", "beta2", "tau", "momentum"):
+            self._set(name, float(getattr(self, name)))
+        self.step_config()  # the server step checks lr, betas, eps and momentum (one set of checks for every method)
+
+    def step_config(self) -> ServerStepConfig:
+        return ServerStepConfig(self.server_optimizer, self.server_lr, self.momentum, (self.beta1, self.beta2), self.tau)
+
+
 class FedOptStrategy(ServerStrategy):
-    """Args:
-        server_optimizer: ``"adam"`` (FedAdam), ``"sgd"`` (with ``momentum``: NVFlare's FedOpt default is SGD,
-            lr 1.0, momentum 0.6) or ``"adagrad"`` (FedAdagrad).
-        server_lr: the server learning rate (eta).
-        beta1, beta2: Adam's moment decays (FedAdam: 0.9, 0.99).
-        tau: adaptivity / epsilon of Adam and Adagrad (FedAdam: 1e-3).
-        momentum: SGD momentum.
-        weighting: ``"samples"`` or ``"uniform"`` average of the sites' models.
-    """
+    """FedAvg's average, then a server optimiser step; options: :class:`FedOptOptions`."""
 
     name = "fedopt"
     objective = "fedavg"
     needs_network = True
-
-    def __init__(self, server_optimizer: str = "adam", server_lr: float = 1e-2, beta1: float = 0.9, beta2: float = 0.99,
-                 tau: float = 1e-3, momentum: float = 0.0, weighting: str = "samples"):
-        super().__init__()
-        if server_optimizer not in SERVER_OPTIMIZERS:
-            raise ValueError(f"server_optimizer must be one of {SERVER_OPTIMIZERS}, got {server_optimizer!r}")
-        if weighting not in ("samples", "uniform"):
-            raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
-        self.server_optimizer = server_optimizer
-        self.server_lr = float(server_lr)
-        self.beta1 = float(beta1)
-        self.beta2 = float(beta2)
-        self.tau = float(tau)
-        self.momentum = float(momentum)
-        self.weighting = weighting
-        self.step_config()  # the server step checks lr, betas, eps and momentum (one set of checks for every method)
-        self.step: ServerStep = None
-        self.generator = None  # the step's NVFlare generator, after start
-
-    def config(self) -> Dict[str, Any]:
-        return self.attributes_config("server_optimizer", "server_lr", "beta1", "beta2", "tau", "momentum", "weighting")
+    options_class = FedOptOptions
+    #: the server optimiser's step and its NVFlare generator (built by ``start``)
+    step: ServerStep
+    generator: Any
 
     def step_config(self) -> ServerStepConfig:
-        return ServerStepConfig(self.server_optimizer, self.server_lr, self.momentum, (self.beta1, self.beta2), self.tau)
+        return self.options.step_config()
 
     def optimizer_args(self) -> Dict[str, Any]:
         """NVFlare's ``optimizer_args`` form of the server optimiser (recorded on the generator)."""

@@ -44,11 +44,13 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
+from fedseg.method_options import MethodOptions, option
 from fedseg.uncertainty.client_uncertainty import check_estimator
 
 from .aggregation import sample_weights
@@ -89,98 +91,76 @@ SOLVER_TOLERANCE = 1e-6
 META_KEY = "graphfedseg"
 
 
-class GraphFedSegStrategy(ServerStrategy):
-    """Uncertainty-aware collaboration graph and dual-layer aggregation.
+@dataclass(frozen=True)
+class GraphFedSegOptions(MethodOptions):
+    """GraphFedSeg's server options: the graph's, then the uncertainty estimator's (sent to the sites)."""
 
-    Args:
-        alpha: similarity reward in Eq. (2); None -> 0.08 * K (K = number of clients at ``start``).
-        gamma: uncertainty penalty in Eq. (2) (paper: 0.4).
-        lam: fusion coefficient of Eq. (6) (paper: 0.2).
-        lambda1: client regulariser weight of Eq. (5) (spec: 0.01; 0 disables it).
-        similarity: "update" (theta - theta_0, default) or "weights" (raw theta) for cos_ij.
-        solver: "cvxpy" (default; cross-checked against the closed form every round) or "closed_form".
-        uncertainty: client estimator, "evidential" (paper) or "mc_dropout" (Sec. 3.7 comparison).
-        mc_samples: T for "mc_dropout" (paper: 5 or 10).
-        uncertainty_pass: "after_training" (paper), "last_epoch" or "training_batches", sent to the sites
-            (``fedseg.objectives.graphfedseg``).
-        prior: the QP's target ``p``: "samples" (n / sum n, the paper) or "samples_over_uncertainty"
-            (n / (U + 1e-6), renormalised: the authors' code); the data-based layer of the aggregation keeps n / sum n.
-        similarity_snap: cosines above it count as 1 (the authors' code: 0.9); None = as measured.
-        graph_in_aggregation: "current" (this round's W, the paper) or "previous" (the W of the round before, as the
-            authors' code aggregates before it updates the graph; needed by ``similarity="update_global"``).
-        initial_graph: W before the first round, "uniform" (1/K, the paper's Fig. 6a) or "uniform_others"
-            (1/(K-1) off the diagonal, the authors' code).
-        regulariser: the client's similarity term, "paper" (Eq. 5, sum over j != i) or "top_k" (the authors' code:
-            ``lambda1 (1 - weighted mean cosine to the row's top_k largest entries, i itself included)``).
-        top_k: neighbours of the "top_k" term (the authors' code: 3).
-    """
+    alpha: Optional[float] = option(None, "similarity reward in Eq. (2); None: 0.08 * K (K = sites at start)")
+    gamma: float = option(0.4, "uncertainty penalty in Eq. (2) (paper: 0.4)")
+    lam: float = option(0.2, "fusion coefficient of Eq. (6): weight of the sample-weighted base model (paper: 0.2)")
+    lambda1: float = option(0.01, "client regulariser weight of Eq. (5) (0 disables it)")
+    similarity: str = option("update", "what cos_ij compares: update (theta - theta_0), weights (raw theta) or "
+                             "update_global (theta - this round's new global model; needs graph_in_aggregation=previous)")
+    similarity_snap: Optional[float] = option(None, "cosines above it count as 1 (the authors' code: 0.9); None: as "
+                                              "measured")
+    prior: str = option("samples", "the QP's target p: samples (n / sum n, the paper) or samples_over_uncertainty "
+                        "(n / (U + 1e-6), renormalised: the authors' code); the data-based layer keeps n / sum n")
+    graph_in_aggregation: str = option("current", "the W theta_global is aggregated with: current (this round's, the "
+                                       "paper) or previous (the round before's, as the authors' code)")
+    initial_graph: str = option("uniform", "W before the first round: uniform (1/K, the paper's Fig. 6a) or "
+                                "uniform_others (1/(K-1) off the diagonal, the authors' code)")
+    regulariser: str = option("paper", "the client's similarity term: paper (Eq. 5, sum over j != i) or top_k (the "
+                              "authors' code: lambda1 (1 - weighted mean cosine to the row's top_k largest entries))")
+    top_k: int = option(3, "neighbours of the top_k term (the authors' code: 3)")
+    uncertainty_pass: str = option("after_training", "when the sites measure U: after_training (paper), last_epoch or "
+                                   "training_batches (evidential only; objectives.graphfedseg)")
+    solver: str = option("cvxpy", "cvxpy (cross-checked against the closed form every round) or closed_form")
+    uncertainty: str = option("evidential", "the sites' estimator: evidential (paper) or mc_dropout (Sec. 3.7)")
+    mc_samples: int = option(5, "T for mc_dropout (paper: 5 or 10)")
 
-    name = "graphfedseg"
-    objective = "graphfedseg"
-
-    def __init__(
-        self,
-        alpha: Optional[float] = None,
-        gamma: float = 0.4,
-        lam: float = 0.2,
-        lambda1: float = 0.01,
-        similarity: str = "update",
-        solver: str = "cvxpy",
-        uncertainty: str = "evidential",
-        mc_samples: int = 5,
-        uncertainty_pass: str = "after_training",
-        prior: str = "samples",
-        similarity_snap: Optional[float] = None,
-        graph_in_aggregation: str = "current",
-        initial_graph: str = "uniform",
-        regulariser: str = "paper",
-        top_k: int = 3,
-    ):
-        super().__init__()
+    def __post_init__(self):
+        alpha, similarity_snap, top_k = self.alpha, self.similarity_snap, self.top_k
         if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
             raise ValueError(f"alpha must be None or a finite number >= 0, got {alpha}")
-        if not (math.isfinite(gamma) and gamma >= 0):
-            raise ValueError(f"gamma must be >= 0, got {gamma}")
-        if not 0.0 <= lam <= 1.0:
-            raise ValueError(f"lam must be in [0, 1], got {lam}")
-        if not (math.isfinite(lambda1) and lambda1 >= 0):
-            raise ValueError(f"lambda1 must be >= 0, got {lambda1}")
-        if similarity not in SIMILARITIES:
-            raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
-        if prior not in PRIORS:
-            raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
-        if graph_in_aggregation not in AGGREGATION_GRAPHS:
-            raise ValueError(f"graph_in_aggregation must be one of {AGGREGATION_GRAPHS}, got {graph_in_aggregation!r}")
-        if similarity == "update_global" and graph_in_aggregation != "previous":
+        if not (math.isfinite(self.gamma) and self.gamma >= 0):
+            raise ValueError(f"gamma must be >= 0, got {self.gamma}")
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"lam must be in [0, 1], got {self.lam}")
+        if not (math.isfinite(self.lambda1) and self.lambda1 >= 0):
+            raise ValueError(f"lambda1 must be >= 0, got {self.lambda1}")
+        for name, allowed in (("similarity", SIMILARITIES), ("prior", PRIORS),
+                              ("graph_in_aggregation", AGGREGATION_GRAPHS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.similarity == "update_global" and self.graph_in_aggregation != "previous":
             raise ValueError("similarity='update_global' compares each site's model with this round's new global model, "
                              "which must exist before the graph: use graph_in_aggregation='previous'")
-        if initial_graph not in INITIAL_GRAPHS:
-            raise ValueError(f"initial_graph must be one of {INITIAL_GRAPHS}, got {initial_graph!r}")
-        if regulariser not in REGULARISERS:
-            raise ValueError(f"regulariser must be one of {REGULARISERS}, got {regulariser!r}")
+        for name, allowed in (("initial_graph", INITIAL_GRAPHS), ("regulariser", REGULARISERS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
             raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
         if similarity_snap is not None and not (math.isfinite(similarity_snap) and -1.0 <= similarity_snap <= 1.0):
             raise ValueError(f"similarity_snap must be None or in [-1, 1], got {similarity_snap}")
-        if solver not in ("cvxpy", "closed_form"):
-            raise ValueError(f"solver must be 'cvxpy' or 'closed_form', got {solver!r}")
-        check_estimator(uncertainty, mc_samples, uncertainty_pass)
-        # stored under the constructor's names: recipe export keeps only self.<argname> attributes
-        self.alpha = None if alpha is None else float(alpha)
-        self.gamma = float(gamma)
-        self.lam = float(lam)
-        self.lambda1 = float(lambda1)
-        self.similarity = similarity
-        self.solver = solver
-        self.uncertainty = uncertainty
-        self.mc_samples = int(mc_samples)
-        self.uncertainty_pass = uncertainty_pass
-        self.prior = prior
-        self.similarity_snap = None if similarity_snap is None else float(similarity_snap)
-        self.graph_in_aggregation = graph_in_aggregation
-        self.initial_graph = initial_graph
-        self.regulariser = regulariser
-        self.top_k = int(top_k)
+        if self.solver not in ("cvxpy", "closed_form"):
+            raise ValueError(f"solver must be 'cvxpy' or 'closed_form', got {self.solver!r}")
+        check_estimator(self.uncertainty, self.mc_samples, self.uncertainty_pass)
+        self._set("alpha", None if alpha is None else float(alpha))
+        self._set("similarity_snap", None if similarity_snap is None else float(similarity_snap))
+        for name in ("gamma", "lam", "lambda1"):
+            self._set(name, float(getattr(self, name)))
+        self._set("mc_samples", int(self.mc_samples))
+
+
+class GraphFedSegStrategy(ServerStrategy):
+    """Uncertainty-aware collaboration graph and dual-layer aggregation; options: :class:`GraphFedSegOptions`."""
+
+    name = "graphfedseg"
+    objective = "graphfedseg"
+    options_class = GraphFedSegOptions
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
         #: alpha actually used (set by ``start``)
         self.alpha_used: Optional[float] = self.alpha
         #: latest graph (K_present x K_present) and the sites of its rows; uniform 1/K before round 0
@@ -194,25 +174,11 @@ class GraphFedSegStrategy(ServerStrategy):
         self._template: Params = {}
 
     def config(self) -> Dict[str, Any]:
-        return {
-            "strategy": self.name,
-            "alpha": self.alpha_used,
-            "alpha_rule": "0.08*K" if self.alpha is None else "fixed",
-            "gamma": self.gamma,
-            "lam": self.lam,
-            "lambda1": self.lambda1,
-            "similarity": self.similarity,
-            "solver": self.solver,
-            "uncertainty": self.uncertainty,
-            "mc_samples": self.mc_samples,
-            "uncertainty_pass": self.uncertainty_pass,
-            "prior": self.prior,
-            "similarity_snap": self.similarity_snap,
-            "graph_in_aggregation": self.graph_in_aggregation,
-            "initial_graph": self.initial_graph,
-            "regulariser": self.regulariser,
-            "top_k": self.top_k,
-        }
+        """The options, with the alpha used (0.08 K when ``alpha`` is None) and how it was chosen."""
+        options = self.options.as_dict()
+        del options["alpha"]
+        return {"strategy": self.name, "alpha": self.alpha_used, "alpha_rule": "0.08*K" if self.alpha is None else "fixed",
+                **options}
 
     def start(self, clients: List[str], initial_params: Params) -> None:
         super().start(sorted(clients), initial_params)

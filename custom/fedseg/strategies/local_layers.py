@@ -11,13 +11,36 @@ layers), which the sites send after training (``submit_model``), plus the cross-
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from fedseg.fl.protocol import SUBMIT_MODEL_TASK
+from fedseg.method_options import option
 from fedseg.networks.partition import HEADS, head_state_keys, normalisation_state_keys
 
 from .base import Params
-from .fedavg import FedAvgStrategy
+from .fedavg import FedAvgOptions, FedAvgStrategy
+
+
+@dataclass(frozen=True)
+class LocalLayersOptions(FedAvgOptions):
+    """FedBN's server options: FedAvg's weighted mean over the shared entries (no robust aggregation)."""
+
+    aggregation: str = option("mean", "the weighted mean (fixed)", init=False)
+    trim: float = option(0.1, "unused (fixed)", init=False)
+
+
+@dataclass(frozen=True)
+class FedRepOptions(LocalLayersOptions):
+    """FedRep's server options."""
+
+    head: str = option("conv1x1", "the layers kept at each site: conv1x1 (the 1x1 classifier) or last_block (the last "
+                       "decoder block plus the classifier)")
+
+    def __post_init__(self):
+        if self.head not in HEADS:
+            raise ValueError(f"FedRep head must be one of {HEADS}, got {self.head!r}")
+        super().__post_init__()
 
 
 class LocalLayersStrategy(FedAvgStrategy):
@@ -28,9 +51,10 @@ class LocalLayersStrategy(FedAvgStrategy):
     personalized_at_sites = True
     extra_tasks = (SUBMIT_MODEL_TASK,)
     _empty_hint = ""
+    options_class = LocalLayersOptions
 
-    def __init__(self, weighting: str = "samples"):
-        super().__init__(weighting=weighting)
+    def __init__(self, **options: Any):
+        super().__init__(**options)
         self.local: List[str] = []
 
     def local_keys(self, network) -> List[str]:  # pragma: no cover - abstract
@@ -77,15 +101,7 @@ class FedRepStrategy(LocalLayersStrategy):
 
     name = "fedrep"
     objective = "fedrep"
-
-    def __init__(self, head: str = "conv1x1", weighting: str = "samples"):
-        if head not in HEADS:
-            raise ValueError(f"FedRep head must be one of {HEADS}, got {head!r}")
-        super().__init__(weighting=weighting)
-        self.head = head
-
-    def config(self) -> Dict[str, Any]:
-        return {**super().config(), "head": self.head}
+    options_class = FedRepOptions
 
     def local_keys(self, network) -> List[str]:
         return head_state_keys(network, self.head)

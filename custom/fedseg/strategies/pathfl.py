@@ -16,46 +16,52 @@ term of the average, ``P = (I + S) / 2``) and ``ssa_weights`` (the weight of eac
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from fedseg.alignment.moments import global_feature_moments
+from fedseg.method_options import MethodOptions, option
 from fedseg.alignment.strata import entry_stratum, network_stratum_outputs, network_strata
 from fedseg.alignment.stratified import similarity_matrix, ssa_mixing_matrix, stratified_average
 
-from .aggregation import site_weights, weighted_average
+from .aggregation import check_weighting, site_weights, weighted_average
 from .base import ClientUpdate, Exchange, ServerStrategy, SitePayload
 
 #: FeatureAlignment buffers in the state_dict
 ALIGN = "bottleneck_alignment."
 
 
+@dataclass(frozen=True)
+class PathFLOptions(MethodOptions):
+    """PathFL's server options (the three modules: all on = PathFL, all off = FedAvg's schedule)."""
+
+    use_cse: bool = option(True, "CSE: pool the sites' styles and send the pool with the model")
+    use_afa: bool = option(True, "AFA: global bottleneck moments written into the alignment layer")
+    use_ssa: bool = option(True, "SSA: stratified similarity aggregation (off: FedAvg with weighting)")
+    weighting: str = option("samples", "FedAvg weighting used when SSA is off: samples or uniform")
+    afa_at_inference: bool = option(True, "keep the feature alignment on in eval mode (validation, test, bundle inference)")
+
+    def __post_init__(self):
+        check_weighting(self.weighting)
+        for name in ("use_cse", "use_afa", "use_ssa", "afa_at_inference"):
+            self._set(name, bool(getattr(self, name)))
+
+
 class PathFLStrategy(ServerStrategy):
-    """Args:
-        use_cse, use_afa, use_ssa: the three modules (all on = PathFL).
-        weighting: FedAvg weighting used when SSA is off ("samples" or "uniform").
-        afa_at_inference: keep the feature alignment on in eval mode (validation, test, bundle inference).
-    """
+    """PathFL's server half; options: :class:`PathFLOptions`."""
 
     name = "pathfl"
     objective = "pathfl"
     #: the controller sets ``network_factory`` (a callable returning a fresh bundle network) before start
     needs_network = True
+    options_class = PathFLOptions
 
-    def __init__(self, use_cse: bool = True, use_afa: bool = True, use_ssa: bool = True, weighting: str = "samples", afa_at_inference: bool = True):
-        super().__init__()
-        if weighting not in ("samples", "uniform"):
-            raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
-        self.use_cse, self.use_afa, self.use_ssa = bool(use_cse), bool(use_afa), bool(use_ssa)
-        self.weighting = weighting
-        self.afa_at_inference = bool(afa_at_inference)
-        self.network_factory: Optional[Callable[[], torch.nn.Module]] = None
+    def __init__(self, **options: Any):
+        super().__init__(**options)
         self._styles: Dict[str, tuple] = {}
         self._network: Optional[torch.nn.Module] = None
-
-    def config(self) -> Dict[str, Any]:
-        return self.attributes_config("use_cse", "use_afa", "use_ssa", "weighting", "afa_at_inference")
 
     def start(self, clients: List[str], initial_params) -> None:
         super().start(clients, initial_params)

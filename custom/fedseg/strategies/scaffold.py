@@ -13,14 +13,16 @@ directions as model-sized tensors: it is counted in ``bytes_sent`` / ``bytes_rec
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict, List
 
 import torch
 
 from fedseg.fl.protocol import pack_models
+from fedseg.method_options import MethodOptions, option
 from fedseg.objectives.scaffold import CONTROL_DELTA, CONTROL_GLOBAL
 
-from .aggregation import site_weights, weighted_average
+from .aggregation import check_weighting, site_weights, weighted_average
 from .base import ClientUpdate, Exchange, Params, ServerStrategy, SitePayload, clone_params, parameter_keys
 
 
@@ -36,25 +38,26 @@ def control_update(control: Params, deltas: Dict[str, Params], weights: Dict[str
     return out
 
 
+@dataclass(frozen=True)
+class ScaffoldOptions(MethodOptions):
+    """SCAFFOLD's server options."""
+
+    weighting: str = option("samples", "weights of the models and controls: samples (n_i / sum n, as FedAvg and "
+                            "NVFlare's workflow) or uniform (the paper's 1/|S|)")
+
+    def __post_init__(self):
+        check_weighting(self.weighting)
+
+
 class ScaffoldStrategy(ServerStrategy):
-    """Args:
-        weighting: ``"samples"`` (n_i / sum n, as FedAvg and NVFlare's workflow) or ``"uniform"`` (the paper's 1/|S|).
-    """
+    """SCAFFOLD's server half; options: :class:`ScaffoldOptions`."""
 
     name = "scaffold"
     objective = "scaffold"
     needs_network = True
-
-    def __init__(self, weighting: str = "samples"):
-        super().__init__()
-        if weighting not in ("samples", "uniform"):
-            raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
-        self.weighting = weighting
-        self.control: Params = {}
-        self._payload = None
-
-    def config(self) -> Dict[str, Any]:
-        return {"strategy": self.name, "weighting": self.weighting}
+    options_class = ScaffoldOptions
+    #: the global control c over the trainable parameters (zeros from ``start``)
+    control: Params
 
     def start(self, clients: List[str], initial_params: Params) -> None:
         super().start(clients, initial_params)

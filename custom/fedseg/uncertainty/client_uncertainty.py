@@ -59,9 +59,14 @@ def evidential_pixel_uncertainty(logits: torch.Tensor) -> torch.Tensor:
     return vacuity(dirichlet_alpha(logits.to(torch.float32)))
 
 
+def image_uncertainty(pixel_values: torch.Tensor) -> torch.Tensor:
+    """Eq. (3): each image's mean pixel value, ``(B, *)`` pixel values (either estimator's) -> ``(B,)`` float64."""
+    return pixel_values.flatten(1).to(torch.float64).mean(dim=1)
+
+
 def evidential_image_uncertainty(logits: torch.Tensor) -> torch.Tensor:
     """Eq. (3) with the evidential pixel value: ``(B, C, *spatial)`` logits -> ``(B,)`` float64."""
-    return evidential_pixel_uncertainty(logits).flatten(1).to(torch.float64).mean(dim=1)
+    return image_uncertainty(evidential_pixel_uncertainty(logits))
 
 
 def masked_mean(pixel_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -111,7 +116,8 @@ def mc_dropout_pixel_uncertainty(
     measure: str = "mutual_information",
     forward: Optional[Callable[[nn.Module, torch.Tensor], torch.Tensor]] = None,
 ) -> torch.Tensor:
-    """MC-dropout pixel values: T stochastic passes over images (or windows) ``x`` ``(B, C_in, *spatial)``.
+    """MC-dropout pixel values: T stochastic passes over images (or windows) ``x`` ``(B, C_in, *spatial)``; the image
+    values of Eq. (3) are :func:`image_uncertainty` of them.
 
     ``forward(model, x)`` gives the logits of one pass (default ``model(x)``; the engine's sliding-window
     predictor for whole images at native resolution).
@@ -139,18 +145,6 @@ def mc_dropout_pixel_uncertainty(
     return mc_pixel_uncertainty(probs, measure)
 
 
-def mc_dropout_image_uncertainty(
-    model: nn.Module,
-    x: torch.Tensor,
-    num_samples: int = 5,
-    measure: str = "mutual_information",
-    forward: Optional[Callable[[nn.Module, torch.Tensor], torch.Tensor]] = None,
-) -> torch.Tensor:
-    """Eq. (3) with an MC-dropout pixel value (:func:`mc_dropout_pixel_uncertainty`): ``(B,)`` float64
-    image values, the pixel mean of each image."""
-    return mc_dropout_pixel_uncertainty(model, x, num_samples, measure, forward).flatten(1).mean(dim=1)
-
-
 def client_uncertainty(image_values: Union[torch.Tensor, Iterable[torch.Tensor]]) -> float:
     """Eq. (4): mean of the per-image values, given as one ``(N,)`` tensor or an iterable of ``(B,)`` batches."""
     if isinstance(image_values, torch.Tensor):
@@ -175,8 +169,8 @@ __all__ = [
     "client_uncertainty",
     "evidential_image_uncertainty",
     "evidential_pixel_uncertainty",
+    "image_uncertainty",
     "masked_mean",
-    "mc_dropout_image_uncertainty",
     "mc_dropout_pixel_uncertainty",
     "mc_pixel_uncertainty",
 ]

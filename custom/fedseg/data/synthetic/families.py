@@ -49,8 +49,9 @@ from PIL import Image, ImageDraw
 from scipy import ndimage
 
 from ..datalist import write_json_atomic
-from .files import (check_site_name, existing_datalist, numbered_names, prepare_site_folder,  # noqa: F401
-                    remove_stale_files, save_png_atomic, seeded_splits, site_seed, split_counts)
+from .files import (check_site_name, existing_datalist, generator_fields, numbered_names,  # noqa: F401
+                    prepare_site_folder, remove_stale_files, save_png_atomic, seeded_splits, site_fingerprint,
+                    site_seed, split_counts)
 from .drawing import apply_style, grow_vessel_trees, round_param, smooth_noise, to_uint8
 # NUCLEI_FRACTION_BAND is re-exported next to the other families' bands
 from .nuclei import NUCLEI_FRACTION_BAND, draw_nuclei_anatomy, nuclei_image  # noqa: F401
@@ -410,16 +411,8 @@ def generate_site_data(
 
     site_dir = Path(out_dir) / family / site
     datalist_path = site_dir / "datalist.json"
-    fingerprint = {
-        "generator_version": GENERATOR_VERSION,
-        "family": family,
-        "site": site,
-        "seed": int(seed),
-        "profile": profile,
-        "image_size": size,
-        "num_images": n,
-        "split_fractions": [float(f) for f in split_fractions],
-    }
+    fingerprint = site_fingerprint({"generator_version": GENERATOR_VERSION, "family": family}, site, seed, profile,
+                                   split_fractions, image_size=size, num_images=n)
     if existing_datalist(datalist_path, fingerprint):
         return datalist_path
 
@@ -434,9 +427,7 @@ def generate_site_data(
 
     datalist = {
         "name": f"fedseg-synthetic-{family}-{site}",
-        # the generator settings, readable at the top level (and once more as the cache fingerprint)
-        **{k: v for k, v in fingerprint.items() if k != "split_fractions"},
-        "fingerprint": fingerprint,
+        **generator_fields(fingerprint),
         "style": style if spec.uses_style else None,
         "anatomy": anatomy,
         **(spec.label_space or {"labels": {"0": "background", "1": spec.label}}),

@@ -16,8 +16,8 @@ import numpy as np
 from PIL import Image
 
 
-__all__ = ["site_seed", "save_png_atomic", "split_counts", "check_site_name", "existing_datalist",
-           "prepare_site_folder", "numbered_names", "remove_stale_files", "seeded_splits"]
+__all__ = ["site_seed", "save_png_atomic", "split_counts", "check_site_name", "site_fingerprint", "generator_fields",
+           "existing_datalist", "prepare_site_folder", "numbered_names", "remove_stale_files", "seeded_splits"]
 
 
 def site_seed(family: str, site: str, seed: int) -> int:
@@ -52,8 +52,23 @@ def check_site_name(site: str) -> None:
         raise ValueError(f"invalid site name {site!r}: must be a non-empty name without path separators")
 
 
-def existing_datalist(path: Path, fingerprint: Dict[str, Any]) -> bool:
-    """True when ``path`` is a complete datalist from the same generator fingerprint."""
+def site_fingerprint(generator: Dict[str, Any], site: str, seed: int, profile: str, split_fractions: Sequence[float],
+                     **settings: Any) -> Dict[str, Any]:
+    """The cache fingerprint of one generated site, in this order: the ``generator`` (its versions, the family), the
+    site, the seed, the profile, the ``settings`` that change a file (sizes, counts, target), the split fractions."""
+    return {**generator, "site": site, "seed": int(seed), "profile": profile, **settings,
+            "split_fractions": [float(f) for f in split_fractions]}
+
+
+def generator_fields(fingerprint: Dict[str, Any]) -> Dict[str, Any]:
+    """A site datalist's generator settings: readable at the top level (the split fractions aside) and once more as
+    the cache fingerprint."""
+    return {**{k: v for k, v in fingerprint.items() if k != "split_fractions"}, "fingerprint": fingerprint}
+
+
+def existing_datalist(path: Path, fingerprint: Dict[str, Any], keys: Sequence[str] = ("image", "label")) -> bool:
+    """True when ``path`` is a complete datalist from the same generator fingerprint: every file its entries name
+    under ``keys`` exists."""
     if not path.is_file():
         return False
     try:
@@ -65,20 +80,20 @@ def existing_datalist(path: Path, fingerprint: Dict[str, Any]) -> bool:
         return False
     for split in ("training", "validation", "test"):
         for entry in data.get(split, []):
-            for key in ("image", "label"):
+            for key in keys:
                 if not (path.parent / entry[key]).is_file():
                     return False
     return True
 
 
-def prepare_site_folder(site_dir: Path) -> Path:
-    """Make ``images/`` and ``labels/`` and remove the site's datalist: a stale datalist must not vouch for a folder
-    that is being rewritten. Returns the datalist's path."""
+def prepare_site_folder(site_dir: Path, folders: Sequence[str] = ("images", "labels")) -> Path:
+    """Make the file ``folders`` and remove the site's datalist: a stale datalist must not vouch for a folder that is
+    being rewritten. Returns the datalist's path."""
     datalist_path = site_dir / "datalist.json"
     if datalist_path.exists():
         datalist_path.unlink()
-    (site_dir / "images").mkdir(parents=True, exist_ok=True)
-    (site_dir / "labels").mkdir(parents=True, exist_ok=True)
+    for folder in folders:
+        (site_dir / folder).mkdir(parents=True, exist_ok=True)
     return datalist_path
 
 

@@ -56,8 +56,8 @@ from scipy import ndimage
 
 from ..datalist import write_json_atomic
 from .drawing import round_param
-from .files import (check_site_name, existing_datalist, numbered_names, prepare_site_folder,
-                    remove_stale_files, seeded_splits, site_seed, split_counts)
+from .files import (check_site_name, existing_datalist, generator_fields, numbered_names, prepare_site_folder,
+                    remove_stale_files, seeded_splits, site_fingerprint, site_seed, split_counts)
 
 __all__ = [
     "VOLUME_GENERATOR_VERSION",
@@ -514,15 +514,8 @@ def generate_volume_site(
 
     site_dir = Path(out_dir) / family / site
     datalist_path = site_dir / "datalist.json"
-    fingerprint = {
-        "generator_version": VOLUME_GENERATOR_VERSION,
-        "family": family,
-        "site": site,
-        "seed": int(seed),
-        "profile": profile,
-        "num_volumes": n,
-        "split_fractions": [float(f) for f in split_fractions],
-    }
+    fingerprint = site_fingerprint({"generator_version": VOLUME_GENERATOR_VERSION, "family": family}, site, seed,
+                                   profile, split_fractions, num_volumes=n)
     if existing_datalist(datalist_path, fingerprint):
         return datalist_path
 
@@ -542,8 +535,7 @@ def generate_volume_site(
 
     datalist = {
         "name": f"fedseg-synthetic-{family}-{site}",
-        **{k: v for k, v in fingerprint.items() if k != "split_fractions"},
-        "fingerprint": fingerprint,
+        **generator_fields(fingerprint),
         **volume_family_fields(family, profile),
         "geometry": {
             # as stored (array axis order): what the NIfTI header's pixdim and affine say

@@ -37,7 +37,6 @@ fingerprint reuses it.
 
 from __future__ import annotations
 
-import json
 import os
 import zlib
 from pathlib import Path
@@ -48,7 +47,8 @@ import numpy as np
 from ..datalist import SPLITS, write_json_atomic
 from ..silos import assign_classes, classification_datalist
 from .families import GENERATOR_VERSION
-from .files import check_site_name, save_png_atomic, site_seed, split_counts
+from .files import (check_site_name, existing_datalist, generator_fields, prepare_site_folder, save_png_atomic,
+                    seeded_splits, site_fingerprint, site_seed, split_counts)
 from .xray import DEVICES, SEGMENTATION_DEVICES, TARGETS, XRAY_IMAGE_SIZES, draw_xray_anatomy, xray_frame
 
 __all__ = [
@@ -147,26 +147,6 @@ def _images_per_class(n_per_class: Optional[int], profile: str) -> int:
     return n
 
 
-def _complete(path: Path, fingerprint: Dict[str, Any], path_keys: Sequence[str]) -> bool:
-    """True when ``path`` is a datalist with ``fingerprint`` whose files all exist."""
-    if not path.is_file():
-        return False
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    if not isinstance(data, dict) or data.get("fingerprint") != fingerprint:
-        return False
-    return all((path.parent / e[k]).is_file() for split in SPLITS for e in data.get(split, []) for k in path_keys)
-
-
-def _prepare(folder: Path, datalist_path: Path) -> None:
-    """A stale datalist must not vouch for a folder that is being rewritten."""
-    if datalist_path.exists():
-        datalist_path.unlink()
-    (folder / "images").mkdir(parents=True, exist_ok=True)
-
-
 def _classification_site(
     folder: Path,
     name: str,
@@ -181,9 +161,9 @@ def _classification_site(
     """Write ``n_per_class`` images of each class (``render(class name, index) -> uint8 image``), split per
     class (the first images train), and the classification datalist; reuse a complete folder."""
     datalist_path = folder / "datalist.json"
-    if _complete(datalist_path, fingerprint, ("image",)):
+    if existing_datalist(datalist_path, fingerprint, keys=("image",)):
         return datalist_path
-    _prepare(folder, datalist_path)
+    prepare_site_folder(folder, folders=("images",))
     n_train, n_val, _ = split_counts(n_per_class, split_fractions)
     splits: Dict[str, List[Dict[str, Any]]] = {s: [] for s in SPLITS}
     for cls in classes:
@@ -338,45 +318,28 @@ def builtin_downstream_sites(
     for site in [only_site] if only_site is not None else sites:
         folder = out / site
         datalist_path = folder / "datalist.json"
-        fingerprint = {
-            "generator_version": GENERATOR_VERSION,
-            "builtin_version": BUILTIN_VERSION,
-            "site": site,
-            "seed": int(seed),
-            "profile": profile,
-            "image_size": size,
-            "num_images": n,
-            "target": target,
-            "split_fractions": [float(f) for f in split_fractions],
-        }
-        if _complete(datalist_path, fingerprint, ("image", "label")):
+        fingerprint = site_fingerprint({"generator_version": GENERATOR_VERSION, "builtin_version": BUILTIN_VERSION},
+                                       site, seed, profile, split_fractions, image_size=size, num_images=n, target=target)
+        if existing_datalist(datalist_path, fingerprint):
             paths[site] = datalist_path
             continue
-        _prepare(folder, datalist_path)
-        (folder / "labels").mkdir(exist_ok=True)
+        prepare_site_folder(folder)
         anatomy = scanner_anatomy(site, seed, domain=_DOWNSTREAM_DOMAIN)
         base = site_seed(_DOWNSTREAM_DOMAIN, site, seed)
-        entries = []
-        for i in range(n):
+        names = [f"{i:03d}.png" for i in range(n)]
+        for i, name in enumerate(names):
             rng = np.random.default_rng([base, 1, i])
             device = devices[int(rng.integers(len(devices)))]
             image, masks = xray_frame(rng, size, anatomy, device)
-            name = f"{i:03d}.png"
             save_png_atomic(image, folder / "images" / name)
             save_png_atomic(masks[target].astype(np.uint8) * 255, folder / "labels" / name)
-            entries.append({"image": f"images/{name}", "label": f"labels/{name}"})
-        order = np.random.default_rng([base, 2]).permutation(n)
-        pick = lambda idx: [entries[i] for i in sorted(idx.tolist())]  # noqa: E731 - keep file order
         datalist = {
             "name": f"fedseg-xray-downstream-{site}",
-            **{k: v for k, v in fingerprint.items() if k != "split_fractions"},
-            "fingerprint": fingerprint,
+            **generator_fields(fingerprint),
             "anatomy": anatomy,
             "labels": {"0": "background", "1": target},
             "spatial_mode": "patch",
-            "training": pick(order[:n_train]),
-            "validation": pick(order[n_train : n_train + n_val]),
-            "test": pick(order[n_train + n_val :]),
+            **seeded_splits(names, base, (n_train, n_val, n_test)),
         }
         paths[site] = write_json_atomic(datalist_path, datalist)
     if only_site is None:
