@@ -13,6 +13,7 @@
     fedseg bench        --out DIR (--site-datalists FILE | --family polyp --sites ...) --methods fedavg fedevi ...
                         [--references local pooled] [--seeds 0 1 2] [--rounds R] [--local-epochs E] [--set key=value ...]
     fedseg summarise    WORKSPACE_OR_REPORT
+    fedseg stats        (--site-datalists FILE | --family polyp -n 3) [--out DIR] [--split training] [--min-count 10]
     fedseg infer        --checkpoint CKPT --input DIR --output DIR [--bundle bundles/unetr_seg] [--largest-component]
                         [--stitch-device cpu]
 """
@@ -414,6 +415,58 @@ def _cmd_bench(args: argparse.Namespace) -> None:
         raise SystemExit(f"fedseg bench: {e}") from None
 
 
+def _cmd_stats(args: argparse.Namespace) -> None:
+    """``fedseg stats``: NVFlare's federated statistics of every site's images and labels in its simulator, then the
+    per-site table and the site distances (``stats.json``, ``stats.md`` under ``--out``)."""
+    from fedseg.data.datalist import DatalistError
+    from fedseg.fl.fed_statistics import run_fedstats
+    from fedseg.fl.site_statistics import family_intensity_range
+
+    out = Path(args.out).resolve()
+    try:
+        if args.site_datalists:
+            src = Path(args.site_datalists).resolve()
+            mapping = {s: str((src.parent / p).resolve()) for s, p in json.loads(src.read_text()).items()}
+        else:
+            from fedseg.data.synthetic import generate_federation
+
+            sites = [f"site-{k + 1}" for k in range(args.n_clients)]
+            mapping = {s: str(p) for s, p in generate_federation(args.family, sites, out / "data", seed=args.data_seed,
+                                                                  profile=args.data_profile).items()}
+        value_range = _stats_intensity_range(args.intensity_range, args.site_datalists and mapping,
+                                             family_intensity_range(args.family))
+        report = run_fedstats(
+            mapping, out, split=args.split, intensity_bins=args.intensity_bins, intensity_range=value_range,
+            fraction_bins=args.fraction_bins, min_count=args.min_count, max_bins_percent=args.max_bins_percent,
+            data_family=args.family or "polyp",
+        )
+    except (DatalistError, ValueError, KeyError, RuntimeError, OSError) as e:
+        raise SystemExit(f"fedseg stats: {e}") from None
+    print((out / "stats.md").read_text())
+    print(f"statistics of {len(report['sites'])} sites: {out / 'stats.json'}, {out / 'stats.md'}")
+
+
+def _stats_intensity_range(given: Optional[List[str]], mapping: Optional[dict], family_range) -> Optional[tuple]:
+    """``--intensity-range LOW HIGH`` as floats, ``auto`` as None (the sites' noisy min/max); unset: None for volumes
+    (no fixed intensity scale), else the built-in family's range (8-bit: 0 256)."""
+    if given == ["auto"]:
+        return None
+    if given:
+        if len(given) != 2:
+            raise ValueError(f"--intensity-range takes LOW HIGH or auto, got {' '.join(given)}")
+        low, high = (float(v) for v in given)
+        if not low < high:
+            raise ValueError(f"--intensity-range needs LOW < HIGH, got {low} {high}")
+        return low, high
+    if mapping:
+        from fedseg.data.datalist import read_datalist_json
+
+        if any(read_datalist_json(p)[1].get("spatial_dims") == 3 for p in mapping.values()):
+            return None
+        return 0.0, 256.0
+    return family_range
+
+
 def _cmd_summarise(args: argparse.Namespace) -> None:
     reports = find_reports(args.path)
     if not reports:
@@ -756,6 +809,32 @@ def _add_summarise_parser(sub: argparse._SubParsersAction) -> None:
     summ.set_defaults(func=_cmd_summarise)
 
 
+def _add_stats_parser(sub: argparse._SubParsersAction) -> None:
+    """``fedseg stats``: federated statistics of the sites' images and labels, and how different the sites are."""
+    stats = sub.add_parser("stats", help="federated statistics of every site's images and labels (NVFlare), and "
+                                         "how different the sites are")
+    data_src = stats.add_mutually_exclusive_group()
+    data_src.add_argument("--site-datalists", default=None, help="JSON map site -> datalist path")
+    data_src.add_argument("--family", default="polyp", choices=FAMILY_CHOICES + VOLUME_FAMILY_CHOICES,
+                          help="built-in data family")
+    stats.add_argument("-n", "--n-clients", type=int, default=3, help="built-in data: number of sites")
+    stats.add_argument("--data-profile", default="default", help="built-in data: profile (image count / size)")
+    stats.add_argument("--data-seed", type=int, default=0, help="built-in data: federation seed")
+    stats.add_argument("--out", default=str(Path("workspaces") / "stats"), help="run folder (stats.json, stats.md)")
+    stats.add_argument("--split", default="training", choices=["training", "validation", "test"],
+                       help="the datalist split described (default: what the network trains on)")
+    stats.add_argument("--intensity-bins", type=int, default=64, help="bins of the shared intensity histogram")
+    stats.add_argument("--intensity-range", nargs="+", default=None, metavar="LOW HIGH | auto",
+                       help="range of the shared intensity histogram (default: 0 256 for 8-bit images; auto, the sites' "
+                            "min/max with NVFlare's noise, for volumes); the share of pixels outside it is reported")
+    stats.add_argument("--fraction-bins", type=int, default=10, help="bins of the foreground-fraction histograms")
+    stats.add_argument("--min-count", type=int, default=10,
+                       help="NVFlare's MinCountCleanser: a statistic over fewer records (images, or pixels) is not sent")
+    stats.add_argument("--max-bins-percent", type=float, default=10,
+                       help="NVFlare's HistogramBinsCleanser: a histogram needs more records than bins x 100 / this")
+    stats.set_defaults(func=_cmd_stats)
+
+
 def _add_infer_parser(sub: argparse._SubParsersAction) -> None:
     """``fedseg infer``: masks for new images from a trained checkpoint (MONAI bundle inference)."""
     infer = sub.add_parser("infer", help="segment new images with a trained checkpoint (MONAI bundle inference)")
@@ -790,7 +869,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedseg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     for add in (_add_data_parser, _add_export_parser, _add_run_parser, _add_bench_parser, _add_summarise_parser,
-                _add_infer_parser):
+                _add_infer_parser, _add_stats_parser):
         add(sub)
     return parser
 

@@ -1,0 +1,276 @@
+"""A site's image and label statistics as NVFlare's federated statistics see them (a ``Statistics`` component).
+
+NVFlare's statistics are tabular: a dataset (here the datalist split, ``training`` by default) holds features, and a
+feature is a column of records. Two kinds of records describe a segmentation site:
+
+* **pixels** (voxels for volumes): ``intensity_c{k}`` is channel ``k``'s intensity, ``outside_range_c{k}`` is 1 where
+  that intensity falls outside the shared histogram range, else 0 (its mean is the share outside). Count, sum, mean,
+  std and the histogram on the shared bins are exact over every pixel of the split, so pooling sites by count gives
+  the pooled pixels' statistics.
+* **images**: ``size_{d}`` is an image's extent along spatial axis ``d``; per foreground class ``fg_fraction_{name}``
+  is the share of the image's pixels of that class and ``present_{name}`` is 1 where the class appears at all (its
+  mean is the share of images in which it appears). NVFlare's minimum-count cleanser then counts images.
+
+Only what NVFlare's ``StatisticsTaskHandler`` asks for leaves the site (count, sum, mean, std, variance about the
+global mean, min/max, histograms), and the job's privacy filter cleanses it first. The per-image values and pixels
+stay in this process.
+
+Images are read with MONAI's ``LoadImage`` and the suite's reader (``fedseg.data.transforms.SegImageReader``, 16-bit
+rasters scaled to 0..255 as training sees them); masks are decoded under the datalist's label space.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.abstract.statistics_spec import Bin, DataType, Feature, Histogram, HistogramType, Statistics
+
+#: the default shared intensity histogram: 8-bit images (every built-in 2D family, and real rasters as read)
+DEFAULT_INTENSITY_RANGE: Tuple[float, float] = (0.0, 256.0)
+DEFAULT_INTENSITY_BINS = 64
+#: per built-in family, where its intensities lie ``(low, high)``, or None: no fixed scale (MR), the range is the
+#: sites' min/max as NVFlare's privacy noise widens them; absent = :data:`DEFAULT_INTENSITY_RANGE`
+FAMILY_INTENSITY_RANGES: Dict[str, Optional[Tuple[float, float]]] = {"prostate3d": None}
+
+INTENSITY = "intensity_c"
+OUTSIDE = "outside_range_c"
+SIZE = "size_"
+SPACING = "spacing_"
+FG_FRACTION = "fg_fraction_"
+PRESENT = "present_"
+
+
+def family_intensity_range(family: Optional[str]) -> Optional[Tuple[float, float]]:
+    """The default shared intensity range of a built-in data ``family`` (8-bit for 2D rasters; None: the sites'
+    noisy min/max)."""
+    return FAMILY_INTENSITY_RANGES.get(family or "", DEFAULT_INTENSITY_RANGE)
+
+
+@dataclass
+class PixelColumn:
+    """Running aggregates of one pixel feature: ``count``, ``sum``, ``sum_sq`` (float64), ``min``, ``max``."""
+
+    count: int = 0
+    sum: float = 0.0
+    sum_sq: float = 0.0
+    min: float = float("inf")
+    max: float = float("-inf")
+
+    def add(self, values: np.ndarray) -> None:
+        """Add a flat float64 array of values."""
+        self.count += int(values.size)
+        self.sum += float(values.sum())
+        self.sum_sq += float(np.square(values).sum())
+        self.min = min(self.min, float(values.min()))
+        self.max = max(self.max, float(values.max()))
+
+    def sq_dev(self, about: float) -> float:
+        """``sum((x - about)^2)`` over the column."""
+        return self.sum_sq - 2.0 * about * self.sum + self.count * about * about
+
+
+@dataclass
+class SiteColumns:
+    """Every feature of one split: pixel columns (aggregates) and image columns (one value per image, kept local)."""
+
+    pixels: Dict[str, PixelColumn] = field(default_factory=dict)
+    images: Dict[str, List[float]] = field(default_factory=dict)
+    histograms: Dict[Tuple[str, int, float, float], np.ndarray] = field(default_factory=dict)
+
+
+def load_image(path: str) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """An image file -> ``((C, *spatial) float64, voxel spacing (D,) or None)``, read by MONAI's ``LoadImage`` with the
+    suite's reader; the spacing of a NIfTI volume, None for a raster (which declares none)."""
+    from monai.transforms import LoadImage
+
+    from fedseg.data.datalist import monai_reader_name
+    from fedseg.data.transforms import SegImageReader
+
+    img = LoadImage(reader=SegImageReader(image_modes=True), image_only=True, ensure_channel_first=True)(path)
+    spacing = np.asarray(img.pixdim, dtype=np.float64) if monai_reader_name(path) == "NibabelReader" else None
+    return np.asarray(img, dtype=np.float64), spacing
+
+
+def load_classes(path: str, label_space) -> np.ndarray:
+    """A mask file -> class indices ``(*spatial)`` int64 under ``label_space`` (MONAI ``LoadImage``, then the suite's
+    decoding, which names the file on undeclared values)."""
+    from monai.transforms import LoadImage
+
+    from fedseg.data.datalist import decode_mask
+    from fedseg.data.transforms import SegImageReader
+
+    mask = np.asarray(LoadImage(reader=SegImageReader(), image_only=True)(path))
+    return decode_mask(mask, Path(path), label_space)
+
+
+def pixel_histogram(values: np.ndarray, bins: int, low: float, high: float) -> np.ndarray:
+    """Counts of ``values`` in ``bins`` equal bins over ``[low, high]`` (NumPy's rule: the last bin holds ``high``)."""
+    return np.histogram(values, bins=bins, range=(low, high))[0].astype(np.int64)
+
+
+def accumulate_image(columns: SiteColumns, image: np.ndarray, classes: np.ndarray, class_names: Sequence[str],
+                     bins: int, value_range: Optional[Tuple[float, float]], spacing: Optional[np.ndarray] = None) -> None:
+    """Add one image ``(C, *spatial)``, its class map ``(*spatial)`` and its voxel ``spacing`` (D,) (None: a raster)
+    to ``columns``; ``class_names[0]`` is the background, which gets no per-class feature. ``value_range`` None: no
+    shared range yet (nothing counts as outside, the histogram comes later on the range NVFlare sends)."""
+    for k in range(image.shape[0]):
+        values = image[k].ravel()
+        columns.pixels.setdefault(f"{INTENSITY}{k}", PixelColumn()).add(values)
+        outside = np.zeros_like(values)
+        if value_range is not None:
+            low, high = value_range
+            outside = ((values < low) | (values > high)).astype(np.float64)
+            key = (f"{INTENSITY}{k}", bins, low, high)
+            columns.histograms[key] = columns.histograms.get(key, 0) + pixel_histogram(values, bins, low, high)
+        columns.pixels.setdefault(f"{OUTSIDE}{k}", PixelColumn()).add(outside)
+    for d, extent in enumerate(image.shape[1:]):
+        columns.images.setdefault(f"{SIZE}{d}", []).append(float(extent))
+    for d, step in enumerate(spacing if spacing is not None else ()):
+        columns.images.setdefault(f"{SPACING}{d}", []).append(float(step))
+    for c, name in enumerate(class_names[1:], start=1):
+        fraction = float(np.mean(classes == c))
+        columns.images.setdefault(f"{FG_FRACTION}{name}", []).append(fraction)
+        columns.images.setdefault(f"{PRESENT}{name}", []).append(float(fraction > 0))
+
+
+def split_entries(datalist: str, split: str) -> Tuple[List[Dict[str, Any]], Any]:
+    """``(entries of split with absolute paths, the datalist's label space)``; a DatalistError names the file."""
+    from fedseg.data.datalist import datalist_label_space, load_datalist, read_datalist_json
+
+    path, data = read_datalist_json(datalist)
+    entries = load_datalist(path, check_files=False, splits=(split,))[split]
+    return entries, datalist_label_space(data, path)
+
+
+def compute_site_columns(datalist: str, split: str = "training", bins: int = DEFAULT_INTENSITY_BINS,
+                         value_range: Optional[Tuple[float, float]] = DEFAULT_INTENSITY_RANGE) -> SiteColumns:
+    """Every feature of ``split`` of one site's datalist (module docstring), in one pass over its images and masks."""
+    from fedseg.data.datalist import DatalistError, entry_label_space
+
+    entries, space = split_entries(datalist, split)
+    columns = SiteColumns()
+    channels = None
+    for i, entry in enumerate(entries):
+        image, spacing = load_image(entry["image"])
+        if channels is not None and image.shape[0] != channels:
+            raise DatalistError(f"{entry['image']} has {image.shape[0]} channels, earlier images of {split} have "
+                                f"{channels} ({split}[{i}] of {datalist})")
+        channels = image.shape[0]
+        classes = load_classes(entry["label"], entry_label_space(space, entry, f"{split}[{i}] of {datalist}"))
+        accumulate_image(columns, image, classes, space.names, bins, value_range, spacing)
+    return columns
+
+
+def _split_images(datalist: str, split: str) -> Iterator[np.ndarray]:
+    """Each image of the split again, ``(C, *spatial)`` (a histogram on bins the pass did not compute)."""
+    for entry in split_entries(datalist, split)[0]:
+        yield load_image(entry["image"])[0]
+
+
+class SiteImageStatistics(Statistics):
+    """NVFlare ``Statistics`` of one site's images and masks (module docstring).
+
+    Args:
+        site_datalists: JSON map ``{site: datalist}`` (``fedseg run --site-datalists``); None = the suite's other
+            routes (:func:`fedseg.fl.site_data.resolve_site_datalist`: ``FEDSEG_DATALIST``, ``local/fedseg_site.json``,
+            else built-in data of ``data_family``).
+        split: the datalist split described (``training``: what the network trains on).
+        intensity_bins, intensity_range: the shared intensity histogram's bins and ``[low, high]`` (the job's
+            statistic config holds the same values; a pixel outside counts in ``outside_range_c{k}``); range None:
+            the sites' min/max with NVFlare's noise (images without a fixed intensity scale, such as MR).
+        data_family, data_root: built-in data when nothing else configures the site's datalist.
+    """
+
+    def __init__(self, site_datalists: Optional[str] = None, split: str = "training",
+                 intensity_bins: int = DEFAULT_INTENSITY_BINS, intensity_range: Optional[List[float]] = None,
+                 data_family: str = "polyp", data_root: Optional[str] = None):
+        super().__init__()
+        self.site_datalists = site_datalists
+        self.split = split
+        self.intensity_bins = int(intensity_bins)
+        self.intensity_range = list(intensity_range) if intensity_range is not None else None
+        self.data_family = data_family
+        self.data_root = data_root
+        self.datalist: Optional[str] = None
+        self.columns: Optional[SiteColumns] = None
+
+    def initialize(self, fl_ctx: FLContext) -> None:
+        from fedseg.fl.site_data import resolve_site_datalist
+
+        site = fl_ctx.get_identity_name()
+        self.datalist = str(resolve_site_datalist(site, {"data_family": self.data_family},
+                                                  site_datalists=self.site_datalists, data_root=self.data_root))
+        value_range = tuple(self.intensity_range) if self.intensity_range is not None else None
+        self.columns = compute_site_columns(self.datalist, self.split, self.intensity_bins, value_range)
+
+    def features(self) -> Dict[str, List[Feature]]:
+        names = [*self.columns.pixels, *self.columns.images]
+        return {self.split: [Feature(name, DataType.FLOAT) for name in names]}
+
+    def _values(self, feature: str) -> np.ndarray:
+        return np.asarray(self.columns.images[feature], dtype=np.float64)
+
+    def count(self, dataset_name: str, feature_name: str) -> int:
+        if feature_name in self.columns.pixels:
+            return self.columns.pixels[feature_name].count
+        return len(self.columns.images[feature_name])
+
+    def sum(self, dataset_name: str, feature_name: str) -> float:
+        if feature_name in self.columns.pixels:
+            return self.columns.pixels[feature_name].sum
+        return float(self._values(feature_name).sum())
+
+    def mean(self, dataset_name: str, feature_name: str) -> float:
+        return self.sum(dataset_name, feature_name) / self.count(dataset_name, feature_name)
+
+    def stddev(self, dataset_name: str, feature_name: str) -> float:
+        """The sample standard deviation (``ddof=1``, NVFlare's global convention)."""
+        n = self.count(dataset_name, feature_name)
+        return float(np.sqrt(self.variance_with_mean(dataset_name, feature_name, self.mean(dataset_name, feature_name), n)))
+
+    def variance_with_mean(self, dataset_name: str, feature_name: str, global_mean: float, global_count: float) -> float:
+        """``sum((x - global_mean)^2) / (global_count - 1)`` over this site's records (NVFlare sums it over sites)."""
+        if feature_name in self.columns.pixels:
+            sq_dev = self.columns.pixels[feature_name].sq_dev(global_mean)
+        else:
+            sq_dev = float(np.square(self._values(feature_name) - global_mean).sum())
+        return sq_dev / max(global_count - 1, 1)
+
+    def min_value(self, dataset_name: str, feature_name: str) -> float:
+        if feature_name in self.columns.pixels:
+            return self.columns.pixels[feature_name].min
+        return float(self._values(feature_name).min())
+
+    def max_value(self, dataset_name: str, feature_name: str) -> float:
+        if feature_name in self.columns.pixels:
+            return self.columns.pixels[feature_name].max
+        return float(self._values(feature_name).max())
+
+    def histogram(self, dataset_name: str, feature_name: str, num_of_bins: int, global_min_value: float,
+                  global_max_value: float) -> Histogram:
+        counts = self._histogram_counts(feature_name, int(num_of_bins), float(global_min_value), float(global_max_value))
+        edges = np.linspace(global_min_value, global_max_value, int(num_of_bins) + 1)
+        bins = [Bin(float(edges[i]), float(edges[i + 1]), float(n)) for i, n in enumerate(counts)]
+        return Histogram(HistogramType.STANDARD, bins)
+
+    def _histogram_counts(self, feature: str, bins: int, low: float, high: float) -> np.ndarray:
+        if feature in self.columns.images:
+            return pixel_histogram(self._values(feature), bins, low, high)
+        key = (feature, bins, low, high)
+        if key not in self.columns.histograms:
+            if not feature.startswith(INTENSITY):  # a 0/1 column: its histogram from its sum alone
+                column = self.columns.pixels[feature]
+                ones = round(column.sum)
+                weights = np.asarray([column.count - ones, ones], dtype=np.float64)
+                return np.histogram([0.0, 1.0], bins=bins, range=(low, high), weights=weights)[0].astype(np.int64)
+            k = int(feature[len(INTENSITY):])
+            total = np.zeros(bins, dtype=np.int64)
+            for image in _split_images(self.datalist, self.split):
+                total += pixel_histogram(image[k].ravel(), bins, low, high)
+            self.columns.histograms[key] = total
+        return self.columns.histograms[key]
+

@@ -1,0 +1,247 @@
+"""Federated statistics of images and labels (NVFlare's federated statistics with fedseg's site component): the site
+statistics against NumPy on the same pixels, pooling, the site distances against SciPy, what leaves a site, and one
+simulator run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fedseg.fl.site_differences import histogram_emd, pooled_moments, site_report
+from fedseg.fl.site_statistics import SiteImageStatistics, compute_site_columns
+
+LOW, HIGH, BINS = 0.0, 200.0, 16
+
+
+def _write_site(root: Path, seed: int, n: int = 4, size=(12, 10)) -> tuple:
+    """A datalist of ``n`` random RGB PNGs with binary masks (one mask empty); ``(datalist, images (n, H, W, 3),
+    masks (n, H, W) in {0, 1})`` as written."""
+    rng = np.random.default_rng(seed)
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    images = rng.integers(0, 256, size=(n, *size, 3), dtype=np.uint8)
+    masks = (rng.random((n, *size)) < 0.3).astype(np.uint8)
+    masks[-1] = 0  # an image without the class: prevalence below 1
+    entries = []
+    for i in range(n):
+        Image.fromarray(images[i]).save(root / "images" / f"{i}.png")
+        Image.fromarray(masks[i] * 255).save(root / "labels" / f"{i}.png")
+        entries.append({"image": f"images/{i}.png", "label": f"labels/{i}.png"})
+    datalist = root / "datalist.json"  # only the split described is read
+    datalist.write_text(json.dumps({"training": entries, "validation": [], "test": [], "labels": {"background": 0, "lesion": 1}}))
+    return str(datalist), images.astype(np.float64), masks
+
+
+def _component(datalist: str) -> SiteImageStatistics:
+    stats = SiteImageStatistics(intensity_bins=BINS, intensity_range=[LOW, HIGH])
+    stats.datalist = datalist
+    stats.columns = compute_site_columns(datalist, "training", BINS, (LOW, HIGH))
+    return stats
+
+
+@pytest.fixture
+def site(tmp_path):
+    return _write_site(tmp_path / "site-1", seed=0)
+
+
+def test_statistics_match_numpy_on_the_same_pixels(site):
+    datalist, images, masks = site
+    stats = _component(datalist)
+    for k in range(3):
+        x = images[..., k].ravel()
+        f = f"intensity_c{k}"
+        assert stats.count("training", f) == x.size
+        assert stats.sum("training", f) == pytest.approx(x.sum())
+        assert stats.mean("training", f) == pytest.approx(x.mean())
+        assert stats.stddev("training", f) == pytest.approx(x.std(ddof=1))
+        assert stats.min_value("training", f) == x.min() and stats.max_value("training", f) == x.max()
+        hist = stats.histogram("training", f, BINS, LOW, HIGH)
+        np.testing.assert_array_equal([b.sample_count for b in hist.bins], np.histogram(x, BINS, (LOW, HIGH))[0])
+        assert [b.low_value for b in hist.bins] == pytest.approx(np.linspace(LOW, HIGH, BINS + 1)[:-1])
+        outside = ((x < LOW) | (x > HIGH)).sum()
+        assert stats.sum("training", f"outside_range_c{k}") == outside > 0
+    fractions = masks.reshape(len(masks), -1).mean(axis=1)
+    assert stats.count("training", "fg_fraction_lesion") == len(masks)  # records are images
+    assert stats.mean("training", "fg_fraction_lesion") == pytest.approx(fractions.mean())
+    assert stats.stddev("training", "fg_fraction_lesion") == pytest.approx(fractions.std(ddof=1))
+    assert stats.mean("training", "present_lesion") == pytest.approx((fractions > 0).mean()) == 0.75
+    hist = stats.histogram("training", "fg_fraction_lesion", 5, 0.0, 1.0)
+    np.testing.assert_array_equal([b.sample_count for b in hist.bins], np.histogram(fractions, 5, (0, 1))[0])
+    assert stats.mean("training", "size_0") == 10 and stats.mean("training", "size_1") == 12  # MONAI's W, H
+
+
+def test_histogram_on_other_bins_rereads_the_images(site):
+    """A histogram on bins the first pass did not compute comes from the same pixels."""
+    datalist, images, _ = site
+    stats = _component(datalist)
+    hist = stats.histogram("training", "intensity_c1", 7, 10.0, 250.0)
+    np.testing.assert_array_equal([b.sample_count for b in hist.bins], np.histogram(images[..., 1], 7, (10, 250))[0])
+
+
+def test_pooled_is_the_count_weighted_combination(tmp_path):
+    a, b = (_write_site(tmp_path / s, seed=i, n=3 + i) for i, s in enumerate(("site-1", "site-2")))
+    sa, sb = _component(a[0]), _component(b[0])
+    f = "intensity_c0"
+    mean, std = pooled_moments([sa.count("training", f), sb.count("training", f)],
+                               [sa.mean("training", f), sb.mean("training", f)],
+                               [sa.stddev("training", f), sb.stddev("training", f)])
+    both = np.concatenate([a[1][..., 0].ravel(), b[1][..., 0].ravel()])
+    assert mean == pytest.approx(both.mean()) and std == pytest.approx(both.std(ddof=1))
+    # the report's pooled values and histogram from what the two sites sent (NVFlare's JSON layout)
+    raw = {f: {stat: {name: {"training": value(s)} for name, s in (("site-1", sa), ("site-2", sb))}
+               for stat, value in (
+                   ("count", lambda s: s.count("training", f)), ("mean", lambda s: s.mean("training", f)),
+                   ("stddev", lambda s: s.stddev("training", f)),
+                   ("histogram", lambda s: [list(bin_) for bin_ in s.histogram("training", f, BINS, LOW, HIGH).bins]))}}
+    pooled = site_report(raw, ["site-1", "site-2"])["pooled"][f]
+    assert pooled["count"] == both.size and pooled["mean"] == pytest.approx(both.mean())
+    assert pooled["stddev"] == pytest.approx(both.std(ddof=1))
+    np.testing.assert_array_equal(pooled["histogram"]["counts"], np.histogram(both, BINS, (LOW, HIGH))[0])
+
+
+def test_emd_matches_scipy_on_the_same_histograms():
+    from scipy.stats import wasserstein_distance
+
+    rng = np.random.default_rng(3)
+    edges = np.linspace(0, 256, 65)
+    centres = (edges[:-1] + edges[1:]) / 2
+    for _ in range(5):
+        a, b = rng.integers(0, 50, 64).astype(float), rng.integers(0, 50, 64).astype(float)
+        assert histogram_emd(edges, a, b) == pytest.approx(wasserstein_distance(centres, centres, a, b))
+    assert histogram_emd(edges, a, a) == pytest.approx(0.0, abs=1e-9)
+
+
+def _site_results(stats: SiteImageStatistics, min_count: int) -> tuple:
+    """What the site's NVFlare task handler returns for the two statistics tasks (the second given the site's own
+    first results as the "global" ones), each after NVFlare's privacy cleansers as ``StatsJob`` configures them."""
+    from nvflare.apis.fl_context import FLContext
+    from nvflare.apis.shareable import Shareable
+    from nvflare.app_common.abstract.statistics_spec import StatisticConfig
+    from nvflare.app_common.app_constant import StatisticsConstants as StC
+    from nvflare.app_common.executors.statistics.statistics_task_handler import StatisticsTaskHandler
+    from nvflare.app_common.statistics.histogram_bins_cleanser import HistogramBinsCleanser
+    from nvflare.app_common.statistics.min_count_cleanser import MinCountCleanser
+    from nvflare.app_common.statistics.min_max_cleanser import AddNoiseToMinMax
+    from nvflare.fuel.utils import fobs
+
+    from fedseg.fl.fed_statistics import statistic_configs
+
+    handler = StatisticsTaskHandler(generator_id="stats_generator")
+    handler.stats_generator = stats
+    configs = statistic_configs(["background", "lesion"], BINS, (LOW, HIGH), fraction_bins=2)
+    results, inputs = [], {}
+    for task_key, names in ((StC.STATS_1st_STATISTICS, ("count", "sum", "mean", "min", "max")),
+                            (StC.STATS_2nd_STATISTICS, ("histogram", "var", "stddev"))):
+        targets = [StatisticConfig(name, configs.get(name, {})) for name in names]
+        task = Shareable({StC.STATISTICS_TASK_KEY: task_key, StC.STATS_TARGET_STATISTICS: fobs.dumps(targets), **inputs})
+        result = handler.execute_task(StC.FED_STATS_TASK, task, FLContext(), None)
+        statistics = fobs.loads(result[task_key])
+        if task_key == StC.STATS_1st_STATISTICS:
+            inputs = {StC.STATS_MIN: statistics["min"], StC.STATS_MAX: statistics["max"],
+                      StC.STATS_GLOBAL_MEAN: statistics["mean"], StC.STATS_GLOBAL_COUNT: statistics["count"]}
+        for cleanser in (MinCountCleanser(min_count), AddNoiseToMinMax(0.1, 0.3), HistogramBinsCleanser(10)):
+            statistics, _ = cleanser.apply(statistics, "site-1")
+        results.append(statistics)
+    return tuple(results)
+
+
+def test_a_site_sends_only_aggregates(site):
+    """One number per feature and statistic, histograms on the configured bins; the per-image histograms (2 bins over
+    4 images: more than 10 % of the records) stay at the site (NVFlare's HistogramBinsCleanser)."""
+    from nvflare.app_common.abstract.statistics_spec import Histogram
+
+    datalist, images, _ = site
+    first, second = _site_results(_component(datalist), min_count=1)
+    for statistics in (first, second):
+        for stat, per_ds in statistics.items():
+            for feature, value in per_ds["training"].items():
+                if stat == "histogram":
+                    assert isinstance(value, Histogram) and len(value.bins) in (BINS, 2), (feature, value)
+                else:
+                    assert isinstance(value, (int, float)), (stat, feature, value)  # nothing per image
+    assert set(first["count"]["training"]) == {*(f"intensity_c{k}" for k in range(3)),
+                                               *(f"outside_range_c{k}" for k in range(3)),
+                                               "size_0", "size_1", "fg_fraction_lesion", "present_lesion"}
+    assert first["count"]["training"]["size_0"] == len(images)
+    assert first["max"]["training"]["intensity_c0"] > images[..., 0].max()  # NVFlare's noise on max
+    assert set(second["histogram"]["training"]) == {*(f"intensity_c{k}" for k in range(3)),
+                                                    *(f"outside_range_c{k}" for k in range(3))}
+
+
+def test_min_count_cleanser_drops_a_small_sites_statistics(site):
+    """4 images < min_count 5: the per-image statistics stay at the site; the pixel ones (thousands) leave."""
+    datalist, images, _ = site
+    first, second = _site_results(_component(datalist), min_count=len(images) + 1)
+    for statistics, stats in ((first, ("sum", "mean", "min", "max")), (second, ("histogram", "var", "stddev"))):
+        for stat in stats:
+            sent = statistics[stat]["training"]
+            assert not {"size_0", "fg_fraction_lesion", "present_lesion"} & set(sent), stat
+            assert "intensity_c0" in sent
+
+
+def test_fedstats_job_runs_in_the_simulator(tmp_path):
+    """The job on two sites of tiny built-in data: code-free, every site in the report, counts as the datalists."""
+    from fedseg.data.synthetic import generate_federation
+    from fedseg.fl.fed_statistics import run_fedstats
+
+    mapping = {s: str(p) for s, p in generate_federation("polyp", ["site-1", "site-2"], tmp_path / "data",
+                                                          profile="tiny").items()}
+    report = run_fedstats(mapping, tmp_path / "run", min_count=3, max_bins_percent=50, intensity_bins=8)
+    assert not list((tmp_path / "run" / "job").rglob("custom"))  # configuration only (no BYOC)
+    assert report["sites"] == ["site-1", "site-2"]
+    for site, datalist in mapping.items():
+        n = len(json.loads(Path(datalist).read_text())["training"])
+        assert report["per_site"][site]["size_0"]["count"] == n
+    assert np.asarray(report["distances"]["intensity_emd"]["intensity_c0"]).shape == (2, 2)
+    assert json.loads((tmp_path / "run" / "stats.json").read_text())["summary"] == report["summary"]
+    assert "| site-1 |" in (tmp_path / "run" / "stats.md").read_text()
+
+
+def test_stats_parser():
+    from fedseg.cli import _cmd_stats, build_parser
+
+    args = build_parser().parse_args(["stats", "--family", "nuclei", "-n", "2", "--min-count", "3"])
+    assert args.func is _cmd_stats and args.n_clients == 2 and args.min_count == 3 and args.split == "training"
+
+
+def test_stats_intensity_range_option(tmp_path):
+    from fedseg.cli import _stats_intensity_range
+
+    assert _stats_intensity_range(["auto"], None, (0.0, 256.0)) is None
+    assert _stats_intensity_range(["-1000", "1000"], None, (0.0, 256.0)) == (-1000.0, 1000.0)
+    assert _stats_intensity_range(None, None, (0.0, 256.0)) == (0.0, 256.0)
+    volume = tmp_path / "datalist.json"
+    volume.write_text(json.dumps({"spatial_dims": 3, "training": [], "validation": [], "test": []}))
+    assert _stats_intensity_range(None, {"site-1": str(volume)}, (0.0, 256.0)) is None  # no fixed scale: auto
+    with pytest.raises(ValueError, match="LOW < HIGH"):
+        _stats_intensity_range(["5", "1"], None, None)
+
+
+def test_summary_names_the_darker_site_and_its_smaller_objects():
+    """Two sites as NVFlare's JSON would hold them: site-2 darker, with smaller and rarer lesions."""
+    edges = np.linspace(0, 256, 5)
+
+    def hist(counts):
+        return [[edges[i], edges[i + 1], c] for i, c in enumerate(counts)]
+
+    def per_site(a, b):
+        return {"site-1": {"training": a}, "site-2": {"training": b}}
+
+    raw = {
+        "intensity_c0": {"count": per_site(100, 100), "mean": per_site(150.0, 50.0), "stddev": per_site(10.0, 10.0),
+                         "histogram": per_site(hist([0, 0, 100, 0]), hist([100, 0, 0, 0]))},
+        "fg_fraction_lesion": {"count": per_site(20, 20), "mean": per_site(0.2, 0.05), "stddev": per_site(0.01, 0.01)},
+        "present_lesion": {"count": per_site(20, 20), "mean": per_site(1.0, 0.5), "stddev": per_site(0.0, 0.5)},
+    }
+    report = site_report(raw, ["site-1", "site-2"])
+    assert report["distances"]["intensity_emd"]["intensity_c0"][0][1] == pytest.approx(128.0)  # two bins of 64 apart
+    site2 = next(s for s in report["summary"] if s.startswith("site-2"))
+    assert "darker" in site2 and "lesion regions are smaller" in site2 and "fewer of its images" in site2
+    assert report["distances"]["prevalence"]["lesion"][0][1] == pytest.approx(0.5)
+    assert not any("outside the histogram range" in s for s in report["summary"])
+    raw["outside_range_c0"] = {"count": per_site(100, 100), "mean": per_site(0.0, 0.8), "stddev": per_site(0.0, 0.4)}
+    assert "80% of site-2's channel-0 values fall outside" in " ".join(site_report(raw, ["site-1", "site-2"])["summary"])
