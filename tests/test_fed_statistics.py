@@ -36,8 +36,8 @@ def _write_site(root: Path, seed: int, n: int = 4, size=(12, 10)) -> tuple:
     return str(datalist), images.astype(np.float64), masks
 
 
-def _component(datalist: str) -> SiteImageStatistics:
-    stats = SiteImageStatistics(intensity_bins=BINS, intensity_range=[LOW, HIGH])
+def _component(datalist: str, min_images: int = 0) -> SiteImageStatistics:
+    stats = SiteImageStatistics(intensity_bins=BINS, intensity_range=[LOW, HIGH], min_images=min_images)
     stats.datalist = datalist
     stats.columns = compute_site_columns(datalist, "training", BINS, (LOW, HIGH))
     return stats
@@ -172,15 +172,18 @@ def test_a_site_sends_only_aggregates(site):
                                                     *(f"outside_range_c{k}" for k in range(3))}
 
 
-def test_min_count_cleanser_drops_a_small_sites_statistics(site):
-    """4 images < min_count 5: the per-image statistics stay at the site; the pixel ones (thousands) leave."""
+def test_a_site_with_fewer_images_than_the_minimum_sends_nothing(site):
+    """4 images < min_count 5: NVFlare's cleanser keeps the per-image statistics at the site, and the component offers
+    no intensity statistic (over thousands of pixels the cleanser alone would let them leave)."""
     datalist, images, _ = site
-    first, second = _site_results(_component(datalist), min_count=len(images) + 1)
+    small = len(images) + 1
+    first, second = _site_results(_component(datalist, min_images=small), min_count=small)
     for statistics, stats in ((first, ("sum", "mean", "min", "max")), (second, ("histogram", "var", "stddev"))):
         for stat in stats:
-            sent = statistics[stat]["training"]
-            assert not {"size_0", "fg_fraction_lesion", "present_lesion"} & set(sent), stat
-            assert "intensity_c0" in sent
+            assert not statistics[stat]["training"], (stat, statistics[stat]["training"])
+    # the cleanser alone (a component without the image minimum) would send the pixel statistics
+    first, _ = _site_results(_component(datalist), min_count=small)
+    assert "intensity_c0" in first["mean"]["training"] and "size_0" not in first["mean"]["training"]
 
 
 def test_fedstats_job_runs_in_the_simulator(tmp_path):
@@ -188,15 +191,23 @@ def test_fedstats_job_runs_in_the_simulator(tmp_path):
     from fedseg.data.synthetic import generate_federation
     from fedseg.fl.fed_statistics import run_fedstats
 
-    mapping = {s: str(p) for s, p in generate_federation("polyp", ["site-1", "site-2"], tmp_path / "data",
+    mapping = {s: str(p) for s, p in generate_federation("polyp", ["site-1", "site-2", "site-3"], tmp_path / "data",
                                                           profile="tiny").items()}
+    # site-3 keeps 2 training images, under the minimum count: it sends nothing, the report says what it withheld
+    small = json.loads(Path(mapping["site-3"]).read_text())
+    small["training"] = small["training"][:2]
+    Path(mapping["site-3"]).write_text(json.dumps(small))
     report = run_fedstats(mapping, tmp_path / "run", min_count=3, max_bins_percent=50, intensity_bins=8)
+    assert not report["per_site"]["site-3"].get("intensity_c0") and "intensity_c0: mean" in report["withheld"]["site-3"]
+    assert np.isnan(report["distances"]["intensity_emd"]["intensity_c0"][0][2])
+    assert report["pooled"]["intensity_c0"]["sites_included"] == ["site-1", "site-2"]
+    del mapping["site-3"]
     assert not list((tmp_path / "run" / "job").rglob("custom"))  # configuration only (no BYOC)
-    assert report["sites"] == ["site-1", "site-2"]
+    assert report["sites"] == ["site-1", "site-2", "site-3"]
     for site, datalist in mapping.items():
         n = len(json.loads(Path(datalist).read_text())["training"])
         assert report["per_site"][site]["size_0"]["count"] == n
-    assert np.asarray(report["distances"]["intensity_emd"]["intensity_c0"]).shape == (2, 2)
+    assert np.asarray(report["distances"]["intensity_emd"]["intensity_c0"]).shape == (3, 3)
     assert json.loads((tmp_path / "run" / "stats.json").read_text())["summary"] == report["summary"]
     assert "| site-1 |" in (tmp_path / "run" / "stats.md").read_text()
 

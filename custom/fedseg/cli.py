@@ -829,7 +829,8 @@ def _add_stats_parser(sub: argparse._SubParsersAction) -> None:
                             "min/max with NVFlare's noise, for volumes); the share of pixels outside it is reported")
     stats.add_argument("--fraction-bins", type=int, default=10, help="bins of the foreground-fraction histograms")
     stats.add_argument("--min-count", type=int, default=10,
-                       help="NVFlare's MinCountCleanser: a statistic over fewer records (images, or pixels) is not sent")
+                       help="a site with fewer images sends nothing (NVFlare's MinCountCleanser for the per-image "
+                            "statistics; the intensity ones, over pixels, are not offered)")
     stats.add_argument("--max-bins-percent", type=float, default=10,
                        help="NVFlare's HistogramBinsCleanser: a histogram needs more records than bins x 100 / this")
     stats.set_defaults(func=_cmd_stats)

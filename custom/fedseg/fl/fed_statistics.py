@@ -3,7 +3,8 @@
 simulator.
 
 NVFlare's ``StatsJob`` puts its privacy filter on every site's result: ``MinCountCleanser`` (a feature with fewer
-records than ``min_count`` is not sent: images for the per-image features, pixels for the intensity ones),
+records than ``min_count`` is not sent: images for the per-image features, pixels for the intensity ones; a site with
+fewer images than ``min_count`` does not offer its intensity features at all, ``SiteImageStatistics.min_images``),
 ``AddNoiseToMinMax`` (min/max leave the site with noise) and ``HistogramBinsCleanser`` (a histogram with as many bins
 as ``max_bins_percent`` % of its records is not sent). The server writes NVFlare's JSON of every site's and the
 global statistics; :mod:`fedseg.fl.site_differences` reads it.
@@ -66,7 +67,7 @@ def fedstats_recipe(sites: Sequence[str], class_names: Sequence[str], site_datal
 
     generator = SiteImageStatistics(site_datalists=site_datalists, split=split, intensity_bins=intensity_bins,
                                     intensity_range=list(intensity_range) if intensity_range is not None else None,
-                                    data_family=data_family)
+                                    data_family=data_family, min_images=min_count)
     recipe = FedStatsRecipe(
         name=name, stats_output_path=STATS_OUTPUT, sites=list(sites),
         statistic_configs=statistic_configs(class_names, intensity_bins, intensity_range, fraction_bins),

@@ -183,12 +183,16 @@ class SiteImageStatistics(Statistics):
             statistic config holds the same values; a pixel outside counts in ``outside_range_c{k}``); range None:
             the sites' min/max with NVFlare's noise (images without a fixed intensity scale, such as MR).
         data_family, data_root: built-in data when nothing else configures the site's datalist.
+        min_images: a site with fewer images in the split offers no intensity statistic at all (the job's
+            ``min_count``): NVFlare's minimum-count cleanser counts records, which for the intensity features are
+            pixels, so it alone would let a site of two images send their intensity aggregates.
     """
 
     def __init__(self, site_datalists: Optional[str] = None, split: str = "training",
                  intensity_bins: int = DEFAULT_INTENSITY_BINS, intensity_range: Optional[List[float]] = None,
-                 data_family: str = "polyp", data_root: Optional[str] = None):
+                 data_family: str = "polyp", data_root: Optional[str] = None, min_images: int = 0):
         super().__init__()
+        self.min_images = int(min_images)
         self.site_datalists = site_datalists
         self.split = split
         self.intensity_bins = int(intensity_bins)
@@ -207,8 +211,14 @@ class SiteImageStatistics(Statistics):
         value_range = tuple(self.intensity_range) if self.intensity_range is not None else None
         self.columns = compute_site_columns(self.datalist, self.split, self.intensity_bins, value_range)
 
+    def n_images(self) -> int:
+        """The images of the site's split (every image adds one value to each image feature)."""
+        return max((len(values) for values in self.columns.images.values()), default=0)
+
     def features(self) -> Dict[str, List[Feature]]:
-        names = [*self.columns.pixels, *self.columns.images]
+        """The image features, and the intensity features where the split has at least ``min_images`` images."""
+        pixels = list(self.columns.pixels) if self.n_images() >= self.min_images else []
+        names = [*pixels, *self.columns.images]
         return {self.split: [Feature(name, DataType.FLOAT) for name in names]}
 
     def _values(self, feature: str) -> np.ndarray:
