@@ -256,3 +256,75 @@ def test_summary_names_the_darker_site_and_its_smaller_objects():
     assert not any("outside the histogram range" in s for s in report["summary"])
     raw["outside_range_c0"] = {"count": per_site(100, 100), "mean": per_site(0.0, 0.8), "stddev": per_site(0.0, 0.4)}
     assert "80% of site-2's channel-0 values fall outside" in " ".join(site_report(raw, ["site-1", "site-2"])["summary"])
+
+
+def test_figures_are_drawn_from_what_the_sites_sent(tmp_path):
+    """Overlaid intensity histograms, the distance heatmap (a site that withheld its histogram leaves its pairs blank)
+    and no foreground-fraction figure where no site sent that histogram; stats.md links every figure."""
+    from fedseg.fl.site_differences import write_report
+
+    edges = np.linspace(0, 256, 5)
+    hist = [[edges[i], edges[i + 1], c] for i, c in enumerate([5, 10, 20, 5])]
+    raw = {"intensity_c0": {"count": {s: {"training": 40} for s in ("a", "b", "c")},
+                            "mean": {s: {"training": m} for s, m in (("a", 100.0), ("b", 120.0), ("c", 90.0))},
+                            "stddev": {s: {"training": 10.0} for s in ("a", "b", "c")},
+                            "histogram": {"a": {"training": hist}, "b": {"training": hist}}},
+           "fg_fraction_lesion": {"count": {s: {"training": 20} for s in ("a", "b", "c")},
+                                  "mean": {s: {"training": 0.1} for s in ("a", "b", "c")}}}
+    report = site_report(raw, ["a", "b", "c"])
+    assert np.isnan(report["distances"]["intensity_emd"]["intensity_c0"][0][2])
+    write_report(report, tmp_path)
+    plots = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert plots == ["intensity_histograms.png", "site_distances.png"]
+    for name in plots:
+        assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"(plots/{name})" in (tmp_path / "stats.md").read_text()
+
+
+def test_bench_reads_or_runs_the_site_statistics(tmp_path):
+    """``fedseg bench --site-stats``: a given stats.json is read (the bench's sites it lacks named), "run" runs the job
+    once into the bench's folder and reads it again on resume; the verdict's page gets the summary."""
+    from fedseg.bench.report import site_statistics_lines
+    from fedseg.data.synthetic import generate_federation
+    from fedseg.fl.fed_statistics import bench_site_statistics
+
+    stats = tmp_path / "given" / "stats.json"
+    stats.parent.mkdir()
+    stats.write_text(json.dumps({"sites": ["site-1"], "summary": ["site-1: its images are darker (...)."]}))
+    mapping = {"site-1": "a.json", "site-2": "b.json"}
+    given = bench_site_statistics(tmp_path, mapping, str(stats))
+    assert given["missing_sites"] == ["site-2"] and given["summary"] == ["site-1: its images are darker (...)."]
+    lines = site_statistics_lines(given)
+    assert lines[0] == "## How the sites differ" and "- site-1: its images are darker (...)." in lines
+    assert "- The statistics lack site-2." in lines and site_statistics_lines(None) == []
+    with pytest.raises(ValueError, match="no such stats.json"):
+        bench_site_statistics(tmp_path, mapping, str(tmp_path / "none.json"))
+    (tmp_path / "other.json").write_text(json.dumps({"approaches": {}}))
+    with pytest.raises(ValueError, match="not a stats.json"):
+        bench_site_statistics(tmp_path, mapping, str(tmp_path / "other.json"))
+
+    mapping = {s: str(p) for s, p in generate_federation("polyp", ["site-1", "site-2"], tmp_path / "data",
+                                                          profile="tiny").items()}
+    ran = bench_site_statistics(tmp_path / "bench", mapping, "run")
+    assert ran["sites"] == ["site-1", "site-2"] and not ran["missing_sites"] and ran["summary"]
+    written = Path(ran["stats"]).stat().st_mtime_ns
+    assert bench_site_statistics(tmp_path / "bench", mapping, "run") == ran
+    assert Path(ran["stats"]).stat().st_mtime_ns == written  # resumed: read, not run again
+
+
+def test_bench_parser_takes_site_stats():
+    from fedseg.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--out", "x", "--site-stats", "run"])
+    assert args.site_stats == "run"
+    assert build_parser().parse_args(["bench", "--out", "x"]).site_stats is None
+
+
+def test_sites_that_withheld_everything_are_not_called_alike():
+    """Only counts arrived (every site under the minimum count): the report lists what each site withheld, and the
+    summary says so instead of calling the sites alike."""
+    raw = {"size_0": {"count": {"site-1": {"training": 8}, "site-2": {"training": 8}}}}
+    report = site_report(raw, ["site-1", "site-2"])
+    assert report["withheld"]["site-1"] == [f"size_0: {s}" for s in ("sum", "mean", "stddev", "min", "max", "histogram")]
+    assert not any("alike" in s for s in report["summary"])
+    assert any("withheld statistics of site-1, site-2" in s for s in report["summary"])

@@ -410,7 +410,8 @@ def _cmd_bench(args: argparse.Namespace) -> None:
                   data_profile=args.data_profile, data_seed=args.data_seed, budget=budget,
                   command="fedseg " + " ".join(args.argv or []), baseline=args.baseline, refresh=args.refresh,
                   reuse=args.reuse, parallel=args.parallel, simulator_timeout=args.simulator_timeout,
-                  site_overrides=str(Path(args.site_overrides).resolve()) if args.bundle else None)
+                  site_overrides=str(Path(args.site_overrides).resolve()) if args.bundle else None,
+                  site_statistics=args.site_stats)
     except ValueError as e:
         raise SystemExit(f"fedseg bench: {e}") from None
 
@@ -459,11 +460,9 @@ def _stats_intensity_range(given: Optional[List[str]], mapping: Optional[dict], 
             raise ValueError(f"--intensity-range needs LOW < HIGH, got {low} {high}")
         return low, high
     if mapping:
-        from fedseg.data.datalist import read_datalist_json
+        from fedseg.fl.fed_statistics import default_intensity_range
 
-        if any(read_datalist_json(p)[1].get("spatial_dims") == 3 for p in mapping.values()):
-            return None
-        return 0.0, 256.0
+        return default_intensity_range(mapping)
     return family_range
 
 
@@ -782,6 +781,9 @@ def _add_bench_execution_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--parallel", type=int, default=1, metavar="N",
                        help="method runs (simulator jobs) at once, for a machine with cores and GPU memory to spare "
                             "(default 1); their round times then include each other's load")
+    bench.add_argument("--site-stats", default=None, metavar="run | STATS_JSON",
+                       help="how the sites differ, beside the verdict: 'run' runs fedseg stats (NVFlare's federated "
+                            "statistics) over the bench's datalists first; a path reads a stats.json")
     bench.add_argument("--reuse", nargs="+", default=[], metavar="BENCH_OUT",
                        help="other bench outputs: a run finished there with the same run configuration (method, seed, "
                             "budget, data) is copied into --out instead of trained again")

@@ -208,6 +208,7 @@ def run_bench(
     parallel: int = 1,
     simulator_timeout: int = 3600,
     site_overrides: Optional[str] = None,
+    site_statistics: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Run (or resume) a bench and write ``results.json``, ``results.md`` and ``plots/`` under ``out``.
 
@@ -238,6 +239,9 @@ def run_bench(
         site_overrides: a user's MONAI bundle (``budget.sets["bundle"]``): the JSON map ``{site: {config id: value}}``
             whose keys are the sites; methods only (no references). Each site's validation images are scored one by
             one, so the paired tests are per image, as with datalists.
+        site_statistics: how the sites differ, shown beside the verdict: "run" runs NVFlare's federated statistics
+            over the bench's datalists before the runs (:func:`fedseg.fl.fed_statistics.bench_site_statistics`), a
+            path reads a ``stats.json``; None: none.
 
     Returns:
         The ``results.json`` dict. Besides :func:`fedseg.bench.report.build_results`'s fields its header records
@@ -258,6 +262,13 @@ def run_bench(
     else:
         mapping = prepare_federation(root, site_datalists, family, sites, data_profile, data_seed, budget.sets)
         site_map_file = root / "site_datalists.json"
+    statistics = None
+    if site_statistics is not None:
+        if bundle:
+            raise ValueError("site statistics read the sites' datalists; a bench on a user's bundle has none")
+        from fedseg.fl.fed_statistics import bench_site_statistics
+
+        statistics = bench_site_statistics(root, mapping, site_statistics)
     records, todo = load_finished_runs(specs, root, budget, mapping, reuse=reuse, refresh=refresh)
     execute_runs(specs, todo, records, budget=budget, mapping=mapping, root=root, site_map_file=site_map_file,
                  version=version, simulator_timeout=simulator_timeout, parallel=parallel, started=started)
@@ -276,6 +287,7 @@ def run_bench(
         "site_datalists": mapping,
         "data": data_summary(mapping),
         "runs": {r["id"]: str(root / "runs" / f"{r['id']}.json") for r in done},
+        **({"site_statistics": statistics} if statistics else {}),
     }
     return write_results(root, done, list(mapping), header, baseline=baseline, started=started)
 

@@ -251,6 +251,18 @@ def budget_text(budget: Dict[str, Any]) -> str:
     return f"{rounds} rounds x {epochs_text}, profile {budget.get('profile', 'default')}"
 
 
+def site_statistics_lines(statistics: Optional[Dict[str, Any]]) -> List[str]:
+    """``## How the sites differ``: the federated statistics' summary (``fedseg stats``), or nothing."""
+    if not statistics:
+        return []
+    missing = statistics.get("missing_sites") or []
+    return ["## How the sites differ", "",
+            "From NVFlare's federated statistics of the sites' training images (aggregates only; "
+            f"`{statistics['stats']}`):", "",
+            *(f"- {sentence}" for sentence in statistics["summary"]),
+            *([f"- The statistics lack {', '.join(missing)}."] if missing else []), ""]
+
+
 def markdown(results: Dict[str, Any]) -> str:
     """The human-readable ``results.md``."""
     sites = results["sites"]
@@ -274,6 +286,7 @@ def markdown(results: Dict[str, Any]) -> str:
     if results.get("ranking"):
         lines += ["## Which to use", ""] + [line + "  " for line in recommendation_lines(
             results["ranking"], "these sites", budget_text(budget))] + [""]
+    lines += site_statistics_lines(results.get("site_statistics"))
     shown = [m for m in metrics if any(
         (entry["summary"].get(site) or {}).get(m, {}).get("mean") is not None
         for entry in results["approaches"].values() for site in sites)]

@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from fedseg.fl.site_differences import JOB_STATISTICS
 from fedseg.fl.site_statistics import (
     DEFAULT_INTENSITY_BINS,
     DEFAULT_INTENSITY_RANGE,
@@ -52,7 +53,7 @@ def statistic_configs(class_names: Sequence[str], intensity_bins: int = DEFAULT_
     for name in class_names[1:]:
         hist[f"{FG_FRACTION}{name}"] = {"bins": fraction_bins, "range": [0.0, 1.0]}
         hist[f"{PRESENT}{name}"] = {"bins": 2, "range": [0.0, 1.0]}
-    return {"count": {}, "sum": {}, "mean": {}, "stddev": {}, "min": {}, "max": {}, "histogram": hist}
+    return {name: hist if name == "histogram" else {} for name in JOB_STATISTICS}
 
 
 def fedstats_recipe(sites: Sequence[str], class_names: Sequence[str], site_datalists: Optional[str] = None,
@@ -112,6 +113,40 @@ def run_simulator(job_dir: os.PathLike, workspace: os.PathLike, sites: Sequence[
         raise RuntimeError(f"the statistics job {'failed (exit ' + str(rc) + ')' if rc else 'wrote no statistics'}; "
                            f"the logs under {workspace} say why")
     return found[-1]
+
+
+def default_intensity_range(mapping: Dict[str, str]) -> Optional[Tuple[float, float]]:
+    """The shared intensity histogram's range for datalists ``mapping``: None (the sites' noisy min/max) where a site
+    holds volumes (no fixed intensity scale), else 0 to 256 (8-bit images)."""
+    from fedseg.data.datalist import read_datalist_json
+
+    if any(read_datalist_json(p)[1].get("spatial_dims") == 3 for p in mapping.values()):
+        return None
+    return 0.0, 256.0
+
+
+def bench_site_statistics(root: os.PathLike, mapping: Dict[str, str], source: str) -> Dict[str, Any]:
+    """What ``fedseg bench`` shows of the sites' differences: ``source`` "run" runs this job over the bench's
+    datalists into ``root/site_statistics`` (an earlier finished run there is read again), else it is the path of a
+    ``stats.json``. Returns its path, sites, summary sentences and the bench's sites it lacks.
+
+    Raises:
+        ValueError: a ``stats.json`` that does not exist or is not one of ``fedseg stats``.
+    """
+    if source == "run":
+        out = Path(root) / "site_statistics"
+        path = out / "stats.json"
+        if not path.is_file():
+            run_fedstats(mapping, out, intensity_range=default_intensity_range(mapping))
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ValueError(f"--site-stats {source}: no such stats.json (write one with fedseg stats, or say 'run')")
+    report = json.loads(path.read_text())
+    if not isinstance(report, dict) or not {"sites", "summary"} <= set(report):
+        raise ValueError(f"--site-stats {path}: not a stats.json of fedseg stats (no 'sites' and 'summary')")
+    return {"stats": str(path.resolve()), "sites": report["sites"], "summary": report["summary"],
+            "missing_sites": sorted(set(mapping) - set(report["sites"]))}
 
 
 def run_fedstats(mapping: Dict[str, str], out_dir: os.PathLike, **options: Any) -> Dict[str, Any]:

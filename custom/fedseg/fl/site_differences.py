@@ -27,6 +27,8 @@ import numpy as np
 from fedseg.fl.site_statistics import FG_FRACTION, INTENSITY, OUTSIDE, PRESENT, SIZE, SPACING
 
 GLOBAL = "Global"  # NVFlare's key of the server's combination
+#: the statistics the job computes of every feature (``fedseg.fl.fed_statistics.statistic_configs``)
+JOB_STATISTICS = ("count", "sum", "mean", "stddev", "min", "max", "histogram")
 
 
 def site_values(raw: Mapping[str, Any], feature: str, statistic: str) -> Dict[str, Any]:
@@ -104,7 +106,7 @@ def _pooled(raw: Mapping[str, Any], sites: Sequence[str]) -> Dict[str, Any]:
 def _withheld(raw: Mapping[str, Any], sites: Sequence[str]) -> Dict[str, List[str]]:
     """``{site: ["feature: statistic", ...]}`` of what the privacy filter kept at the site: every statistic the job
     computes (any feature has it) that the site did not send for a feature."""
-    computed = sorted({stat for stats in raw.values() for stat in stats})
+    computed = JOB_STATISTICS  # not what any site sent: when every site withheld a statistic, no feature has it
     out: Dict[str, List[str]] = {}
     for feature, stats in raw.items():
         for stat in computed:
@@ -268,10 +270,15 @@ def markdown(report: Mapping[str, Any]) -> str:
 
 
 def write_report(report: Mapping[str, Any], out_dir: os.PathLike) -> Tuple[Path, Path]:
-    """Write ``stats.json`` and ``stats.md`` in ``out_dir`` (the JSON last: a folder with it holds a finished run)."""
+    """Write the figures (``plots/``, :mod:`fedseg.plots.statistics_figures`), ``stats.md`` (linking them) and
+    ``stats.json`` in ``out_dir`` (the JSON last: a folder with it holds a finished run)."""
+    from fedseg.plots.statistics_figures import plot_statistics
+
     out = Path(out_dir)
+    figures = plot_statistics(report, out / "plots")
     md = out / "stats.md"
-    md.write_text(markdown(report))
+    links = ["## Figures", "", *(f"![{f.stem}]({f.relative_to(out).as_posix()})" for f in figures), ""] if figures else []
+    md.write_text(markdown(report).rstrip("\n") + "\n\n" + "\n".join(links))
     js = out / "stats.json"
     tmp = js.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=1))
