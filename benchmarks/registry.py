@@ -24,9 +24,11 @@ from benchmarks.graphfedseg_protocol import registry as graphfedseg_protocol
 from benchmarks.gpu import registry as gpu
 from benchmarks.overview import registry as overview
 from benchmarks.server_step import registry as server_step
+from benchmarks.sites import registry as sites
 
 #: the results pages' registries, in the order of the overview's questions
-PAGES: Sequence[ModuleType] = (overview, accuracy, fedevi_protocol, graphfedseg_protocol, server_step, ablations, cost, fullsize, gpu, fedefm)
+PAGES: Sequence[ModuleType] = (overview, accuracy, fedevi_protocol, graphfedseg_protocol, server_step, ablations, sites,
+                                cost, fullsize, gpu, fedefm)
 
 
 def gather(pages: Sequence[ModuleType]):

@@ -328,3 +328,32 @@ def test_sites_that_withheld_everything_are_not_called_alike():
     assert report["withheld"]["site-1"] == [f"size_0: {s}" for s in ("sum", "mean", "stddev", "min", "max", "histogram")]
     assert not any("alike" in s for s in report["summary"])
     assert any("withheld statistics of site-1, site-2" in s for s in report["summary"])
+
+
+def test_results_page_renders_a_stats_run():
+    """The sites page's renderers: one row per site and the pooled one, and the mean-over-channels distance matrix
+    (by hand: the channels' EMDs averaged), with the run's caption and summary."""
+    from benchmarks.sites.render import render_site_distances, render_site_statistics
+
+    edges = np.linspace(0, 256, 5)
+
+    def hist(counts):
+        return [[edges[i], edges[i + 1], c] for i, c in enumerate(counts)]
+
+    def per_site(a, b):
+        return {"site-1": {"training": a}, "site-2": {"training": b}}
+
+    raw = {f"intensity_c{k}": {"count": per_site(100, 100), "mean": per_site(150.0, 50.0),
+                               "stddev": per_site(10.0, 10.0),
+                               "histogram": per_site(hist([0, 0, 100, 0]), hist([100, 0, 0, 0] if k else [0, 100, 0, 0]))}
+           for k in range(2)}
+    data = {"command": "fedseg stats --site-datalists x --out {out}", "date": "2026-11-29T10:00:00",
+            "data": {"site-1": {"training": 10}, "site-2": {"training": 12}}, **site_report(raw, ["site-1", "site-2"])}
+    table = render_site_statistics("t", {"title": "Sites"}, [data])
+    assert table[0].startswith("**Sites.** 2 sites") and [line.split(" | ")[0] for line in table[4:]] == [
+        "| site-1", "| site-2", "| pooled"]
+    distances = render_site_distances("d", {"title": "Far"}, [data])
+    # channel 0: one bin (64) apart, channel 1: two bins (128) apart -> mean 96
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in distances[-2:]]
+    assert cells == [["site-1", "0.00", "96.00"], ["site-2", "96.00", "0.00"]]
+    assert "site-2: its images are darker" in distances[0]

@@ -437,7 +437,8 @@ def _cmd_stats(args: argparse.Namespace) -> None:
         value_range = _stats_intensity_range(args.intensity_range, args.site_datalists and mapping,
                                              family_intensity_range(args.family))
         report = run_fedstats(
-            mapping, out, split=args.split, intensity_bins=args.intensity_bins, intensity_range=value_range,
+            mapping, out, header=_stats_header(args, mapping), split=args.split, intensity_bins=args.intensity_bins,
+            intensity_range=value_range,
             fraction_bins=args.fraction_bins, min_count=args.min_count, max_bins_percent=args.max_bins_percent,
             data_family=args.family or "polyp",
         )
@@ -445,6 +446,18 @@ def _cmd_stats(args: argparse.Namespace) -> None:
         raise SystemExit(f"fedseg stats: {e}") from None
     print((out / "stats.md").read_text())
     print(f"statistics of {len(report['sites'])} sites: {out / 'stats.json'}, {out / 'stats.md'}")
+
+
+def _stats_header(args: argparse.Namespace, mapping: dict) -> dict:
+    """What ``stats.json`` records of its making: the command, date, code version, machine and images per split."""
+    import datetime as _dt
+
+    from fedseg.bench.bench import code_version, data_summary
+    from fedseg.bench.simulator import machine_info
+
+    return {"benchmark": "fedseg stats", "command": "fedseg " + " ".join(args.argv or []),
+            "date": _dt.datetime.now().isoformat(timespec="seconds"), "code_version": code_version(),
+            "machine": machine_info(), "data": data_summary(mapping)}
 
 
 def _stats_intensity_range(given: Optional[List[str]], mapping: Optional[dict], family_range) -> Optional[tuple]:

@@ -149,11 +149,13 @@ def bench_site_statistics(root: os.PathLike, mapping: Dict[str, str], source: st
             "missing_sites": sorted(set(mapping) - set(report["sites"]))}
 
 
-def run_fedstats(mapping: Dict[str, str], out_dir: os.PathLike, **options: Any) -> Dict[str, Any]:
+def run_fedstats(mapping: Dict[str, str], out_dir: os.PathLike, header: Optional[Dict[str, Any]] = None,
+                 **options: Any) -> Dict[str, Any]:
     """Export and simulate the statistics job over ``mapping`` (``{site: datalist}``), then write ``stats.json`` and
     ``stats.md`` (:mod:`fedseg.fl.site_differences`) in ``out_dir``; returns the ``stats.json`` content.
 
-    ``options`` go to :func:`fedstats_recipe` (split, bins, range, privacy settings)."""
+    ``options`` go to :func:`fedstats_recipe` (split, bins, range, privacy settings); ``header`` fields (the
+    command, date, code version, machine, data: what a results page's caption names) are written first."""
     from fedseg.fl.site_differences import site_report, write_report
     from fedseg.recipes.export import write_job
 
@@ -168,6 +170,6 @@ def run_fedstats(mapping: Dict[str, str], out_dir: os.PathLike, **options: Any) 
     job = write_job(recipe, out / "job")
     raw = run_simulator(job, out / "workspace", sites)
     settings = {k: (list(v) if isinstance(v, tuple) else v) for k, v in options.items()}
-    report = site_report(json.loads(raw.read_text()), sites, settings)
+    report = {**(header or {}), **site_report(json.loads(raw.read_text()), sites, settings)}
     write_report(report, out)
     return report

@@ -234,10 +234,10 @@ def _extents(row: Mapping[str, Any], prefix: str, spec: str) -> str:
     return "withheld" if None in values or not values else "×".join(_fmt(v, spec) for v in values)
 
 
-def markdown(report: Mapping[str, Any]) -> str:
-    """``stats.md``: the per-site table, the EMD matrices, the class differences and the summary."""
-    from fedseg.markdown import markdown_table
-
+def site_table(report: Mapping[str, Any]) -> Tuple[List[str], List[List[str]]]:
+    """``(headers, rows)`` of the per-site table: one row per site and the pooled one; images, size (and spacing),
+    per channel intensity mean ± std [noisy min, max] and the share outside the histogram range, per class the share
+    of images it appears in and its mean foreground fraction ("withheld" where a site did not send it)."""
     sites, per_site = report["sites"], report["per_site"]
     channels = sorted(f for f in report["pooled"] if f.startswith(INTENSITY))
     classes = sorted(f[len(PRESENT):] for f in report["pooled"] if f.startswith(PRESENT))
@@ -258,11 +258,30 @@ def markdown(report: Mapping[str, Any]) -> str:
         cells += [_fmt(row.get(PRESENT + c, {}).get("mean"), ".0%") for c in classes]
         cells += [_fmt(row.get(FG_FRACTION + c, {}).get("mean"), ".1%") for c in classes]
         rows.append(cells)
+    return headers, rows
+
+
+def distance_rows(sites: Sequence[str], matrix: Sequence[Sequence[float]]) -> List[List[str]]:
+    """A site-by-site distance matrix as table rows (first cell the row's site; "withheld" where a site did not send
+    its histogram)."""
+    return [[a, *[_fmt(v, ".2f") if not math.isnan(v) else "withheld" for v in r]] for a, r in zip(sites, matrix)]
+
+
+def mean_intensity_distance(report: Mapping[str, Any]) -> np.ndarray:
+    """The sites' intensity EMD averaged over channels ``(K, K)`` (NaN where a site withheld a histogram)."""
+    return np.mean(np.asarray(list(report["distances"]["intensity_emd"].values()), dtype=float), axis=0)
+
+
+def markdown(report: Mapping[str, Any]) -> str:
+    """``stats.md``: the per-site table, the EMD matrices, the class differences and the summary."""
+    from fedseg.markdown import markdown_table
+
+    sites = report["sites"]
+    headers, rows = site_table(report)
     lines = ["# Site statistics", "", *markdown_table(headers, rows), "", "min/max carry NVFlare's privacy noise.", ""]
     for feature, matrix in report["distances"]["intensity_emd"].items():
         lines += [f"## Intensity EMD, channel {feature[len(INTENSITY):]}", "",
-                  *markdown_table(["site", *sites], [[a, *[_fmt(v, ".2f") if not math.isnan(v) else "withheld" for v in r]]
-                                              for a, r in zip(sites, matrix)]), ""]
+                  *markdown_table(["site", *sites], distance_rows(sites, matrix)), ""]
     lines += ["## Summary", "", *[f"- {s}" for s in report["summary"]], ""]
     for site, items in report["withheld"].items():
         lines += [f"Withheld by {site}'s privacy filter: {', '.join(items)}.", ""]

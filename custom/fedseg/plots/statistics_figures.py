@@ -76,7 +76,7 @@ def plot_site_distances(report: Mapping[str, Any], path: Path) -> Optional[Path]
     matrices = list((report.get("distances") or {}).get("intensity_emd", {}).values())
     if not matrices:
         return None
-    distance = np.mean(np.asarray(matrices, dtype=float), axis=0)
+    distance = np.mean(np.asarray(matrices, dtype=float), axis=0)  # as fedseg.fl.site_differences.mean_intensity_distance
     sites = report["sites"]
     fig, ax = plt.subplots(figsize=(1.2 * len(sites) + 2.5, 1.0 * len(sites) + 1.5))
     image = ax.imshow(np.ma.masked_invalid(distance), cmap="viridis")
