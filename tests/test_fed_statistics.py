@@ -357,3 +357,30 @@ def test_results_page_renders_a_stats_run():
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in distances[-2:]]
     assert cells == [["site-1", "0.00", "96.00"], ["site-2", "96.00", "0.00"]]
     assert "site-2: its images are darker" in distances[0]
+
+
+def test_an_unreadable_image_fails_in_one_line_naming_it(tmp_path):
+    """A truncated image at one site: the site's error names the file; a mask of another size than its image is
+    refused the same way."""
+    from fedseg.data.datalist import DatalistError
+    from fedseg.data.synthetic import generate_federation
+    mapping = {s: str(p) for s, p in generate_federation("polyp", ["site-1", "site-2"], tmp_path / "data",
+                                                          profile="tiny").items()}
+    datalist = json.loads(Path(mapping["site-2"]).read_text())
+    broken = Path(mapping["site-2"]).parent / datalist["training"][1]["image"]
+    broken.write_bytes(broken.read_bytes()[:40])
+    with pytest.raises(DatalistError, match=f"cannot read image .*{broken.name}"):
+        compute_site_columns(mapping["site-2"], "training", BINS, (LOW, HIGH))
+
+    datalist_1 = json.loads(Path(mapping["site-1"]).read_text())
+    other = datalist_1["training"][1]["label"]
+    datalist_1["training"][0]["label"] = datalist_1["training"][0]["label"] if other is None else other
+    first = Path(mapping["site-1"]).parent
+    from PIL import Image
+
+    small = first / "small_mask.png"
+    Image.new("L", (5, 7)).save(small)
+    datalist_1["training"][0]["label"] = str(small)
+    Path(mapping["site-1"]).write_text(json.dumps(datalist_1))
+    with pytest.raises(DatalistError, match="small_mask.png is \\(7, 5\\)|small_mask.png is \\(5, 7\\)"):
+        compute_site_columns(mapping["site-1"], "training", BINS, (LOW, HIGH))

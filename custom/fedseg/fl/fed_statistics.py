@@ -115,6 +115,7 @@ def run_simulator(job_dir: os.PathLike, workspace: os.PathLike, sites: Sequence[
     return found[-1]
 
 
+
 def default_intensity_range(mapping: Dict[str, str]) -> Optional[Tuple[float, float]]:
     """The shared intensity histogram's range for datalists ``mapping``: None (the sites' noisy min/max) where a site
     holds volumes (no fixed intensity scale), else 0 to 256 (8-bit images)."""

@@ -155,12 +155,24 @@ def compute_site_columns(datalist: str, split: str = "training", bins: int = DEF
     columns = SiteColumns()
     channels = None
     for i, entry in enumerate(entries):
-        image, spacing = load_image(entry["image"])
+        where = f"{split}[{i}] of {datalist}"
+        try:
+            image, spacing = load_image(entry["image"])
+        except Exception as e:  # a missing, truncated or foreign file: name it, not MONAI's reader stack
+            raise DatalistError(f"cannot read image {entry['image']} ({where}): {type(e).__name__}: {e}") from None
         if channels is not None and image.shape[0] != channels:
             raise DatalistError(f"{entry['image']} has {image.shape[0]} channels, earlier images of {split} have "
                                 f"{channels} ({split}[{i}] of {datalist})")
         channels = image.shape[0]
-        classes = load_classes(entry["label"], entry_label_space(space, entry, f"{split}[{i}] of {datalist}"))
+        try:
+            classes = load_classes(entry["label"], entry_label_space(space, entry, where))
+        except DatalistError:
+            raise
+        except Exception as e:
+            raise DatalistError(f"cannot read mask {entry['label']} ({where}): {type(e).__name__}: {e}") from None
+        if tuple(classes.shape) != tuple(image.shape[1:]):
+            raise DatalistError(f"mask {entry['label']} is {tuple(classes.shape)}, its image {entry['image']} "
+                                f"{tuple(image.shape[1:])} ({where})")
         accumulate_image(columns, image, classes, space.names, bins, value_range, spacing)
     return columns
 
@@ -169,6 +181,10 @@ def _split_images(datalist: str, split: str) -> Iterator[np.ndarray]:
     """Each image of the split again, ``(C, *spatial)`` (a histogram on bins the pass did not compute)."""
     for entry in split_entries(datalist, split)[0]:
         yield load_image(entry["image"])[0]
+
+
+#: the start of the line a site logs when it cannot compute its statistics (one line, naming the file)
+SITE_FAILURE = "fedseg stats site failure: "
 
 
 class SiteImageStatistics(Statistics):
@@ -209,7 +225,11 @@ class SiteImageStatistics(Statistics):
         self.datalist = str(resolve_site_datalist(site, {"data_family": self.data_family},
                                                   site_datalists=self.site_datalists, data_root=self.data_root))
         value_range = tuple(self.intensity_range) if self.intensity_range is not None else None
-        self.columns = compute_site_columns(self.datalist, self.split, self.intensity_bins, value_range)
+        try:
+            self.columns = compute_site_columns(self.datalist, self.split, self.intensity_bins, value_range)
+        except Exception as e:  # one line in the site's log naming the file, before NVFlare's traceback
+            self.log_error(fl_ctx, f"{SITE_FAILURE}{site}: {e}")
+            raise
 
     def n_images(self) -> int:
         """The images of the site's split (every image adds one value to each image feature)."""
