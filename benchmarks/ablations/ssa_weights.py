@@ -13,9 +13,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -23,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 if __name__ == "__main__":  # run as a script: the repository root on the path, for the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.ablations.term_sizes import bench_header, method_reports  # noqa: E402
+from benchmarks.ablations.term_sizes import bench_header, method_reports, write_reading  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,18 +52,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--labels", nargs="+", required=True, help="the approaches that ran with SSA on")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    bench, out = Path(args.bench).resolve(), Path(args.out).resolve()
-    result = {
-        "benchmark": "ssa_weights",
-        "command": "python " + " ".join([os.path.relpath(__file__, REPO)] + list(argv if argv is not None else sys.argv[1:])),
-        "date": _dt.datetime.now().isoformat(timespec="seconds"),
-        "bench": bench_header(bench),
-        "runs": collect(bench, args.labels),
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "ssa_weights.json"
-    path.write_text(json.dumps(result, indent=1))
-    print(f"wrote {path}")
+    bench = Path(args.bench).resolve()
+    header = bench_header(bench)  # first: an unfinished bench is refused before its runs are read
+    write_reading("ssa_weights", __file__, argv, header, Path(args.out), runs=collect(bench, args.labels))
 
 
 if __name__ == "__main__":

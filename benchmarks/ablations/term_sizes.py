@@ -81,6 +81,25 @@ def collect(bench: Path, labels: Sequence[str], metrics: Sequence[str]) -> Dict[
     return out
 
 
+def write_reading(benchmark: str, script: str, argv: Optional[Sequence[str]], header: Dict[str, Any], out: Path,
+                  **fields: Any) -> Path:
+    """Write ``<out>/<benchmark>.json``: what a script read back from a finished bench (``fields``), under the script's
+    command and date and the bench's own ``header`` (:func:`bench_header`)."""
+    result = {
+        "benchmark": benchmark,
+        "command": "python " + " ".join([os.path.relpath(script, REPO)] + list(argv if argv is not None else sys.argv[1:])),
+        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "bench": header,
+        **fields,
+    }
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{benchmark}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+    return path
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bench", required=True, help="a finished fedseg bench output folder")
@@ -88,19 +107,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--metrics", nargs="+", default=list(FVAC_TERMS))
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    bench, out = Path(args.bench).resolve(), Path(args.out).resolve()
-    result = {
-        "benchmark": "term_sizes",
-        "command": "python " + " ".join([os.path.relpath(__file__, REPO)] + list(argv if argv is not None else sys.argv[1:])),
-        "date": _dt.datetime.now().isoformat(timespec="seconds"),
-        "bench": bench_header(bench),
-        "metrics": list(args.metrics),
-        "runs": collect(bench, args.labels, args.metrics),
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "term_sizes.json"
-    path.write_text(json.dumps(result, indent=1))
-    print(f"wrote {path}")
+    bench = Path(args.bench).resolve()
+    header = bench_header(bench)  # first: an unfinished bench is refused before its runs are read
+    write_reading("term_sizes", __file__, argv, header, Path(args.out),
+                  metrics=list(args.metrics), runs=collect(bench, args.labels, args.metrics))
 
 
 if __name__ == "__main__":
