@@ -459,6 +459,8 @@ SHARED_RUNS: Dict[str, "RunSpec | JobSpec"] = {
     ),
     # pairs: the same configuration with one thing changed
     "fedevi_client_api": FEDEVI.but(site_executor="client_api"),
+    # homomorphic aggregation: FEDEVI's configuration with CKKS-encrypted models (tests/test_homomorphic.py)
+    "fedevi_he": JobSpec("test_homomorphic:fedevi_he_run", cost=1.5),
     "fedefm_dfl_client_api": FEDEFM_DFL.but(site_executor="client_api"),
     # CUDA (tests/test_cuda.py, skipped without a GPU): both sites on GPU 0 through the simulator's -gpu option
     "fedavg_gpu": RunSpec("fedavg", sites(2), {"num_rounds": 1, "local_epochs": 1}, gpu="0"),

@@ -34,11 +34,13 @@ class InProcessController(FedSegController):
     """``FedSegController`` whose tasks are answered by in-process ``SiteService`` objects (one per site)."""
 
     def __init__(self, sites: Dict[str, str], run_dir: Path, workspace: Path, restart_before: Optional[int] = None,
-                 forget: Optional[str] = None, **kwargs):
+                 forget: Optional[str] = None, he_site_context: Optional[str] = None, **kwargs):
         """``restart_before``: every site process is replaced by a fresh one (same workspace) before the train task
-        of that round; ``forget``: and the named state file (``fedseg_state/<site>/<forget>``) is deleted first."""
+        of that round; ``forget``: and the named state file (``fedseg_state/<site>/<forget>``) is deleted first;
+        ``he_site_context``: the sites' TenSEAL context (homomorphic aggregation; an absolute path)."""
         kwargs.setdefault("min_clients", len(sites))
         super().__init__(**kwargs)
+        self.he_site_context = he_site_context
         self.sites = sites
         self.run_dir = Path(run_dir)
         self.workspace = Path(workspace)
@@ -53,7 +55,8 @@ class InProcessController(FedSegController):
 
     def _start_sites(self) -> Dict[str, SiteService]:
         return {
-            s: SiteService(s, argparse.Namespace(datalist=str(p), site_datalists=None, data_root=None, bundle_dir=None),
+            s: SiteService(s, argparse.Namespace(datalist=str(p), site_datalists=None, data_root=None, bundle_dir=None,
+                                                 he_context=self.he_site_context),
                            workspace=str(self.workspace / s))
             for s, p in self.sites.items()
         }
@@ -106,7 +109,8 @@ def run_in_process(method: str, sites: Dict[str, str], tmp: Path, restart_before
     """Run ``method`` (its exported controller arguments) on ``sites`` in process; returns the report dict
     plus ``_controller`` (for inspection)."""
     args = controller_args(method, tmp, **recipe_args)
-    controller = InProcessController(sites, tmp / "server", tmp / "sites", restart_before=restart_before, forget=forget, **args)
+    controller = InProcessController(sites, tmp / "server", tmp / "sites", restart_before=restart_before, forget=forget,
+                                     he_site_context=recipe_args.get("he_site_context"), **args)
     controller.run()
     report = json.loads((tmp / "server" / "report.json").read_text())
     return {**report, "_controller": controller}

@@ -87,7 +87,8 @@ def save_checkpoint(
         "format": CHECKPOINT_FORMAT,
         "config": comparable_config(config),
         "completed_round": int(completed_round),
-        "global": {k: v.detach().cpu() for k, v in global_params.items()},
+        # entries that are not tensors: ciphertexts in their stored form (homomorphic aggregation)
+        "global": {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in global_params.items()},
         "strategy": strategy_state,
         "report": {"rounds": jsonable(rounds), "resumed_at": [int(r) for r in resumed_at]},
     }

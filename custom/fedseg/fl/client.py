@@ -38,6 +38,7 @@ from fedseg.engine.distributed import ENGINE, RankGroup, RanksOutOfStep
 from fedseg.engine.factory import build_engine, resolve_task
 from fedseg.engine.site_state import SiteState, job_key
 from fedseg.fl.faults import FAULT_ENV, apply_faults, faults_for
+from fedseg.fl.homomorphic import SITE_CONTEXT, SiteEncryption, load_context
 from fedseg.fl.model_selection import SPLIT_META_KEY, VALIDATION_SPLIT
 from fedseg.fl.payload import from_wire, payload_dtype, to_wire
 from fedseg.fl.protocol import (BASE_STATISTICS, EVALUATE_TASK, META_KEY, RECEIVED_PREFIX, SPATIAL_KEY, SPATIAL_MODE_CODES,
@@ -48,6 +49,10 @@ from fedseg.objectives.base import RoundContext, UnknownTaskError
 from fedseg.objectives.registry import build_objective
 
 logger = logging.getLogger(__name__)
+
+#: under homomorphic aggregation, the models a site keeps decrypted in ``<workspace>/fedseg_outputs/<site>/`` (the
+#: server stores ciphertexts only): evaluated model name -> file
+DECRYPTED_MODELS = {"global": "global_model.pt", "global_best_val": "best_val_model.pt"}
 
 
 class SiteRunner:
@@ -71,6 +76,11 @@ class SiteRunner:
         self.site_state: Optional[SiteState] = None
         self._trained = False
         self._setup_key: Optional[str] = None
+        #: NVFlare's context of the site's run (set by the native executor): a TenSEAL context named by its file in
+        #: the startup kit is loaded through it (signed content)
+        self.fl_ctx = None
+        #: this site's half of homomorphic aggregation, loaded with the first task that asks for it
+        self._he: Optional[SiteEncryption] = None
 
     def _setup(self, job: Dict[str, Any]) -> None:
         key = repr((job["objective"], job["objective_args"], job["train_config"]))
@@ -136,13 +146,41 @@ class SiteRunner:
         is always already in the state a restarted process resumes from."""
         job = meta[META_KEY]
         self._setup(job)
-        # weights may travel in float16/bfloat16 (train_config payload_dtype); the site computes in float32
-        out = self._run(task, from_wire(params), meta, job)
-        out["params"] = to_wire(out["params"], payload_dtype(job["train_config"]))
+        he = self._encryption(job)
+        if he is not None:  # homomorphic aggregation: decrypt what arrives, encrypt what leaves
+            out = self._run(task, he.decrypt(params, self.model.state_dict()), meta, job)
+            self._keep_decrypted(task, meta, job)
+            out["params"] = he.encrypt(out["params"])
+        else:
+            # weights may travel in float16/bfloat16 (train_config payload_dtype); the site computes in float32
+            out = self._run(task, from_wire(params), meta, job)
+            out["params"] = to_wire(out["params"], payload_dtype(job["train_config"]))
         # only training tasks change the optimiser and the data order (evaluate and statistic tasks do not)
         if self._trained and (task == TRAIN_TASK or task in self.objective.weight_tasks):
             self.site_state.save(int(job["round"]), self.engine.make_optimizer(self.model), self.engine.shuffle_generator)
         return out
+
+    def _encryption(self, job: Dict[str, Any]) -> Optional[SiteEncryption]:
+        """The site's encryption when the job aggregates homomorphically (``job["he"]``), else None; its context is
+        ``--he_context`` (default NVFlare's ``client_context.tenseal`` in the startup kit)."""
+        spec = job.get("he")
+        if spec is None:
+            return None
+        if self._he is None or self._he.encrypt_layers != spec.get("encrypt_layers"):
+            context = load_context(getattr(self.args, "he_context", None) or SITE_CONTEXT, self.fl_ctx)
+            self._he = SiteEncryption(context, self.site, spec.get("encrypt_layers"))
+        return self._he
+
+    def _keep_decrypted(self, task: str, meta: Dict[str, Any], job: Dict[str, Any]) -> None:
+        """Under HE the server holds the global model as ciphertexts only: the site keeps the final global model (and
+        the best validation round's) it decrypted, in the bundle's checkpoint format, for ``fedseg infer``."""
+        name = meta.get("model_name")
+        if task != EVALUATE_TASK or meta.get(SPLIT_META_KEY) == VALIDATION_SPLIT or name not in DECRYPTED_MODELS:
+            return
+        path = self.output_dir / DECRYPTED_MODELS[name]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        torch.save({"model": state, "train_config": dict(job["train_config"])}, path)
 
     def _run(self, task: str, params: Dict[str, Any], meta: Dict[str, Any], job: Dict[str, Any]) -> Dict[str, Any]:
         known = (TRAIN_TASK, EVALUATE_TASK) + tuple(self.objective.weight_tasks) + tuple(self.objective.statistic_tasks)
@@ -280,6 +318,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "bundle: where it is at this site, default the job's path)")
     parser.add_argument("--site_overrides", default=None,
                         help="a user's bundle: JSON file mapping site name -> {bundle config id: value} (dataset_dir, ...)")
+    parser.add_argument("--he_context", default=None,
+                        help="homomorphic aggregation: this site's TenSEAL context with the secret key (default "
+                        "client_context.tenseal in its startup kit, as NVFlare's HEBuilder provisions it; an absolute "
+                        "path: keys written for the simulator)")
     return parser.parse_args(argv)
 
 

@@ -27,6 +27,8 @@ from nvflare.app_common.workflows.model_controller import ModelController
 from fedseg.bundle import build_network
 from fedseg.config import default_task_timeout
 from fedseg.fl.checkpoint import load_checkpoint, save_checkpoint
+from fedseg.fl.homomorphic import SERVER_CONTEXT as SERVER_CONTEXT_DEFAULT
+from fedseg.fl.homomorphic import HEError, ServerAggregation, he_task_meta, load_context, refusal
 from fedseg.fl.model_selection import (BEST_VAL_CHECKPOINT, BEST_VAL_MODEL, LOCAL_MODEL, SPLIT_META_KEY, VALIDATION_SPLIT,
                                        BestValidationRound)
 from fedseg.fl.payload import payload_dtype, to_wire
@@ -60,6 +62,8 @@ from fedseg.strategies.registry import build_strategy
 from fedseg.strategies.server_step import ServerStep, server_step_config
 
 
+#: the server's global model under homomorphic aggregation (ciphertexts in their serialised form), in the run folder
+ENCRYPTED_GLOBAL_MODEL = "FL_global_model.he.pt"
 #: keys NVFlare's ModelController writes into a result's meta on the server (base_model_controller: the task's
 #: meta as "props", and "client_name"); they are not part of what the site sent
 NVFLARE_RESULT_META = ("props", "client_name")
@@ -82,6 +86,7 @@ class RoundStats:
     clock: TaskClock = field(default_factory=TaskClock)
     screening: Dict[str, Dict[str, Dict[str, float]]] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
+    cpu_started: float = field(default_factory=time.process_time)
 
     def report_fields(self) -> Dict[str, Any]:
         """The round's report fields from these stats (``rounds[]`` of ``report.json``, in the report's order)."""
@@ -91,6 +96,9 @@ class RoundStats:
             # screening thresholds (config.screening) were compared with
             screening=dict(self.screening),
             wall_time=time.perf_counter() - self.started,
+            # CPU seconds of the server process in the round (its aggregation, (de)serialisation, checks): what
+            # homomorphic aggregation adds at the server
+            server_cpu_time=time.process_time() - self.cpu_started,
             # seconds from sending each task to the last answer: lets a benchmark see what a
             # method's extra task (e.g. FedEvi's evaluate_surrogate) costs within the round
             task_times=self.clock.totals(),
@@ -136,6 +144,10 @@ class FedSegController(ModelController):
         task_request_hold: seconds a site's task request waits on the server for its next task when none is
             there yet (``fedseg.fl.task_hold``); 0 = answered at once with "try again", as NVFlare does (the
             site then asks again after its fetch interval: a fixed 0.5 s in the simulator).
+        he: homomorphic aggregation (``fedseg.fl.homomorphic``): ``{"context": the server's TenSEAL context (a name in
+            its startup kit, default ``server_context.tenseal``, or an absolute path), "encrypt_layers": None (every
+            floating-point entry), a list of names or a regular expression}``; None = models in the clear. The sites
+            encrypt what they send and decrypt what they receive; the server sums ciphertexts and stores them.
     """
 
     def __init__(
@@ -157,6 +169,7 @@ class FedSegController(ModelController):
         checkpoint_dir: Optional[str] = None,
         cross_site_evaluation: bool = True,
         task_request_hold: float = 0.5,
+        he: Optional[Dict[str, Any]] = None,
     ):
         super().__init__(persistor_id=persistor_id, ignore_result_error=True, task_check_period=task_check_period)
         self.task_check_period = float(task_check_period)
@@ -210,6 +223,13 @@ class FedSegController(ModelController):
         #: where each round's global model is validated for that selection (fedseg.fl.round_validation)
         self._validation = ValidationSchedule.for_job(self.train_config, self._strategy.has_global_model,
                                                       self._strategy.evaluates_global, self.final_evaluation)
+        self.he = None if he is None else {"context": SERVER_CONTEXT_DEFAULT, "encrypt_layers": None, **dict(he)}
+        if self.he is not None:
+            reason = refusal(self._strategy, self._server_step, self._payload_dtype)
+            if reason:
+                raise HEError(f"{self.method} cannot aggregate encrypted models (he): {reason}")
+        #: the server's half of homomorphic aggregation (from ``_start``, where its context is loaded), else None
+        self._he: Optional[ServerAggregation] = None
         #: the latest round's locally trained models as the sites sent them (train_config eval_local_models), else None
         self._local_models: Optional[Dict[str, Dict[str, torch.Tensor]]] = {} if self.train_config.get("eval_local_models") else None
 
@@ -234,6 +254,8 @@ class FedSegController(ModelController):
         """Check the sites, start the strategy from the persistor's model, and continue from this job's checkpoint if
         there is one; returns the sites (sorted), the run's report and the first round still to run."""
         initial = self.load_model()
+        if self.he is not None:  # before any task: a server that could decrypt, or has no context, never starts
+            self._he = ServerAggregation(load_context(self.he["context"], self.fl_ctx), self.he["encrypt_layers"])
         self._attach_train_config()
         self._reference = {k: v.clone() for k, v in to_tensor_params(initial.params).items()}
         clients = sorted(self.sample_clients())
@@ -285,7 +307,7 @@ class FedSegController(ModelController):
             **fields,
         )
         if self._strategy.has_global_model:
-            self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
+            self._persist_global()
         report.write(self.get_run_dir(), plots=False)
         self._checkpoint(report, round_)
         self.info(f"round {round_ + 1}/{self.num_rounds} done: {report.round_summary(round_)}")
@@ -361,7 +383,7 @@ class FedSegController(ModelController):
             report.final[BEST_VAL_MODEL] = self._evaluate({s: self._selection.params for s in clients}, BEST_VAL_MODEL)
             # in the bundle's checkpoint format with the job's train_config, for fedseg infer (like the personalised ones)
             path = Path(self.get_run_dir()) / BEST_VAL_CHECKPOINT
-            torch.save({"model": self._selection.params, "train_config": self.saved_train_config()}, path)
+            torch.save({"model": self._storable(self._selection.params), "train_config": self.saved_train_config()}, path)
             report.final["best_val_checkpoint"] = BEST_VAL_CHECKPOINT
         if self._local_models:  # eval_local_models: each site's own last trained model on its own test split
             report.final[LOCAL_MODEL] = self._evaluate(self._local_models, LOCAL_MODEL)
@@ -423,6 +445,8 @@ class FedSegController(ModelController):
         state = load_checkpoint(self._checkpoint_folder(), report.config)
         if state is None:
             return 0
+        if self._he is not None:  # encrypted entries were stored in their serialised form
+            state = self._he.decode(state)
         self._strategy.load_state_dict(state["strategy"])
         if self._selection is not None:
             self._selection.load_state_dict(state.get("model_selection"))
@@ -430,12 +454,14 @@ class FedSegController(ModelController):
         report.rounds = list(state["report"]["rounds"])
         report.resumed_at = list(state["report"]["resumed_at"]) + [first]
         if self._strategy.has_global_model:
-            self.save_model(FLModel(params=self._strategy.global_params(), params_type=ParamsType.FULL))
+            self._persist_global()
         self.info(f"resuming from {self._checkpoint_folder()}: rounds 0..{first - 1} done, continuing at round {first}")
         return first
 
     def _checkpoint(self, report: RunReport, round_: int) -> None:
         state = self._strategy.state_dict()
+        if self._he is not None:
+            state = self._he.encode(state)
         save_checkpoint(
             self._checkpoint_folder(),
             config=report.config,
@@ -445,8 +471,24 @@ class FedSegController(ModelController):
             strategy_state=state,
             rounds=report.rounds,
             resumed_at=report.resumed_at,
-            model_selection=self._selection.state_dict() if self._selection is not None else None,
+            model_selection=self._storable(self._selection.state_dict()) if self._selection is not None else None,
         )
+
+    def _storable(self, value: Any) -> Any:
+        """``value`` as written to disk: under HE every ciphertext in its serialised form, else as it is."""
+        return self._he.encode(value) if self._he is not None and value is not None else value
+
+    def _persist_global(self) -> None:
+        """The global model into ``FL_global_model.pt`` through NVFlare's persistor; under HE the server has ciphertexts
+        only, stored as such in ``FL_global_model.he.pt`` (each site keeps the decrypted model it receives)."""
+        params = self._strategy.global_params()
+        if self._he is None:
+            self.save_model(FLModel(params=params, params_type=ParamsType.FULL))
+            return
+        path = Path(self.get_run_dir()) / ENCRYPTED_GLOBAL_MODEL
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save({"model": self._he.encode(dict(params)), "train_config": self.saved_train_config()}, tmp)
+        tmp.replace(path)
 
     # ---------------------------------------------------------------------------------- helpers
     def _attach_train_config(self) -> None:
@@ -486,6 +528,10 @@ class FedSegController(ModelController):
             "screening": self._screening.as_dict(),
             **self._strategy.config(),
             **({"server_step": self._server_step.as_dict()} if self._server_step is not None else {}),
+            # under HE the server cannot read a model: the checks on the models themselves (norms, directions, all-zero)
+            # are left to the sites, which refuse to encrypt NaN or Inf
+            **({"he": {"encrypt_layers": self.he["encrypt_layers"], "model_screening": "off (the server reads no model)"}}
+               if self.he is not None else {}),
         }
 
     def _task_meta(self, round_: int, extra: Dict[str, Any]) -> Dict[str, Any]:
@@ -498,6 +544,7 @@ class FedSegController(ModelController):
                 "round": round_,
                 "total_rounds": self.num_rounds,
                 "clients": list(getattr(self, "_clients", [])),
+                **({"he": he_task_meta(self.he["encrypt_layers"])} if self.he is not None else {}),
             },
             **extra,
         }
@@ -510,7 +557,8 @@ class FedSegController(ModelController):
         paths = {}
         for site, params in models.items():
             path = out / f"{site}.pt"
-            torch.save({"model": {k: v.detach().cpu() for k, v in params.items()}, "train_config": self.saved_train_config()}, path)
+            model = self._storable(dict(params)) if self._he is not None else {k: v.detach().cpu() for k, v in params.items()}
+            torch.save({"model": model, "train_config": self.saved_train_config()}, path)
             paths[site] = str(path.relative_to(self.get_run_dir()))
         return paths
 
@@ -582,7 +630,7 @@ class FedSegController(ModelController):
         for site, count in duplicated_sites(answered).items():
             results.pop(site, None)
             reject(site, f"{site}: duplicated site name: {count} results for one task")
-        if require_params:
+        if require_params and self._he is None:  # under HE the server cannot read the models it would compare
             for site, reason in screen_models(
                 {s: {MAIN_MODEL: u.params, **u.models} if u.params else dict(u.models) for s, u in results.items()},
                 {s: _named_models(payloads[s].params) for s in results},
@@ -606,7 +654,10 @@ class FedSegController(ModelController):
             first = payloads[sites[0]]
             same_meta = all(_same_meta(payloads[s].meta, first.meta) for s in sites)
             # the group's sites share one parameter object, so one cast (train_config payload_dtype) serves them
-            wire = to_wire(first.params, self._payload_dtype) if first.params else first.params
+            if self._he is not None:  # ciphertexts as their serialised chunks
+                wire = self._he.to_wire(first.params) if first.params else first.params
+            else:
+                wire = to_wire(first.params, self._payload_dtype) if first.params else first.params
             for targets in ([sites] if same_meta else [[s] for s in sites]):
                 data = FLModel(
                     params=wire,
@@ -634,7 +685,7 @@ class FedSegController(ModelController):
         if require_params:
             main, extra = unpack_models(result.params or {})
             if main or not extra:
-                params = validate_params(site, main, reference)
+                params = self._he.read(site, main, reference) if self._he is not None else validate_params(site, main, reference)
             # every packed model (FedEFM's overseas experts) passes the same checks as the main one; a declared
             # partial one (SCAFFOLD's control delta) must hold known entries of the right shapes
             models = {
@@ -649,7 +700,7 @@ class FedSegController(ModelController):
         base = validate_statistics(site, meta, BASE_STATISTICS)
         check_result(
             site,
-            {MAIN_MODEL: params, **models} if params else models,
+            {} if self._he is not None else {MAIN_MODEL: params, **models} if params else models,
             {**statistics, **base},
             self._statistic_ranges,
             # the round the site says it trained for (NVFlare overwrites result.current_round with the task's)
@@ -675,6 +726,8 @@ def payload_bytes(value: Any) -> int:
     """Bytes of a payload: tensors and arrays by their size, numbers at 8 bytes, containers summed."""
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
+    if isinstance(value, (bytes, bytearray)):  # a serialised ciphertext
+        return len(value)
     if hasattr(value, "nbytes"):
         return int(value.nbytes)
     if isinstance(value, dict):

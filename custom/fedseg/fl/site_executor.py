@@ -73,6 +73,8 @@ class FedSegSiteExecutor(Executor):
             fobs.register(TensorDecomposer)
             set_site_threads()
             self._service = SiteService(fl_ctx.get_identity_name(), self._args)
+            # a homomorphic job loads the site's TenSEAL context from its startup kit through NVFlare
+            self._service.runner.fl_ctx = fl_ctx
 
     def execute(self, task_name: str, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
         if self._service is None:  # START_RUN never came: not a state a task can be answered in

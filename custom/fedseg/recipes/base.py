@@ -17,6 +17,7 @@ from fedseg.bundle import build_network, bundle_network_fields, is_bundle_path
 from fedseg.config import BASE_TRAIN_CONFIG, default_task_timeout, resolve_profile
 from fedseg.fl.audit import ResultAuditFilter
 from fedseg.fl.controller import FedSegController
+from fedseg.fl.homomorphic import SERVER_CONTEXT, HEError
 from fedseg.fl.protocol import EVALUATE_TASK, TRAIN_TASK
 from fedseg.fl.site_executor import FedSegRanksExecutor, FedSegScriptExecutor, FedSegSiteExecutor, torchrun_command
 from fedseg.method_options import JobOptions, nearest_name, unknown_options
@@ -115,6 +116,15 @@ class FedSegRecipe(Recipe):
             (``fedseg.strategies.server_step``): "none" (default: the method as published), "sgd-momentum"
             (FedAvgM's heavy ball) or "adam" (FedAdam's); with ``server_lr`` (1.0), ``server_momentum`` (0.6),
             ``server_betas`` ((0.9, 0.99)) and ``server_eps`` (1e-3).
+        he: homomorphic aggregation (``fedseg.fl.homomorphic``): the sites send CKKS-encrypted models, the server sums
+            ciphertexts with plaintext weights and never holds a secret key. Methods whose server step reads the
+            models (GraphFedSeg, FedCE, FedAdam/FedAvgM, a server optimiser, median screening, ...) refuse it here
+            with one line saying why. Keys as NVFlare's ``HEBuilder`` provisions them (POC, production).
+        he_encrypt_layers: which floating-point entries the sites encrypt: None (all, default), a list of names or a
+            regular expression (NVFlare's ``encrypt_layers``); the others travel in the clear.
+        he_server_context / he_site_context: the TenSEAL contexts, by name in the startup kits (default NVFlare's
+            ``server_context.tenseal`` / ``client_context.tenseal``) or as absolute paths (the simulator's keys,
+            ``fedseg.fl.homomorphic.provision_contexts``).
     """
 
     #: the options of the method's strategy this recipe takes as keywords and writes into its job (None: none)
@@ -179,6 +189,10 @@ class FedSegRecipe(Recipe):
         server_momentum: float = DEFAULT_SERVER_MOMENTUM,
         server_betas: Sequence[float] = (0.9, 0.99),
         server_eps: float = 1e-3,
+        he: bool = False,
+        he_encrypt_layers: Optional[Any] = None,
+        he_server_context: str = SERVER_CONTEXT,
+        he_site_context: Optional[str] = None,
         **train_overrides: Any,
     ):
         if not (isinstance(task_request_interval, (int, float)) and 0 < task_request_interval <= 60):
@@ -202,6 +216,11 @@ class FedSegRecipe(Recipe):
         step_options = {"server_optimizer": server_optimizer, "server_lr": server_lr, "server_momentum": server_momentum,
                         "server_betas": list(server_betas), "server_eps": server_eps}
         step = server_step_config(**step_options)  # fails here on a wrong name or value
+        if he:
+            if site_executor != "native":
+                raise HEError(f"he: the sites decrypt and encrypt in the native executor only, got site_executor={site_executor!r}")
+            if he_site_context:  # keys written for the simulator: every site reads the one file
+                script_args = f"{script_args} --he_context {he_site_context}".strip()
         user_bundle = is_bundle_path(self.train_config.get("bundle"))
         job = BaseFedJob(
             # a user's network is described by its bundle, which NVFlare's persistor builds (networks/bundle_network.py)
@@ -225,6 +244,8 @@ class FedSegRecipe(Recipe):
             task_check_period=task_check_period,
             screening=screening,
             checkpoint_dir=checkpoint_dir,
+            # the strategy's refusal (GraphFedSeg, FedCE, ...) is raised here, before anything is exported
+            he={"context": he_server_context, "encrypt_layers": he_encrypt_layers} if he else None,
         )
         if user_bundle:
             from nvflare.app_opt.pt.job_config.model import PTModel

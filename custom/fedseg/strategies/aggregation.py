@@ -17,7 +17,8 @@ def weighted_average(models: Sequence[Params], weights: Sequence[float]) -> Para
         weights: K non-negative weights summing to 1 (a convex combination).
 
     Non-floating entries (e.g. BatchNorm's ``num_batches_tracked``) are taken from the first model,
-    since averaging counters is meaningless.
+    since averaging counters is meaningless. Entries that are not tensors are encrypted ones
+    (``fedseg.fl.homomorphic.Ciphertext``): their class sums them with the same weights, in the encrypted domain.
     """
     if len(models) == 0 or len(models) != len(weights):
         raise ValueError(f"need one weight per model, got {len(models)} models and {len(weights)} weights")
@@ -26,6 +27,9 @@ def weighted_average(models: Sequence[Params], weights: Sequence[float]) -> Para
         raise ValueError(f"weights must be a convex combination, got {w.tolist()}")
     out: Params = {}
     for key, ref in models[0].items():
+        if not isinstance(ref, torch.Tensor):
+            out[key] = type(ref).weighted_sum([model[key] for model in models], w.tolist())
+            continue
         if not torch.is_floating_point(ref):
             out[key] = ref.clone()
             continue

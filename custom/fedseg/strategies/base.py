@@ -86,6 +86,10 @@ class ServerStrategy:
     #: the strategy's options (a :class:`fedseg.method_options.MethodOptions` dataclass): its fields are the
     #: constructor's keywords and the strategy's attributes of the same names (None: no options)
     options_class: Optional[Type[MethodOptions]] = None
+    #: why this strategy cannot aggregate encrypted models (``fedseg.fl.homomorphic``), or None where its server step
+    #: is a weighted sum of the sites' models with weights from plaintext statistics (``weighted_average`` then sums
+    #: ciphertexts); :meth:`he_refusal` may refine it by option
+    he_refusal_reason: Optional[str] = "its server step is not a weighted sum of the sites' models"
 
     def __init__(self, **options: Any) -> None:
         set_options(self, self.options_class, options)
@@ -146,6 +150,10 @@ class ServerStrategy:
     def finish(self) -> Dict[str, Any]:
         """Called once after the last round; returns report fields (none by default)."""
         return {}
+
+    def he_refusal(self) -> Optional[str]:
+        """Why this strategy, with its options, cannot aggregate encrypted models (one line), or None when it can."""
+        return self.he_refusal_reason
 
     def global_params(self) -> Params:
         return self._global
@@ -209,5 +217,6 @@ def parameter_keys(network) -> List[str]:
 
 
 def clone_params(params: Params) -> Params:
-    """A detached CPU copy of a state dict, so that a checkpoint never aliases live training tensors."""
-    return {k: v.detach().cpu().clone() for k, v in params.items()}
+    """A detached CPU copy of a state dict, so that a checkpoint never aliases live training tensors (entries that
+    are not tensors, the ciphertexts of an encrypted aggregation, are never changed in place and are kept as they are)."""
+    return {k: (v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v) for k, v in params.items()}

@@ -33,6 +33,13 @@ class FedAvgStrategy(ServerStrategy):
     name = "fedavg"
     objective = "fedavg"
     options_class = FedAvgOptions
+    he_refusal_reason = None
+
+    def he_refusal(self):
+        if self.aggregation != "mean":
+            return (f"aggregation={self.aggregation} sorts the sites' values coordinate by coordinate, which needs them "
+                    "in the clear; use aggregation=mean")
+        return None
 
     def aggregate(self, round_: int, updates: Dict[str, ClientUpdate], exchange: Exchange) -> Dict[str, Any]:
         sites = sorted(updates)

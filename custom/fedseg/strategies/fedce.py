@@ -46,6 +46,7 @@ class FedCEStrategy(ServerStrategy):
     """FedCE's server half; options: :class:`FedCEOptions`."""
 
     name = "fedce"
+    he_refusal_reason = ("its contribution estimate compares each site's update with the others' (gradient cosines), which the server must read")
     objective = "fedce"
     needs_network = True
     options_class = FedCEOptions

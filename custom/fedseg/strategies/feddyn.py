@@ -39,6 +39,7 @@ class FedDynStrategy(ServerStrategy):
     halves, sent to the sites)."""
 
     name = "feddyn"
+    he_refusal_reason = ("its server shifts the mean by a correction state h it keeps of the sites' models, which this encryption path does not cover")
     objective = "feddyn"
     needs_network = True
     options_class = FedDynOptions

@@ -72,6 +72,7 @@ class FedEFMStrategy(ServerStrategy):
     """FedEFM's server half; options: :class:`FedEFMOptions`."""
 
     name = "fedefm"
+    he_refusal_reason = ("it has no global model: the sites exchange their models with each other through the server (decentralised), which server-side aggregation of ciphertexts does not cover")
     objective = "fedefm"
     extra_tasks = (OVERSEAS_TASK, GOSSIP_TASK)
     options_class = FedEFMOptions

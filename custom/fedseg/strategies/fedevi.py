@@ -73,6 +73,8 @@ class FedEviStrategy(ServerStrategy):
     objective = "fedevi"
     extra_tasks = (SURROGATE_TASK,)
     options_class = FedEviOptions
+    # the surrogate and the new model are weighted sums; G, A and R are declared scalars, read in the clear
+    he_refusal_reason = None
 
     def __init__(self, **options: Any):
         super().__init__(**options)

@@ -51,6 +51,7 @@ class FedOptStrategy(ServerStrategy):
     """FedAvg's average, then a server optimiser step; options: :class:`FedOptOptions`."""
 
     name = "fedopt"
+    he_refusal_reason = ("FedAdam and FedAvgM step the global model with an optimiser whose moments the server keeps of the model's update, which needs the update in the clear")
     objective = "fedavg"
     needs_network = True
     options_class = FedOptOptions

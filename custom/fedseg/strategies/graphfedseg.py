@@ -156,6 +156,7 @@ class GraphFedSegStrategy(ServerStrategy):
     """Uncertainty-aware collaboration graph and dual-layer aggregation; options: :class:`GraphFedSegOptions`."""
 
     name = "graphfedseg"
+    he_refusal_reason = ("its collaboration graph is solved from the cosine similarity of the sites' models, which the server must read")
     objective = "graphfedseg"
     options_class = GraphFedSegOptions
 

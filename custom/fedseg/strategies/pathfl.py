@@ -57,6 +57,13 @@ class PathFLStrategy(ServerStrategy):
     #: the controller sets ``network_factory`` (a callable returning a fresh bundle network) before start
     needs_network = True
     options_class = PathFLOptions
+    he_refusal_reason = None
+
+    def he_refusal(self):
+        if self.use_ssa:
+            return ("SSA weighs each site by running its model on noise at the server, which needs the model in the "
+                    "clear; use_ssa=false aggregates by the weighted mean")
+        return None
 
     def __init__(self, **options: Any):
         super().__init__(**options)
@@ -116,7 +123,10 @@ class PathFLStrategy(ServerStrategy):
         mu, sigma = global_feature_moments(
             [updates[s].meta["afa_mean"] for s in reporting], [updates[s].meta["afa_sq_mean"] for s in reporting]
         )
-        dtype = self._global[ALIGN + "target_mean"].dtype
+        current = self._global[ALIGN + "target_mean"]
+        # under homomorphic aggregation the entry arrived encrypted; the moments come from declared statistics and
+        # replace it in the clear
+        dtype = current.dtype if isinstance(current, torch.Tensor) else torch.float32
         self._global[ALIGN + "target_mean"] = torch.tensor(mu, dtype=dtype)
         self._global[ALIGN + "target_std"] = torch.tensor(max(sigma, 1e-6), dtype=dtype)
         self._global[ALIGN + "active"] = torch.tensor(1.0, dtype=dtype)

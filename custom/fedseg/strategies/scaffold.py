@@ -53,6 +53,7 @@ class ScaffoldStrategy(ServerStrategy):
     """SCAFFOLD's server half; options: :class:`ScaffoldOptions`."""
 
     name = "scaffold"
+    he_refusal_reason = ("its control variates travel as a second model beside the weights, which this encryption path does not cover")
     objective = "scaffold"
     needs_network = True
     options_class = ScaffoldOptions
