@@ -316,9 +316,64 @@ def _jobs(deployment, root: Path) -> dict:
     return seen
 
 
+def _run_recipe(deployment, recipe, timeout: float = 240.0) -> dict:
+    """``recipe`` through NVFlare's ProdEnv as the project admin: its status, downloaded result and job id (aborted if
+    it did not finish)."""
+    from fedseg.recipes.environments import prod_env
+
+    run = recipe.run(prod_env(deployment.prod / PROJECT_ADMIN))
+    try:
+        result = run.get_result(timeout=timeout, clean_up=False)
+        return {"status": run.get_status(), "result": str(result) if result else None, "job_id": run.get_job_id()}
+    finally:
+        if run.get_status() not in ("FINISHED:COMPLETED", None) and not str(run.get_status()).startswith("FINISHED"):
+            deployment.session(PROJECT_ADMIN).abort_job(run.get_job_id())
+
+
+def _homomorphic(deployment, root: Path) -> dict:
+    """FedAvg with homomorphic aggregation through ProdEnv, with the keys HEBuilder put into the kits: its status, the
+    models the sites decrypted, and which of them the server's side holds in the clear (its kit folder with the job's
+    workspace, its job store). Then the same job with the server given a site's context (it holds the secret key):
+    its status and the line the server logged."""
+    import torch
+    from he_utils import plaintext_copies
+
+    from fedseg.recipes.fedavg import FedAvgRecipe
+
+    deployment.ensure_sites()
+    seen = _run_recipe(deployment, FedAvgRecipe(name="fedavg_he", profile="tiny", num_rounds=1, local_epochs=1, he=True))
+    decrypted = sorted(p for site in SITES for p in (deployment.prod / site).rglob("global_model.pt"))
+    seen["decrypted"] = [str(p.relative_to(deployment.prod)) for p in decrypted]
+    models = [torch.load(p, map_location="cpu", weights_only=True)["model"] for p in decrypted]
+    # what the server keeps: its kit folder, and the job's workspace as its job store archived it (a zip)
+    stored = _stored_workspace(root, seen["job_id"])
+    server_side = [deployment.prod / SERVER, stored]
+    seen["plaintext_at_server"] = [hit for folder in server_side for hit in plaintext_copies(folder, models)]
+    seen["server_files"] = sorted(str(p.relative_to(stored)) for p in stored.rglob("*") if p.is_file())
+    secret = deployment.prod / "hospital-a" / "startup" / "client_context.tenseal"
+    refused = FedAvgRecipe(name="fedavg_he_secret_key", profile="tiny", num_rounds=1, local_epochs=1, he=True,
+                           he_server_context=str(secret))
+    seen["secret_key"] = _run_recipe(deployment, refused, timeout=120.0)
+    log = (_stored_workspace(root, seen["secret_key"]["job_id"]) / "log.txt").read_text(errors="replace")
+    seen["secret_key"]["logged"] = [line.strip() for line in log.splitlines()
+                                    if "server's HE context holds a secret key" in line][:1]
+    return seen
+
+
+def _stored_workspace(root: Path, job_id: str) -> Path:
+    """The server's workspace of a finished job as its job store keeps it (``jobs-storage/<id>/workspace``, a zip),
+    extracted under ``root/stored/<id>``."""
+    import zipfile
+
+    out = root / "stored" / job_id
+    with zipfile.ZipFile(root / "server_storage" / "jobs-storage" / job_id / "workspace") as archive:
+        archive.extractall(out)
+    return out
+
+
 #: the scenario's steps, in order (one test of tests/test_deploy.py each)
 SCENARIO = (("listening", lambda dep, root: _listening(dep)), ("impostors", lambda dep, root: _impostors(dep)),
-            ("jobs", _jobs))
+            ("jobs", _jobs), ("homomorphic", _homomorphic))
 
 
 def deployment_scenario(root: Path) -> dict:

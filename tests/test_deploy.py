@@ -4,7 +4,8 @@ Fast tests provision kits with ``nvflare provision`` and check what they contain
 ``deployment`` (tests/sim_utils.py, in the background: ``deploy_utils.deployment_scenario``), which starts the real FL
 server of ``deploy/project.yml`` (a copy with free loopback ports, bound to 127.0.0.1): a client with a certificate
 from another project's CA never registers, the genuine hospital-a does; a job folder carrying code is refused for
-every role, our recipe runs through NVFlare's ``ProdEnv`` (one tiny round, result downloaded). About 1.5 minutes. The
+every role, our recipe runs through NVFlare's ``ProdEnv`` (one tiny round, result downloaded), and again with
+homomorphic aggregation (the keys HEBuilder provisioned). About 2.5 minutes. The
 POC's kits are those of the suite's one POC (shared run ``poc``, tests/test_poc.py).
 """
 
@@ -92,6 +93,35 @@ def test_provision_deploy_project(tmp_path):
         local = prod / participant / "local"
         assert json.loads((local / "authorization.json.default").read_text()) == policy
         assert json.loads((local / "resources.json.default").read_text())["class_allow_list"] == class_allow_list()
+
+
+def test_provisioned_he_keys_let_the_sites_decrypt_and_not_the_server(tmp_path):
+    """HEBuilder in deploy/project.yml: every site's kit holds the secret key (one key for the federation), the
+    server's kit the context without it; the server can add what one site encrypted, another site decrypts it."""
+    ts = pytest.importorskip("tenseal")
+    import torch
+
+    from fedseg.fl.homomorphic import (Ciphertext, HEError, ServerAggregation, SiteEncryption, check_server_context,
+                                       check_site_context)
+
+    prod = provision(DEPLOY_PROJECT, tmp_path / "ws")
+    server = ts.context_from((prod / SERVER / "startup" / "server_context.tenseal").read_bytes())
+    sites = {s: ts.context_from((prod / s / "startup" / "client_context.tenseal").read_bytes()) for s in SITES}
+    check_server_context(server)
+    assert not (prod / SERVER / "startup" / "client_context.tenseal").exists()
+    for site, context in sites.items():
+        check_site_context(context, site)
+        assert not (prod / site / "startup" / "server_context.tenseal").exists()
+    with pytest.raises(HEError, match="secret key"):
+        ServerAggregation(sites["hospital-a"])
+    a, b = (SiteEncryption(sites[s], s) for s in SITES)
+    reference = {"w": torch.zeros(5)}
+    at_server = ServerAggregation(server)
+    received = [at_server.read(s, e.encrypt({"w": torch.full((5,), float(i + 1))}), reference)["w"]
+                for i, (s, e) in enumerate(zip(SITES, (a, b)))]
+    summed = {"w": Ciphertext.weighted_sum(received, [0.5, 0.5])}
+    for site in (a, b):  # 0.5 * 1 + 0.5 * 2, decrypted by either site
+        assert torch.allclose(site.decrypt(at_server.to_wire(summed), reference)["w"], torch.full((5,), 1.5), atol=1e-4)
 
 
 def test_authorization_policy_turns_custom_code_off_for_every_role():
@@ -296,3 +326,21 @@ def test_job_with_custom_code_is_refused_and_our_recipe_runs_in_prod_env(shared_
     assert report["method"] == "fedavg" and sorted(report["clients"]) == SITES and len(report["rounds"]) == 1
     fedseg_main(["summarise", str(result)])  # reads the downloaded result as it reads a simulator workspace
     assert "fedavg — final global model (test split)" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.shared_runs("deployment")
+def test_homomorphic_aggregation_keeps_every_model_from_the_server(shared_runs):
+    """FedAvg with he=True through ProdEnv, keys from HEBuilder in the kits: the job completes, each site keeps the
+    global model it decrypted, and the server's side (its kit and the job's workspace as its job store keeps it:
+    checkpoint, stored model, logs, report) holds none of those models in the clear. A job whose server is given a
+    context with the secret key stops with the server's one line."""
+    seen = _seen(shared_runs, "homomorphic")
+    assert seen["status"] == "FINISHED:COMPLETED" and seen["result"], seen
+    assert sorted(Path(p).parts[0] for p in seen["decrypted"]) == SITES
+    files = seen["server_files"]
+    assert {"FL_global_model.he.pt", "round_checkpoint.pt", "report.json", "log.txt"} <= set(files), files
+    assert not [f for f in files if f.endswith("FL_global_model.pt")], files
+    assert seen["plaintext_at_server"] == []
+    refused = seen["secret_key"]
+    assert refused["status"] == "FINISHED:EXECUTION_EXCEPTION" and refused["logged"], refused

@@ -5,6 +5,7 @@ refusals, and a FedEvi run in the simulator under HE against the same run in the
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from fedseg.strategies.aggregation import sample_weights, weighted_average  # no
 from fedseg.strategies.base import ClientUpdate  # noqa: E402
 from fedseg.strategies.fedavg import FedAvgStrategy  # noqa: E402
 from fedseg.strategies.fedevi import FedEviStrategy  # noqa: E402
+from he_utils import plaintext_copies  # noqa: E402
 from inprocess import builtin_sites, run_in_process  # noqa: E402
 
 #: entry shapes of a small model: one entry spans several ciphertexts (SLOTS values each), one is a scalar
@@ -263,35 +265,6 @@ def fedevi_he_run(root: Path):
     return lambda: SimRun("fedevi_he", spec, job, root / "ws", run_simulator(job, root / "ws", clients=list(spec.sites)))
 
 
-def plaintext_copies(folder: Path, models) -> list:
-    """Where under ``folder`` a floating-point entry (16 values or more) of one of ``models`` is held in the clear: its
-    float32 bytes in any file, or a tensor close to it (1e-3) in a ``.pt`` file."""
-    targets = [(k, v.detach().float().flatten()) for m in models for k, v in m.items()
-               if torch.is_floating_point(v) and v.numel() >= 16]
-    found = []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        data = path.read_bytes()
-        found += [f"{path.name}: {k} (bytes)" for k, v in targets if v[:16].numpy().tobytes() in data]
-        if path.suffix != ".pt":
-            continue
-        tensors = []
-
-        def walk(node):
-            if isinstance(node, torch.Tensor):
-                tensors.append(node.detach().float().flatten())
-            elif isinstance(node, dict):
-                for value in node.values():
-                    walk(value)
-            elif isinstance(node, (list, tuple)):
-                for value in node:
-                    walk(value)
-
-        walk(torch.load(path, map_location="cpu", weights_only=True))
-        found += [f"{path.name}: {k}" for k, v in targets for t in tensors
-                  if t.numel() == v.numel() and torch.allclose(t, v, atol=1e-3)]
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.shared_runs("fedevi", "fedevi_he")
 def test_fedevi_under_he_in_the_simulator_equals_the_run_in_the_clear_and_the_server_holds_no_model(shared_runs):
@@ -310,3 +283,25 @@ def test_fedevi_under_he_in_the_simulator_equals_the_run_in_the_clear_and_the_se
     assert (he.run_dir / "FL_global_model.he.pt").is_file() and (he.run_dir / "round_checkpoint.pt").is_file()
     assert plaintext_copies(he.workspace / "server", decrypted) == []
     assert plaintext_copies(plain.workspace / "server", decrypted)  # the plaintext server holds the same model
+
+
+def test_a_restarted_server_continues_from_its_encrypted_checkpoint(key_files, two_sites, tmp_path):
+    """The round checkpoint holds ciphertexts (no tensor of a model in the clear); a server started again with the same
+    job reads them back and its final evaluation of the restored model gives the first server's scores."""
+    from fedseg.bench.inprocess import InProcessController, controller_args
+
+    server_key, site_key = key_files
+    options = dict(num_rounds=1, local_epochs=1, he=True, he_server_context=str(server_key),
+                   he_site_context=str(site_key), checkpoint_dir=str(tmp_path / "ckpt"))
+    first = run_in_process("fedevi", two_sites, tmp_path / "first", **options)
+    stored = torch.load(tmp_path / "ckpt" / "round_checkpoint.pt", weights_only=True)
+    floats = [k for k, v in first["_controller"]._reference.items() if torch.is_floating_point(v)]
+    assert all(set(stored["global"][k]) == {"ckks", "shape"} for k in floats)
+    args = controller_args("fedevi", tmp_path / "second", **options)
+    again = InProcessController(two_sites, tmp_path / "second" / "server", tmp_path / "first" / "sites",
+                                he_site_context=str(site_key), **args)
+    again.run()
+    report = json.loads((tmp_path / "second" / "server" / "report.json").read_text())
+    assert report["resumed_at"] == [1] and [r["round"] for r in report["rounds"]] == [0]
+    for site, metrics in first["final"]["global"].items():
+        assert report["final"]["global"][site]["dice"] == pytest.approx(metrics["dice"], abs=1e-6)
