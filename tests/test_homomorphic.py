@@ -278,6 +278,9 @@ def test_fedevi_under_he_in_the_simulator_equals_the_run_in_the_clear_and_the_se
         assert b["bytes_received"] > 5 * a["bytes_received"]  # ciphertexts are an order of magnitude larger
     for site, metrics in plain.report["final"]["global"].items():
         assert he.report["final"]["global"][site]["dice"] == pytest.approx(metrics["dice"], abs=1e-3), site
+    # what the server's audit saw arrive: ciphertexts (count and bytes) for every floating-point entry
+    sent = [d for record in he.audit() for d in (record.get("params") or {}).values()]
+    assert sent and all(d["type"] == "ckks" or "int" in d.get("dtype", "") for d in sent), sent[:3]
     decrypted = [torch.load(he.site_outputs(s) / "global_model.pt", weights_only=True)["model"] for s in he.sites]
     assert not list(he.workspace.joinpath("server").rglob("FL_global_model.pt"))
     assert (he.run_dir / "FL_global_model.he.pt").is_file() and (he.run_dir / "round_checkpoint.pt").is_file()
@@ -305,3 +308,13 @@ def test_a_restarted_server_continues_from_its_encrypted_checkpoint(key_files, t
     assert report["resumed_at"] == [1] and [r["round"] for r in report["rounds"]] == [0]
     for site, metrics in first["final"]["global"].items():
         assert report["final"]["global"][site]["dice"] == pytest.approx(metrics["dice"], abs=1e-6)
+
+
+def test_fedseg_run_he_refuses_a_method_that_reads_the_models_in_one_line(tmp_path):
+    from fedseg.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["run", "graphfedseg", "--he", "-n", "2", "--profile", "tiny", "-w", str(tmp_path / "ws")])
+    message = str(stop.value)
+    assert message.startswith("fedseg run: graphfedseg cannot aggregate encrypted models (he): ") and "\n" not in message
+    assert not (tmp_path / "ws").exists()  # nothing started

@@ -21,6 +21,8 @@ from nvflare.apis.fl_constant import ReservedKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
 
+from fedseg.fl.homomorphic import is_wire_ciphertext
+
 AUDIT_NAME = "privacy_audit.jsonl"
 
 
@@ -30,6 +32,8 @@ def describe_value(value: Any) -> Dict[str, Any]:
         return {"type": type(value).__name__, "value": value}
     if isinstance(value, dict):
         return {"type": "dict", "items": {str(k): describe_value(v) for k, v in value.items()}}
+    if is_wire_ciphertext(value):  # an encrypted entry (homomorphic aggregation): how many ciphertexts, how large
+        return {"type": "ckks", "ciphertexts": len(value), "bytes": sum(len(c) for c in value)}
     if isinstance(value, (list, tuple)):
         return {"type": "list", "length": len(value)}
     shape = getattr(value, "shape", None)
