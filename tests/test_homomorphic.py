@@ -318,3 +318,17 @@ def test_fedseg_run_he_refuses_a_method_that_reads_the_models_in_one_line(tmp_pa
     message = str(stop.value)
     assert message.startswith("fedseg run: graphfedseg cannot aggregate encrypted models (he): ") and "\n" not in message
     assert not (tmp_path / "ws").exists()  # nothing started
+
+
+def test_only_the_layers_named_are_encrypted(key_files, two_sites, tmp_path):
+    """``he_encrypt_layers`` as NVFlare's: a regular expression; the other entries travel and are averaged in the clear."""
+    server_key, site_key = key_files
+    report = run_in_process("fedavg", two_sites, tmp_path, num_rounds=1, local_epochs=1, he=True,
+                            he_server_context=str(server_key), he_site_context=str(site_key),
+                            he_encrypt_layers=r"\.weight$")
+    controller = report["_controller"]
+    assert report["rounds"][0]["rejected"] == {} and report["config"]["he"]["encrypt_layers"] == r"\.weight$"
+    kinds = {k: isinstance(v, Ciphertext) for k, v in controller._strategy.global_params().items()
+             if torch.is_floating_point(controller._reference[k])}
+    assert kinds and all(encrypted == k.endswith(".weight") for k, encrypted in kinds.items()), kinds
+    assert any(not encrypted for encrypted in kinds.values())
