@@ -186,30 +186,167 @@ def test_a_site_with_fewer_images_than_the_minimum_sends_nothing(site):
     assert "intensity_c0" in first["mean"]["training"] and "size_0" not in first["mean"]["training"]
 
 
-def test_fedstats_job_runs_in_the_simulator(tmp_path):
-    """The job on two sites of tiny built-in data: code-free, every site in the report, counts as the datalists."""
-    from fedseg.data.synthetic import generate_federation
-    from fedseg.fl.fed_statistics import run_fedstats
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    """The one simulator run of this module: ``fedseg stats`` over three sites of tiny built-in data. site-2 has a
+    truncated image (it sends nothing: the others' statistics are written all the same); site-3 keeps 2 training
+    images, under the minimum count (it sends counts only). Returns ``(mapping, run folder, report, printed)``."""
+    import contextlib
+    import io
+    import time
 
-    mapping = {s: str(p) for s, p in generate_federation("polyp", ["site-1", "site-2", "site-3"], tmp_path / "data",
+    from fedseg.cli import main
+    from fedseg.data.synthetic import generate_federation
+
+    root = tmp_path_factory.mktemp("fedstats")
+    mapping = {s: str(p) for s, p in generate_federation("polyp", ["site-1", "site-2", "site-3"], root / "data",
                                                           profile="tiny").items()}
-    # site-3 keeps 2 training images, under the minimum count: it sends nothing, the report says what it withheld
+    broken_list = json.loads(Path(mapping["site-2"]).read_text())
+    broken = Path(mapping["site-2"]).parent / broken_list["training"][1]["image"]
+    broken.write_bytes(broken.read_bytes()[:40])
     small = json.loads(Path(mapping["site-3"]).read_text())
     small["training"] = small["training"][:2]
     Path(mapping["site-3"]).write_text(json.dumps(small))
-    report = run_fedstats(mapping, tmp_path / "run", min_count=3, max_bins_percent=50, intensity_bins=8)
+    index = root / "site_datalists.json"
+    index.write_text(json.dumps(mapping))
+    out = root / "bench" / "site_statistics"  # where fedseg bench --site-stats run puts them: the bench test reads it
+    printed = io.StringIO()
+    started = time.monotonic()
+    with contextlib.redirect_stdout(printed):
+        main(["stats", "--site-datalists", str(index), "--out", str(out), "--min-count", "3",
+              "--max-bins-percent", "50", "--intensity-bins", "8", "--site-wait", "30"])
+    # every site answers (site-2 with nothing): no task waits out --site-wait
+    assert time.monotonic() - started < 100
+    return mapping, out, json.loads((out / "stats.json").read_text()), printed.getvalue()
+
+
+@pytest.mark.timeout(180)
+def test_a_site_that_drops_out_is_named_and_the_others_are_reported(federation):
+    """A truncated image at site-2: the job ends in bounded time with site-1's and site-3's statistics; stats.json,
+    stats.md and the printed summary say site-2 sent nothing, and its log names the file in one line."""
+    from fedseg.fl.fed_statistics import site_failures
+
+    mapping, out, report, printed = federation
+    said = "site-2 sent nothing (dropped out); statistics of site-1, site-3."
+    assert report["sites"] == ["site-1", "site-3"] and report["dropped_sites"] == ["site-2"]
+    assert report["summary"][0] == said and "site-2" not in report["per_site"]
+    assert said in (out / "stats.md").read_text() and said in printed
+    assert printed.rstrip().splitlines()[-1].startswith("statistics of site-1, site-3 (site-2 sent nothing): ")
+    failures = site_failures(out / "workspace", list(mapping))
+    assert list(failures) == ["site-2"] and failures["site-2"].startswith("cannot read image ")
+    assert "\n" not in failures["site-2"] and "001.png" in failures["site-2"]
+
+
+@pytest.mark.timeout(180)
+def test_fedstats_job_runs_in_the_simulator(federation):
+    """The job on tiny built-in data: code-free, counts as the datalists; a site under the minimum count sends
+    counts only and the report says what it withheld."""
+    mapping, out, report, _ = federation
     assert not report["per_site"]["site-3"].get("intensity_c0") and "intensity_c0: mean" in report["withheld"]["site-3"]
-    assert np.isnan(report["distances"]["intensity_emd"]["intensity_c0"][0][2])
-    assert report["pooled"]["intensity_c0"]["sites_included"] == ["site-1", "site-2"]
-    del mapping["site-3"]
-    assert not list((tmp_path / "run" / "job").rglob("custom"))  # configuration only (no BYOC)
-    assert report["sites"] == ["site-1", "site-2", "site-3"]
-    for site, datalist in mapping.items():
-        n = len(json.loads(Path(datalist).read_text())["training"])
-        assert report["per_site"][site]["size_0"]["count"] == n
-    assert np.asarray(report["distances"]["intensity_emd"]["intensity_c0"]).shape == (3, 3)
-    assert json.loads((tmp_path / "run" / "stats.json").read_text())["summary"] == report["summary"]
-    assert "| site-1 |" in (tmp_path / "run" / "stats.md").read_text()
+    assert np.isnan(report["distances"]["intensity_emd"]["intensity_c0"][0][1])
+    assert report["pooled"]["intensity_c0"]["sites_included"] == ["site-1"]
+    assert not list((out / "job").rglob("custom"))  # configuration only (no BYOC)
+    n = len(json.loads(Path(mapping["site-1"]).read_text())["training"])
+    assert report["per_site"]["site-1"]["size_0"]["count"] == n
+    assert report["per_site"]["site-3"]["size_0"]["count"] == 2
+    assert np.asarray(report["distances"]["intensity_emd"]["intensity_c0"]).shape == (2, 2)
+    assert "| site-1 |" in (out / "stats.md").read_text()
+    assert report["settings"]["min_sites"] == 1 and report["settings"]["site_wait"] == 30
+
+
+def test_when_every_site_fails_stats_exits_in_one_line_and_writes_no_report(tmp_path, monkeypatch):
+    """The simulator's failure (here: no site sent statistics) ends ``fedseg stats`` non-zero with one line, and the
+    run folder holds no stats.json or stats.md (an earlier run's are removed first)."""
+    from fedseg.cli import main
+    from fedseg.fl import fed_statistics
+
+    def no_site(job, workspace, sites, timeout=3600):
+        raise RuntimeError("no site sent statistics (site-1: cannot read image a.png; site-2: cannot read image "
+                           f"b.png); the logs under {workspace} say more")
+
+    monkeypatch.setattr(fed_statistics, "run_simulator", no_site)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "stats.json").write_text("{}")  # an earlier run's
+    with pytest.raises(SystemExit) as exc:
+        main(["stats", "--family", "polyp", "-n", "2", "--data-profile", "tiny", "--out", str(out)])
+    message = str(exc.value.code)
+    assert message.startswith("fedseg stats: no site sent statistics (site-1: ") and "\n" not in message
+    assert not (out / "stats.json").exists() and not (out / "stats.md").exists()
+
+
+def test_site_failures_reads_each_sites_failure_line(tmp_path):
+    from fedseg.fl.fed_statistics import site_failures
+    from fedseg.fl.site_statistics import SITE_FAILURE
+
+    (tmp_path / "site-1").mkdir()
+    (tmp_path / "site-1" / "log.txt").write_text(f"x - ERROR - [identity=site-1] - {SITE_FAILURE}site-1: cannot read "
+                                                 "image a.png: OSError: truncated\nTraceback ...\n")
+    (tmp_path / "site-2").mkdir()
+    (tmp_path / "site-2" / "log.txt").write_text("all well\n")
+    assert site_failures(tmp_path, ["site-1", "site-2", "site-3"]) == {
+        "site-1": "cannot read image a.png: OSError: truncated"}
+
+
+def test_committed_fedstats_job_matches_a_fresh_export(tmp_path):
+    """jobs/fedstats is what ``fedseg stats --export-job jobs`` writes (as tests/test_jobs.py checks the methods'
+    jobs): one client app for every site, configuration only, no machine paths."""
+    import filecmp
+
+    from fedseg.cli import main
+
+    committed = Path(__file__).resolve().parents[1] / "jobs" / "fedstats"
+    main(["stats", "--export-job", str(tmp_path)])
+    exported = tmp_path / "fedstats"
+
+    def files(root):
+        return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+
+    assert files(exported) == files(committed), "regenerate with `fedseg stats --export-job jobs`"
+    for rel in files(exported):
+        assert filecmp.cmp(exported / rel, committed / rel, shallow=False), f"jobs/fedstats/{rel} drifted"
+    assert json.loads((committed / "meta.json").read_text())["deploy_map"] == {"app": ["@ALL"]}
+    for cfg in committed.rglob("*.json"):
+        assert not any(p in cfg.read_text() for p in ("/work/", "/tmp/", "/root/")), cfg
+    server = json.loads((committed / "app" / "config" / "config_fed_server.json").read_text())
+    controller = server["workflows"][0]["args"]
+    assert controller["min_clients"] == 1 and controller["wait_time_after_min_received"] == 120
+
+
+@pytest.mark.timeout(180)
+def test_stats_of_a_bundle_describe_what_its_network_sees(tmp_path):
+    """``fedseg stats --bundle bundles/unet2d_seg --site-overrides FILE --set image_size=48``: two sites of tiny built-in data
+    (32 px, 0..255) described after the bundle's preprocessing: resized to 48 px, intensities scaled to 0..1, the
+    bundle's classes; each site's values are those of its own images through the same transforms."""
+    import contextlib
+    import io
+
+    from fedseg.bundle import default_bundle_dir
+    from fedseg.cli import main
+    from fedseg.data.synthetic import generate_federation
+    from fedseg.fl.site_statistics import bundle_images, columns_of
+
+    bundle = str(default_bundle_dir("unet2d_seg"))
+    mapping = generate_federation("polyp", ["site-1", "site-2"], tmp_path / "data", profile="tiny")
+    overrides = {site: {"dataset_dir": str(Path(p).parent)} for site, p in mapping.items()}
+    (tmp_path / "sites.json").write_text(json.dumps(overrides))
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        main(["stats", "--bundle", bundle, "--site-overrides", str(tmp_path / "sites.json"), "--set",
+              "image_size=48", "--out", str(tmp_path / "run"), "--min-count", "3", "--max-bins-percent", "50",
+              "--intensity-bins", "8"])
+    report = json.loads((tmp_path / "run" / "stats.json").read_text())
+    assert report["sites"] == ["site-1", "site-2"] and "statistics of site-1, site-2: " in printed.getvalue()
+    assert report["settings"]["bundle_overrides"] == {"image_size": 48}
+    for site, values in overrides.items():
+        sent = report["per_site"][site]
+        names, images = bundle_images(bundle, {"image_size": 48, **values})
+        local = columns_of(images(), names, 8, None)
+        assert names == ["background", "class_1"] and "present_class_1" in sent
+        assert sent["size_0"]["mean"] == sent["size_1"]["mean"] == 48
+        assert sent["size_0"]["count"] == len(json.loads(Path(mapping[site]).read_text())["training"])
+        column = local.pixels["intensity_c0"]
+        assert sent["intensity_c0"]["count"] == column.count
+        assert sent["intensity_c0"]["mean"] == pytest.approx(column.sum / column.count, abs=1e-4) and column.max <= 1.0
 
 
 def test_stats_parser():
@@ -258,6 +395,27 @@ def test_summary_names_the_darker_site_and_its_smaller_objects():
     assert "80% of site-2's channel-0 values fall outside" in " ".join(site_report(raw, ["site-1", "site-2"])["summary"])
 
 
+def test_a_declared_class_absent_at_a_site_is_said_in_one_line():
+    """site-2's datalist declares 'cup' but none of its 20 images has a cup pixel (prevalence 0 over 20 images): the
+    summary says so plainly, instead of 'appears in fewer of its images (0%)' and 'smaller regions'; a site that sent
+    nothing (site-3, absent from NVFlare's JSON) is named, and the report is of the other two."""
+    def per_site(a, b):
+        return {"site-1": {"training": a}, "site-2": {"training": b}}
+
+    raw = {"present_cup": {"count": per_site(10, 20), "mean": per_site(0.9, 0.0), "stddev": per_site(0.3, 0.0)},
+           "fg_fraction_cup": {"count": per_site(10, 20), "mean": per_site(0.2, 0.0), "stddev": per_site(0.1, 0.0)},
+           "present_disc": {"count": per_site(10, 20), "mean": per_site(1.0, 1.0), "stddev": per_site(0.0, 0.0)}}
+    report = site_report(raw, ["site-1", "site-2", "site-3"])
+    assert "site-2 has no pixels of declared class 'cup' in any of its 20 images." in report["summary"]
+    assert not any(s.startswith("site-2:") and "cup" in s for s in report["summary"]), report["summary"]
+    assert report["summary"][0] == "site-3 sent nothing (dropped out); statistics of site-1, site-2."
+    assert report["sites"] == ["site-1", "site-2"] and report["dropped_sites"] == ["site-3"]
+    assert not any("disc" in s for s in report["summary"])
+    raw["present_cup"]["mean"] = per_site(0.9, 0.05)  # present in 1 of its 20 images: rarer, not absent
+    summary = site_report(raw, ["site-1", "site-2"])["summary"]
+    assert not any("no pixels" in s for s in summary) and any("cup appears in fewer" in s for s in summary)
+
+
 def test_figures_are_drawn_from_what_the_sites_sent(tmp_path):
     """Overlaid intensity histograms, the distance heatmap (a site that withheld its histogram leaves its pairs blank)
     and no foreground-fraction figure where no site sent that histogram; stats.md links every figure."""
@@ -281,11 +439,10 @@ def test_figures_are_drawn_from_what_the_sites_sent(tmp_path):
         assert f"(plots/{name})" in (tmp_path / "stats.md").read_text()
 
 
-def test_bench_reads_or_runs_the_site_statistics(tmp_path):
+def test_bench_reads_or_runs_the_site_statistics(tmp_path, monkeypatch):
     """``fedseg bench --site-stats``: a given stats.json is read (the bench's sites it lacks named), "run" runs the job
     once into the bench's folder and reads it again on resume; the verdict's page gets the summary."""
     from fedseg.bench.report import site_statistics_lines
-    from fedseg.data.synthetic import generate_federation
     from fedseg.fl.fed_statistics import bench_site_statistics
 
     stats = tmp_path / "given" / "stats.json"
@@ -303,13 +460,39 @@ def test_bench_reads_or_runs_the_site_statistics(tmp_path):
     with pytest.raises(ValueError, match="not a stats.json"):
         bench_site_statistics(tmp_path, mapping, str(tmp_path / "other.json"))
 
-    mapping = {s: str(p) for s, p in generate_federation("polyp", ["site-1", "site-2"], tmp_path / "data",
-                                                          profile="tiny").items()}
-    ran = bench_site_statistics(tmp_path / "bench", mapping, "run")
-    assert ran["sites"] == ["site-1", "site-2"] and not ran["missing_sites"] and ran["summary"]
-    written = Path(ran["stats"]).stat().st_mtime_ns
-    assert bench_site_statistics(tmp_path / "bench", mapping, "run") == ran
-    assert Path(ran["stats"]).stat().st_mtime_ns == written  # resumed: read, not run again
+    # "run": the statistics job over the bench's datalists into its site_statistics/, run once (here a stand-in for
+    # the simulator run), then read again on resume
+    from fedseg.fl import fed_statistics
+
+    calls = []
+
+    def fake_run(mapping, out, intensity_range=None):
+        calls.append((dict(mapping), Path(out), intensity_range))
+        Path(out).mkdir(parents=True)
+        Path(out, "stats.json").write_text(json.dumps({"sites": ["site-1"], "summary": ["s"]}))
+
+    monkeypatch.setattr(fed_statistics, "run_fedstats", fake_run)
+    mapping = {site: str(tmp_path / f"{site}.json") for site in ("site-1", "site-2")}
+    for datalist in mapping.values():
+        Path(datalist).write_text(json.dumps({"training": [], "validation": [], "test": []}))
+    ran = bench_site_statistics(tmp_path / "fresh", mapping, "run")
+    assert calls == [(mapping, tmp_path / "fresh" / "site_statistics", (0.0, 256.0))] and ran["missing_sites"] == ["site-2"]
+    assert bench_site_statistics(tmp_path / "fresh", mapping, "run") == ran and len(calls) == 1
+
+
+@pytest.mark.timeout(180)
+def test_bench_reads_the_statistics_run_with_a_dropped_site(federation):
+    """The module's run sits where ``fedseg bench --site-stats run`` puts it: the bench reads it (no new run) and
+    names the site that sent nothing among the sites it lacks."""
+    from fedseg.bench.report import site_statistics_lines
+    from fedseg.fl.fed_statistics import bench_site_statistics
+
+    mapping, out, report, _ = federation
+    written = (out / "stats.json").stat().st_mtime_ns
+    ran = bench_site_statistics(out.parent, mapping, "run")
+    assert ran["sites"] == ["site-1", "site-3"] and ran["missing_sites"] == ["site-2"]
+    assert ran["summary"] == report["summary"] and (out / "stats.json").stat().st_mtime_ns == written
+    assert "- The statistics lack site-2." in site_statistics_lines(ran)
 
 
 def test_bench_parser_takes_site_stats():

@@ -226,10 +226,14 @@ def _cmd_run(args: argparse.Namespace) -> None:
                 overrides["spatial_mode"] = mode
     overrides.update(_preflight(mapping, overrides.get("data_family"), overrides, "run", _profile_data(args.profile)))
     with tempfile.TemporaryDirectory(prefix="fedseg_job_") as tmp:
-        job = export_job(
-            args.method, tmp, args.profile, num_rounds=args.rounds, script_args=script_args,
-            min_clients=min(len(sites) if sites else args.n_clients, args.n_clients), **overrides,
-        )
+        try:
+            job = export_job(
+                args.method, tmp, args.profile, num_rounds=args.rounds, script_args=script_args,
+                min_clients=min(len(sites) if sites else args.n_clients, args.n_clients), **overrides,
+                **(_simulator_he(Path(tmp), args.he_layers) if args.he else {}),
+            )
+        except ValueError as e:  # e.g. a method that refuses homomorphic aggregation: one line
+            raise SystemExit(f"fedseg run: {e}") from None
         rc = _simulate(job, workspace, sites, args.n_clients)
     if rc != 0:
         sys.exit(rc)
@@ -237,6 +241,17 @@ def _cmd_run(args: argparse.Namespace) -> None:
     if not reports:
         sys.exit(f"simulator finished but wrote no report.json under {workspace}")
     _print_summary(reports[-1])
+
+
+def _simulator_he(folder: Path, layers: Optional[str]) -> dict:
+    """The recipe options of homomorphic aggregation in the simulator: a key pair written as NVFlare's HEBuilder
+    provisions one (into ``folder/he_keys``, a temporary folder gone with the run), the server given the public
+    context, every site the secret one. The simulator's participants share one machine, so this shows the computation
+    and what the server keeps, not the separation of keys, which POC and production provide (deploy/README.md)."""
+    from fedseg.fl.homomorphic import provision_contexts
+
+    server, site = provision_contexts(folder / "he_keys")
+    return {"he": True, "he_server_context": str(server), "he_site_context": str(site), "he_encrypt_layers": layers}
 
 
 def _simulate(job: os.PathLike, workspace: Path, sites: Optional[List[str]], n_clients: int) -> int:
@@ -338,7 +353,13 @@ def _print_summary(report_path: Path) -> None:
             _print_rows(table.structure_headers, table.structure_rows)
     print(f"\nreport:  {report_path}\nsummary: {out / 'summary.md'}\nplots:   {out / 'plots'}")
     models = model_checkpoints(data, out)
-    if models["global"] is None:
+    if models["global"] is None and (data.get("config") or {}).get("he"):
+        # homomorphic aggregation: the server holds ciphertexts; the sites decrypted the final model they evaluated
+        print(f"global model: encrypted on the server ({out / 'FL_global_model.he.pt'}); each site keeps the decrypted "
+              "one in <site workspace>/fedseg_outputs/<site>/global_model.pt")
+        for path in sorted(out.parents[1].glob("*/fedseg_outputs/*/global_model.pt")):  # the simulator's sites
+            print(f"  {path}")
+    elif models["global"] is None:
         print("global model: no FL_global_model.pt in this run directory (copied report?)")
     else:
         print(f"global model: {models['global']}")
@@ -423,6 +444,12 @@ def _cmd_stats(args: argparse.Namespace) -> None:
     from fedseg.fl.fed_statistics import run_fedstats
     from fedseg.fl.site_statistics import family_intensity_range
 
+    if args.export_job:
+        _stats_export(args)
+        return
+    if args.bundle:
+        _stats_bundle(args)
+        return
     out = Path(args.out).resolve()
     try:
         if args.site_datalists:
@@ -440,12 +467,68 @@ def _cmd_stats(args: argparse.Namespace) -> None:
             mapping, out, header=_stats_header(args, mapping), split=args.split, intensity_bins=args.intensity_bins,
             intensity_range=value_range,
             fraction_bins=args.fraction_bins, min_count=args.min_count, max_bins_percent=args.max_bins_percent,
-            data_family=args.family or "polyp",
+            data_family=args.family or "polyp", min_sites=args.min_sites, site_wait=args.site_wait,
         )
     except (DatalistError, ValueError, KeyError, RuntimeError, OSError) as e:
         raise SystemExit(f"fedseg stats: {e}") from None
+    _stats_print(report, out)
+
+
+def _stats_print(report: dict, out: Path) -> None:
+    """``stats.md``, then one line: the sites the statistics are of, those that sent nothing, where the report is."""
     print((out / "stats.md").read_text())
-    print(f"statistics of {len(report['sites'])} sites: {out / 'stats.json'}, {out / 'stats.md'}")
+    dropped = f" ({', '.join(report['dropped_sites'])} sent nothing)" if report["dropped_sites"] else ""
+    print(f"statistics of {', '.join(report['sites'])}{dropped}: {out / 'stats.json'}, {out / 'stats.md'}")
+
+
+def _stats_bundle(args: argparse.Namespace) -> None:
+    """``fedseg stats --bundle DIR --site-overrides FILE``: the statistics of each site's training images after the
+    bundle's own preprocessing (what its network sees); the sites are the file's keys, checked first as ``fedseg run
+    --bundle`` checks them (every id the bundle's, every site with training images)."""
+    from fedseg.data.datalist import DatalistError
+    from fedseg.fl.fed_statistics import run_bundle_fedstats
+
+    if not args.site_overrides:
+        raise SystemExit("fedseg stats: --bundle needs --site-overrides FILE ({site: {config id: value}}; its keys "
+                         "are the sites)")
+    if args.split != "training":
+        raise SystemExit(f"fedseg stats: --bundle describes the bundle's training items, not --split {args.split}")
+    train, _, _ = _bundle_sets(args, "stats")
+    if set(train) - {"bundle", "bundle_overrides"}:
+        raise SystemExit(f"fedseg stats: --set {', '.join(sorted(set(train) - {'bundle', 'bundle_overrides'}))}: not "
+                         "a config id of the bundle (train_config keys do not change its images)")
+    out = Path(args.out).resolve()
+    try:
+        value_range = _stats_intensity_range(args.intensity_range, None, None)
+        header = _stats_header(args, json.loads(Path(args.site_overrides).read_text()))  # each site's overrides
+        report = run_bundle_fedstats(
+            train["bundle"], args.site_overrides, out, bundle_overrides=train["bundle_overrides"], header=header,
+            intensity_bins=args.intensity_bins, intensity_range=value_range, fraction_bins=args.fraction_bins,
+            min_count=args.min_count, max_bins_percent=args.max_bins_percent, min_sites=args.min_sites,
+            site_wait=args.site_wait)
+    except (DatalistError, ValueError, KeyError, RuntimeError, OSError) as e:
+        raise SystemExit(f"fedseg stats: {e}") from None
+    _stats_print(report, out)
+
+
+def _stats_export(args: argparse.Namespace) -> None:
+    """``fedseg stats --export-job DIR``: the statistics job for any sites (their own datalists, else built-in data
+    of ``--family``) as ``DIR/fedstats``, and stop (``jobs/fedstats`` is ``fedseg stats --export-job jobs``)."""
+    from fedseg.fl.fed_statistics import export_fedstats_job
+    from fedseg.fl.site_statistics import family_intensity_range
+
+    if args.site_datalists:
+        raise SystemExit("fedseg stats: --export-job writes a job for any sites; each site names its datalist itself "
+                         "(FEDSEG_DATALIST or local/fedseg_site.json), not --site-datalists")
+    try:
+        value_range = _stats_intensity_range(args.intensity_range, None, family_intensity_range(args.family))
+        job = export_fedstats_job(
+            args.export_job, family=args.family, split=args.split, intensity_bins=args.intensity_bins,
+            intensity_range=value_range, fraction_bins=args.fraction_bins, min_count=args.min_count,
+            max_bins_percent=args.max_bins_percent, min_sites=args.min_sites, site_wait=args.site_wait)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"fedseg stats: {e}") from None
+    print(f"wrote {job}")
 
 
 def _stats_header(args: argparse.Namespace, mapping: dict) -> dict:
@@ -736,6 +819,11 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--seed", type=int, default=None, help="training seed (initial weights, shuffling, augmentation)")
     _set_argument(run, help="any train_config key, value parsed as JSON where possible, e.g. --set batch_size=8 "
                             "learning_rate=3e-4")
+    run.add_argument("--he", action="store_true",
+                     help="homomorphic aggregation (CKKS, TenSEAL): the server sums encrypted models and never holds a "
+                          "secret key; methods whose server step reads the models refuse it (docs/guide/deployment.md)")
+    run.add_argument("--he-layers", default=None,
+                     help="with --he: a regular expression naming the entries to encrypt (default: every one)")
     _bundle_arguments(run)
     run.set_defaults(func=_cmd_run)
 
@@ -832,6 +920,14 @@ def _add_stats_parser(sub: argparse._SubParsersAction) -> None:
     data_src.add_argument("--site-datalists", default=None, help="JSON map site -> datalist path")
     data_src.add_argument("--family", default="polyp", choices=FAMILY_CHOICES + VOLUME_FAMILY_CHOICES,
                           help="built-in data family")
+    data_src.add_argument("--bundle", default=None, metavar="DIR",
+                          help="a MONAI bundle: each site's training images after the bundle's own preprocessing "
+                               "(without its random transforms), what its network sees; needs --site-overrides")
+    stats.add_argument("--site-overrides", default=None, metavar="FILE",
+                       help="with --bundle: JSON map site -> {bundle config id: value} (each site's dataset_dir, ...); "
+                            "the sites are its keys")
+    _set_argument(stats, help="with --bundle: bundle config ids at every site, e.g. --set image_size=64",
+                  metavar="ID=VALUE")
     stats.add_argument("-n", "--n-clients", type=int, default=3, help="built-in data: number of sites")
     stats.add_argument("--data-profile", default="default", help="built-in data: profile (image count / size)")
     stats.add_argument("--data-seed", type=int, default=0, help="built-in data: federation seed")
@@ -848,6 +944,15 @@ def _add_stats_parser(sub: argparse._SubParsersAction) -> None:
                             "statistics; the intensity ones, over pixels, are not offered)")
     stats.add_argument("--max-bins-percent", type=float, default=10,
                        help="NVFlare's HistogramBinsCleanser: a histogram needs more records than bins x 100 / this")
+    stats.add_argument("--min-sites", type=int, default=1,
+                       help="the statistics are written when at least this many sites sent theirs (the others are "
+                            "named as sites that sent nothing)")
+    stats.add_argument("--site-wait", type=int, default=120, metavar="SECONDS",
+                       help="how long each statistics task waits, after --min-sites sites answered, for the others "
+                            "(a site that has not answered by then counts as dropped out)")
+    # not --export: NVFlare's recipe module takes that flag out of the command line when it is imported
+    stats.add_argument("--export-job", nargs="?", const="jobs", default=None, metavar="DIR",
+                       help="only write the job for any sites as DIR/fedstats (default DIR: jobs) and stop")
     stats.set_defaults(func=_cmd_stats)
 
 

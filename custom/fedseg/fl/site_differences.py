@@ -143,10 +143,21 @@ def _class_differences(raw: Mapping[str, Any], sites: Sequence[str]) -> Dict[str
     return out
 
 
+def sites_that_sent(raw: Mapping[str, Any], sites: Sequence[str]) -> List[str]:
+    """The ``sites`` (in order) that sent any statistic of any feature; a site that sent nothing dropped out (its
+    client ended, or it could not read its data) or is not in the job at all."""
+    sent = {site for stats in raw.values() for per_site in stats.values() for site, v in per_site.items() if v}
+    return [site for site in sites if site in sent]
+
+
 def site_report(raw: Mapping[str, Any], sites: Sequence[str], settings: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    """The ``stats.json`` content (module docstring) from NVFlare's statistics JSON ``raw`` of ``sites``."""
+    """The ``stats.json`` content (module docstring) from NVFlare's statistics JSON ``raw`` of the job's ``sites``:
+    ``sites`` are the ones that sent statistics, ``dropped_sites`` the ones that sent nothing."""
+    dropped = [site for site in sites if site not in sites_that_sent(raw, sites)]
+    sites = [site for site in sites if site not in dropped]
     report = {
         "sites": list(sites),
+        "dropped_sites": dropped,
         "settings": dict(settings or {}),
         "per_site": {site: _site_row(raw, site) for site in sites},
         "pooled": _pooled(raw, sites),
@@ -165,18 +176,21 @@ def _mean_intensity(report: Mapping[str, Any], who: str) -> Optional[float]:
 
 
 def summary_sentences(report: Mapping[str, Any]) -> List[str]:
-    """Plain sentences: which site is darker / brighter than the pooled images, whose objects are smaller / larger,
-    where a class is rarer, and the most different pair of sites by intensity."""
-    sentences = []
+    """Plain sentences: which sites sent nothing, which site is darker / brighter than the pooled images, whose
+    objects are smaller / larger, where a class is rarer, and the most different pair of sites by intensity."""
+    sentences = dropped_sentence(report)
     pooled_mean = _mean_intensity(report, "pooled")
     pooled_std = np.mean([v["stddev"] for f, v in report["pooled"].items() if f.startswith(INTENSITY) and "stddev" in v] or [0])
     for site in report["sites"]:
         said = []
+        absent = absent_classes(report, site)
         mean = _mean_intensity(report, site)
         if mean is not None and pooled_mean is not None and pooled_std > 0 and abs(mean - pooled_mean) > 0.25 * pooled_std:
             said.append(f"its images are {'darker' if mean < pooled_mean else 'brighter'} (mean intensity {mean:.1f} "
                         f"vs {pooled_mean:.1f} pooled)")
         for feature, pooled in report["pooled"].items():
+            if any(feature in (FG_FRACTION + name, PRESENT + name) for name in absent):
+                continue  # said in its own sentence below
             name, sent = feature[len(FG_FRACTION):], report["per_site"][site].get(feature, {})
             if feature.startswith(FG_FRACTION) and "mean" in sent and pooled.get("mean"):
                 ratio = sent["mean"] / pooled["mean"]
@@ -189,12 +203,33 @@ def summary_sentences(report: Mapping[str, Any]) -> List[str]:
                             f"({sent['mean']:.0%} vs {pooled['mean']:.0%})")
         if said:
             sentences.append(f"{site}: " + "; ".join(said) + ".")
+        sentences += [f"{site} has no pixels of declared class '{name}' in any of its {n} images."
+                      for name, n in absent.items()]
     sentences += _farthest_pair(report) + _outside_range(report)
     withheld = [s for s, items in report["withheld"].items() if items]
     if withheld:
         sentences.append(f"The privacy filter withheld statistics of {', '.join(withheld)} (see 'withheld'); pooled "
                          "values combine only the sites that sent them.")
     return sentences or ["The sites' statistics are alike."]
+
+
+def absent_classes(report: Mapping[str, Any], site: str) -> Dict[str, int]:
+    """``{class: images}`` of the declared classes with no foreground pixel in any of ``site``'s images (it sent a
+    prevalence of 0 over that many images); a class whose prevalence the site withheld is not listed."""
+    out = {}
+    for feature, sent in report["per_site"][site].items():
+        if feature.startswith(PRESENT) and sent.get("mean") == 0 and sent.get("count"):
+            out[feature[len(PRESENT):]] = int(sent["count"])
+    return out
+
+
+def dropped_sentence(report: Mapping[str, Any]) -> List[str]:
+    """One sentence naming the sites that sent nothing and the ones the statistics are of; none when every site sent."""
+    dropped = report.get("dropped_sites") or []
+    if not dropped:
+        return []
+    have = ", ".join(report["sites"]) or "no site"
+    return [f"{', '.join(dropped)} sent nothing (dropped out); statistics of {have}."]
 
 
 def _farthest_pair(report: Mapping[str, Any]) -> List[str]:

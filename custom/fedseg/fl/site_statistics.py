@@ -16,14 +16,15 @@ global mean, min/max, histograms), and the job's privacy filter cleanses it firs
 stay in this process.
 
 Images are read with MONAI's ``LoadImage`` and the suite's reader (``fedseg.data.transforms.SegImageReader``, 16-bit
-rasters scaled to 0..255 as training sees them); masks are decoded under the datalist's label space.
+rasters scaled to 0..255 as training sees them); masks are decoded under the datalist's label space. With a MONAI
+bundle, a site's images are its training items after the bundle's own preprocessing (:func:`bundle_images`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from nvflare.apis.fl_context import FLContext
@@ -146,24 +147,23 @@ def split_entries(datalist: str, split: str) -> Tuple[List[Dict[str, Any]], Any]
     return entries, datalist_label_space(data, path)
 
 
-def compute_site_columns(datalist: str, split: str = "training", bins: int = DEFAULT_INTENSITY_BINS,
-                         value_range: Optional[Tuple[float, float]] = DEFAULT_INTENSITY_RANGE) -> SiteColumns:
-    """Every feature of ``split`` of one site's datalist (module docstring), in one pass over its images and masks."""
+#: one image of a site as the statistics read it: ``(where it comes from, image (C, *spatial) float64, class map
+#: (*spatial) int64, voxel spacing (D,) or None)``
+SiteImage = Tuple[str, np.ndarray, np.ndarray, Optional[np.ndarray]]
+
+
+def datalist_images(datalist: str, split: str = "training") -> Iterator[SiteImage]:
+    """Each image of ``split`` of a datalist with its decoded mask, as read from the files; a DatalistError names the
+    file it cannot read (a missing, truncated or foreign file), not MONAI's reader stack."""
     from fedseg.data.datalist import DatalistError, entry_label_space
 
     entries, space = split_entries(datalist, split)
-    columns = SiteColumns()
-    channels = None
     for i, entry in enumerate(entries):
         where = f"{split}[{i}] of {datalist}"
         try:
             image, spacing = load_image(entry["image"])
-        except Exception as e:  # a missing, truncated or foreign file: name it, not MONAI's reader stack
+        except Exception as e:
             raise DatalistError(f"cannot read image {entry['image']} ({where}): {type(e).__name__}: {e}") from None
-        if channels is not None and image.shape[0] != channels:
-            raise DatalistError(f"{entry['image']} has {image.shape[0]} channels, earlier images of {split} have "
-                                f"{channels} ({split}[{i}] of {datalist})")
-        channels = image.shape[0]
         try:
             classes = load_classes(entry["label"], entry_label_space(space, entry, where))
         except DatalistError:
@@ -173,14 +173,82 @@ def compute_site_columns(datalist: str, split: str = "training", bins: int = DEF
         if tuple(classes.shape) != tuple(image.shape[1:]):
             raise DatalistError(f"mask {entry['label']} is {tuple(classes.shape)}, its image {entry['image']} "
                                 f"{tuple(image.shape[1:])} ({where})")
-        accumulate_image(columns, image, classes, space.names, bins, value_range, spacing)
+        yield f"{entry['image']} ({where})", image, classes, spacing
+
+
+def columns_of(images: Iterable[SiteImage], class_names: Sequence[str], bins: int = DEFAULT_INTENSITY_BINS,
+               value_range: Optional[Tuple[float, float]] = DEFAULT_INTENSITY_RANGE) -> SiteColumns:
+    """Every feature (module docstring) of ``images`` in one pass; a DatalistError names an image whose channels
+    differ from the earlier ones' or whose class map is another size."""
+    from fedseg.data.datalist import DatalistError
+
+    columns = SiteColumns()
+    channels = None
+    for where, image, classes, spacing in images:
+        if channels is not None and image.shape[0] != channels:
+            raise DatalistError(f"{where} has {image.shape[0]} channels, earlier images have {channels}")
+        channels = image.shape[0]
+        if tuple(classes.shape) != tuple(image.shape[1:]):
+            raise DatalistError(f"the mask of {where} is {tuple(classes.shape)}, its image {tuple(image.shape[1:])}")
+        accumulate_image(columns, image, classes, class_names, bins, value_range, spacing)
     return columns
 
 
-def _split_images(datalist: str, split: str) -> Iterator[np.ndarray]:
-    """Each image of the split again, ``(C, *spatial)`` (a histogram on bins the pass did not compute)."""
-    for entry in split_entries(datalist, split)[0]:
-        yield load_image(entry["image"])[0]
+def compute_site_columns(datalist: str, split: str = "training", bins: int = DEFAULT_INTENSITY_BINS,
+                         value_range: Optional[Tuple[float, float]] = DEFAULT_INTENSITY_RANGE) -> SiteColumns:
+    """Every feature of ``split`` of one site's datalist (module docstring), in one pass over its images and masks."""
+    return columns_of(datalist_images(datalist, split), split_entries(datalist, split)[1].names, bins, value_range)
+
+
+def bundle_class_names(parser) -> List[str]:
+    """The class names a MONAI bundle's config declares: its ``labels`` (``{index: name}``, ``{name: index}`` or a
+    list), else ``background`` and ``class_k`` for each of its ``num_classes``."""
+    labels = parser.get_parsed_content("labels") if "labels" in parser else None
+    if isinstance(labels, dict) and labels:
+        if all(str(k).isdigit() for k in labels):
+            return [str(labels[k]) for k in sorted(labels, key=int)]
+        return [str(name) for name, _ in sorted(labels.items(), key=lambda kv: int(kv[1]))]
+    if isinstance(labels, (list, tuple)) and labels:
+        return [str(name) for name in labels]
+    n = int(parser.get_parsed_content("num_classes"))
+    return ["background", *(f"class_{k}" for k in range(1, n))]
+
+
+def bundle_images(bundle: str, overrides: Dict[str, Any]) -> Tuple[List[str], Callable[[], Iterator[SiteImage]]]:
+    """A site's training images as a MONAI bundle's network sees them: ``(class names, images)``, where ``images()``
+    yields each item of the bundle's ``train#dataset#data`` (with ``overrides``: the bundle's and this site's config
+    ids) after the bundle's own ``train#preprocessing`` without its random transforms (augmentation, random crops
+    change from epoch to epoch), the label channel as class indices.
+
+    Raises:
+        fedseg.bundle.BundleError: no such bundle, an id it does not have, no ``train#dataset#data``.
+    """
+    from monai.transforms import Compose, Randomizable
+
+    from fedseg.bundle import BundleError, read_bundle
+    from fedseg.data.datalist import DatalistError
+    from fedseg.fl.monai_bundle_client import resolve_bundle_root
+
+    root = resolve_bundle_root(bundle)
+    parser = read_bundle(root, overrides, initialize=False).parser
+    if "train#dataset#data" not in parser:
+        raise BundleError(f"bundle {root} has no train#dataset#data (the list of its training items)")
+
+    def images() -> Iterator[SiteImage]:
+        data = parser.get_parsed_content("train#dataset#data")
+        steps = Compose([t for t in parser.get_parsed_content("train#preprocessing").flatten().transforms
+                         if not isinstance(t, Randomizable)])
+        for i, item in enumerate(data):
+            where = f"{item.get('image')} (train#dataset#data[{i}] of bundle {root})"
+            try:
+                out = steps(dict(item))
+            except Exception as e:  # one line naming the item, not MONAI's transform stack
+                raise DatalistError(f"cannot preprocess {where}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+            image = np.asarray(out["image"], dtype=np.float64)
+            classes = np.rint(np.asarray(out["label"], dtype=np.float64)[0]).astype(np.int64)
+            yield where, image, classes, None
+
+    return bundle_class_names(parser), images
 
 
 #: the start of the line a site logs when it cannot compute its statistics (one line, naming the file)
@@ -202,12 +270,22 @@ class SiteImageStatistics(Statistics):
         min_images: a site with fewer images in the split offers no intensity statistic at all (the job's
             ``min_count``): NVFlare's minimum-count cleanser counts records, which for the intensity features are
             pixels, so it alone would let a site of two images send their intensity aggregates.
+        bundle, bundle_overrides, site_overrides: a MONAI bundle (folder or the suite's bundle name) whose training
+            images are described as its network sees them (:func:`bundle_images`), with ``bundle_overrides``
+            ``{config id: value}`` at every site and this site's entry of the ``site_overrides`` file
+            ``{site: {config id: value}}`` (``fedseg run --bundle --site-overrides``); the datalist routes are
+            then not used and ``split`` must be ``training``.
     """
 
     def __init__(self, site_datalists: Optional[str] = None, split: str = "training",
                  intensity_bins: int = DEFAULT_INTENSITY_BINS, intensity_range: Optional[List[float]] = None,
-                 data_family: str = "polyp", data_root: Optional[str] = None, min_images: int = 0):
+                 data_family: str = "polyp", data_root: Optional[str] = None, min_images: int = 0,
+                 bundle: Optional[str] = None, bundle_overrides: Optional[Dict[str, Any]] = None,
+                 site_overrides: Optional[str] = None):
         super().__init__()
+        self.bundle = bundle
+        self.bundle_overrides = bundle_overrides  # as given: NVFlare writes the job's arguments from these fields
+        self.site_overrides = site_overrides
         self.min_images = int(min_images)
         self.site_datalists = site_datalists
         self.split = split
@@ -217,19 +295,37 @@ class SiteImageStatistics(Statistics):
         self.data_root = data_root
         self.datalist: Optional[str] = None
         self.columns: Optional[SiteColumns] = None
+        #: the site's images again (histograms on bins the first pass did not compute); None: the datalist's split
+        self.images: Optional[Callable[[], Iterator[SiteImage]]] = None
+        #: why the site offers no feature (its log's one line), None when it computed its statistics
+        self.failure: Optional[str] = None
 
     def initialize(self, fl_ctx: FLContext) -> None:
+        """Every feature of the site's split in one pass. A site that cannot compute them (no datalist, an unreadable
+        file) logs one line naming the cause and offers no feature: it answers the server's tasks with nothing, and
+        the report names it as a site that sent nothing. Raising instead would end the site's NVFlare client after
+        the server handed it the first task, and the server would wait for that task's result."""
         from fedseg.fl.site_data import resolve_site_datalist
 
         site = fl_ctx.get_identity_name()
-        self.datalist = str(resolve_site_datalist(site, {"data_family": self.data_family},
-                                                  site_datalists=self.site_datalists, data_root=self.data_root))
         value_range = tuple(self.intensity_range) if self.intensity_range is not None else None
         try:
-            self.columns = compute_site_columns(self.datalist, self.split, self.intensity_bins, value_range)
-        except Exception as e:  # one line in the site's log naming the file, before NVFlare's traceback
-            self.log_error(fl_ctx, f"{SITE_FAILURE}{site}: {e}")
-            raise
+            if self.bundle:
+                from fedseg.bundle import read_site_overrides
+
+                if self.split != "training":
+                    raise ValueError(f"a bundle's images are its training items, not the {self.split} split")
+                overrides = {**(self.bundle_overrides or {}), **read_site_overrides(self.site_overrides, site)}
+                class_names, self.images = bundle_images(self.bundle, overrides)
+                self.columns = columns_of(self.images(), class_names, self.intensity_bins, value_range)
+            else:
+                self.datalist = str(resolve_site_datalist(site, {"data_family": self.data_family},
+                                                          site_datalists=self.site_datalists, data_root=self.data_root))
+                self.columns = compute_site_columns(self.datalist, self.split, self.intensity_bins, value_range)
+        except Exception as e:  # one line in the site's log, naming the file; the server learns nothing of it
+            self.failure = str(e).splitlines()[0] if str(e) else type(e).__name__
+            self.log_error(fl_ctx, f"{SITE_FAILURE}{site}: {self.failure}")
+            self.columns = SiteColumns()
 
     def n_images(self) -> int:
         """The images of the site's split (every image adds one value to each image feature)."""
@@ -299,7 +395,7 @@ class SiteImageStatistics(Statistics):
                 return np.histogram([0.0, 1.0], bins=bins, range=(low, high), weights=weights)[0].astype(np.int64)
             k = int(feature[len(INTENSITY):])
             total = np.zeros(bins, dtype=np.int64)
-            for image in _split_images(self.datalist, self.split):
+            for _, image, _, _ in self.images() if self.images else datalist_images(self.datalist, self.split):
                 total += pixel_histogram(image[k].ravel(), bins, low, high)
             self.columns.histograms[key] = total
         return self.columns.histograms[key]
