@@ -60,6 +60,9 @@ def build_parser(method: str = None) -> argparse.ArgumentParser:
     parser.add_argument("--login-timeout", type=float, default=None, help="poc/prod: seconds to reach the server")
     parser.add_argument("--timeout", type=float, default=0.0, help="poc/prod: seconds to wait for the result (0 = no limit)")
     parser.add_argument("--result-dir", default=None, help="also copy the job's result folder into this folder")
+    parser.add_argument("--he", action="store_true",
+                        help="homomorphic aggregation: the sites send CKKS-encrypted models the server sums without reading "
+                             "them (poc/prod: the keys NVFlare's HEBuilder put in the kits; sim: a key pair for this run)")
     parser.add_argument("--tracking", choices=("tensorboard", "mlflow"), default="tensorboard",
                         help="tensorboard (every job) or mlflow as well (needs the mlflow package here and on the server)")
     parser.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI (default: mlflow.db in the job result)")
@@ -175,6 +178,15 @@ def run_job(args, options) -> str:
     env, sites = build_env(args, mapping)  # a missing kit or project is named before the recipe builds its network
     if sites and args.min_clients is None and args.env in ("sim", "poc"):
         args.min_clients = len(sites)  # every site of a federation on this machine takes part
+    if args.he:
+        options["he"] = True
+        if args.env == "sim":  # no startup kits: a key pair for this run, gone with the process
+            import tempfile
+
+            from fedseg.fl.homomorphic import simulator_he_options
+
+            keys = tempfile.TemporaryDirectory(prefix="fedseg_he_")
+            options.update(simulator_he_options(Path(keys.name)))
     run = build_recipe(args, options, mapping).run(env)
     print(f"job {run.get_job_id()} submitted ({args.env}); status: {run.get_status()}")
     # POC: keep the POC workspace, which holds the downloaded result (PocEnv's default clean-up removes it); the

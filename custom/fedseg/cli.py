@@ -226,11 +226,13 @@ def _cmd_run(args: argparse.Namespace) -> None:
                 overrides["spatial_mode"] = mode
     overrides.update(_preflight(mapping, overrides.get("data_family"), overrides, "run", _profile_data(args.profile)))
     with tempfile.TemporaryDirectory(prefix="fedseg_job_") as tmp:
+        from fedseg.fl.homomorphic import simulator_he_options
+
         try:
             job = export_job(
                 args.method, tmp, args.profile, num_rounds=args.rounds, script_args=script_args,
                 min_clients=min(len(sites) if sites else args.n_clients, args.n_clients), **overrides,
-                **(_simulator_he(Path(tmp), args.he_layers) if args.he else {}),
+                **(simulator_he_options(Path(tmp), args.he_layers) if args.he else {}),
             )
         except ValueError as e:  # e.g. a method that refuses homomorphic aggregation: one line
             raise SystemExit(f"fedseg run: {e}") from None
@@ -241,17 +243,6 @@ def _cmd_run(args: argparse.Namespace) -> None:
     if not reports:
         sys.exit(f"simulator finished but wrote no report.json under {workspace}")
     _print_summary(reports[-1])
-
-
-def _simulator_he(folder: Path, layers: Optional[str]) -> dict:
-    """The recipe options of homomorphic aggregation in the simulator: a key pair written as NVFlare's HEBuilder
-    provisions one (into ``folder/he_keys``, a temporary folder gone with the run), the server given the public
-    context, every site the secret one. The simulator's participants share one machine, so this shows the computation
-    and what the server keeps, not the separation of keys, which POC and production provide (deploy/README.md)."""
-    from fedseg.fl.homomorphic import provision_contexts
-
-    server, site = provision_contexts(folder / "he_keys")
-    return {"he": True, "he_server_context": str(server), "he_site_context": str(site), "he_encrypt_layers": layers}
 
 
 def _simulate(job: os.PathLike, workspace: Path, sites: Optional[List[str]], n_clients: int) -> int:

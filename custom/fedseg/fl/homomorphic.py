@@ -75,6 +75,16 @@ def provision_contexts(folder: Path) -> Tuple[Path, Path]:
     return server, site
 
 
+def simulator_he_options(folder: Path, encrypt_layers: LayerSpec = None) -> Dict[str, Any]:
+    """The recipe options of homomorphic aggregation in NVFlare's simulator: a key pair written by
+    :func:`provision_contexts` into ``folder/he_keys`` (a folder that should go with the run), the server given the
+    public context and every site the secret one. The simulator's participants share one machine, so this shows the
+    computation and what the server keeps, not the separation of keys, which POC and production give
+    (``deploy/README.md``)."""
+    server, site = provision_contexts(Path(folder) / "he_keys")
+    return {"he": True, "he_server_context": str(server), "he_site_context": str(site), "he_encrypt_layers": encrypt_layers}
+
+
 def load_context(name: str, fl_ctx=None):
     """The TenSEAL context ``name``: an absolute path is read as it is (keys written for the simulator), a name is
     looked up in the participant's startup kit by NVFlare (``load_tenseal_context_from_workspace``: signed content
