@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from nvflare.app_opt.pt.job_config.base_fed_job import BaseFedJob
 from nvflare.recipe.spec import ExecEnv, Recipe
@@ -70,6 +70,23 @@ class SiteScript:
 #: seconds a site waits before asking the server for its next task: a task waits at the server for half of it on
 #: average before a site picks it up (a few small messages a second per idle site; NVFlare's own default is 2 s)
 TASK_REQUEST_INTERVAL = 0.05
+
+def homomorphic_job_args(he: bool, encrypt_layers: Any, server_context: str, site_context: Optional[str],
+                         site_executor: str, script_args: str) -> Tuple[Optional[Dict[str, Any]], str]:
+    """``(the controller's he argument, the sites' script arguments)`` of a job with homomorphic aggregation or
+    without (``(None, script_args)``); a site context given as a path (the simulator's keys) goes to every site.
+
+    Raises:
+        HEError: a site executor other than the native one (the one that encrypts and decrypts).
+    """
+    if not he:
+        return None, script_args
+    if site_executor != "native":
+        raise HEError(f"he: the sites decrypt and encrypt in the native executor only, got site_executor={site_executor!r}")
+    if site_context:
+        script_args = f"{script_args} --he_context {site_context}".strip()
+    return {"context": server_context, "encrypt_layers": encrypt_layers}, script_args
+
 
 def build_initial_network(train_config: Dict[str, Any]):
     """The bundle's network with the job's overrides — the same constructor (and ``init_seed``) the sites use."""
@@ -216,11 +233,8 @@ class FedSegRecipe(Recipe):
         step_options = {"server_optimizer": server_optimizer, "server_lr": server_lr, "server_momentum": server_momentum,
                         "server_betas": list(server_betas), "server_eps": server_eps}
         step = server_step_config(**step_options)  # fails here on a wrong name or value
-        if he:
-            if site_executor != "native":
-                raise HEError(f"he: the sites decrypt and encrypt in the native executor only, got site_executor={site_executor!r}")
-            if he_site_context:  # keys written for the simulator: every site reads the one file
-                script_args = f"{script_args} --he_context {he_site_context}".strip()
+        he_args, script_args = homomorphic_job_args(he, he_encrypt_layers, he_server_context, he_site_context,
+                                                    site_executor, script_args)
         user_bundle = is_bundle_path(self.train_config.get("bundle"))
         job = BaseFedJob(
             # a user's network is described by its bundle, which NVFlare's persistor builds (networks/bundle_network.py)
@@ -244,8 +258,7 @@ class FedSegRecipe(Recipe):
             task_check_period=task_check_period,
             screening=screening,
             checkpoint_dir=checkpoint_dir,
-            # the strategy's refusal (GraphFedSeg, FedCE, ...) is raised here, before anything is exported
-            he={"context": he_server_context, "encrypt_layers": he_encrypt_layers} if he else None,
+            he=he_args,  # the strategy's refusal (GraphFedSeg, FedCE, ...) is raised here, before anything is exported
         )
         if user_bundle:
             from nvflare.app_opt.pt.job_config.model import PTModel
