@@ -332,3 +332,14 @@ def test_only_the_layers_named_are_encrypted(key_files, two_sites, tmp_path):
              if torch.is_floating_point(controller._reference[k])}
     assert kinds and all(encrypted == k.endswith(".weight") for k, encrypted in kinds.items()), kinds
     assert any(not encrypted for encrypted in kinds.values())
+
+
+def test_a_site_without_the_secret_key_answers_with_the_error_and_sends_nothing(key_files, two_sites, tmp_path, caplog):
+    """Both sites given the server's public context: each logs its one line, sends only the error's type, and the round
+    cannot go on (no valid result)."""
+    server_key, _ = key_files
+    with pytest.raises(RuntimeError, match="only 0 valid results"):
+        run_in_process("fedavg", two_sites, tmp_path, num_rounds=1, local_epochs=1, he=True,
+                       he_server_context=str(server_key), he_site_context=str(server_key))
+    assert "site-1: its HE context holds no secret key" in caplog.text
+    assert "the site could not run the task (HEError" in caplog.text
