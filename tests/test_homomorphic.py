@@ -274,10 +274,12 @@ def test_fedevi_under_he_in_the_simulator_equals_the_run_in_the_clear_and_the_se
     plain, he = shared_runs("fedevi"), shared_runs("fedevi_he")
     for a, b in zip(plain.report["rounds"], he.report["rounds"]):
         assert b["missing"] == [] and b["rejected"] == {}, b
-        assert b["beta"] == pytest.approx(a["beta"], abs=1e-4) and b["G"] == pytest.approx(a["G"], rel=1e-3)
+        # one CKKS aggregation moves the model by ~1e-7; training amplifies it round by round, and two HE runs differ
+        # too (fresh encryption noise): the weights and the Dice agree to 1e-3 and 5e-3 here (docs/results/cost.md)
+        assert b["beta"] == pytest.approx(a["beta"], abs=1e-3) and b["G"] == pytest.approx(a["G"], rel=1e-2)
         assert b["bytes_received"] > 5 * a["bytes_received"]  # ciphertexts are an order of magnitude larger
     for site, metrics in plain.report["final"]["global"].items():
-        assert he.report["final"]["global"][site]["dice"] == pytest.approx(metrics["dice"], abs=1e-3), site
+        assert he.report["final"]["global"][site]["dice"] == pytest.approx(metrics["dice"], abs=5e-3), site
     # what the server's audit saw arrive: ciphertexts (count and bytes) for every floating-point entry
     sent = [d for record in he.audit() for d in (record.get("params") or {}).values()]
     assert sent and all(d["type"] == "ckks" or "int" in d.get("dtype", "") for d in sent), sent[:3]

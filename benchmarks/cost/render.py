@@ -1,5 +1,6 @@
 """Renderers of the cost page's script tables: the label space (``multiclass_cost.py``), a round against the device's
-limit (``round_limit.py``) and the bundle path against today's path (``bundle_path.py``)."""
+limit (``round_limit.py``), the bundle path against today's path (``bundle_path.py``) and homomorphic aggregation
+against the same job in the clear (``he_cost.py``)."""
 
 from __future__ import annotations
 
@@ -173,3 +174,77 @@ def render_bundle_path_site(table_id: str, table: Mapping[str, Any], outputs: Se
             f"the four paths' engines in turn, {repeats} local epochs and validations each, medians over all but the "
             "first. " + ("; ".join(checks) + ". " if checks else "") + f"{remake(table_id)}{stale(data)}")
     return [caption(data, table["title"], note), "", *lines]
+
+
+#: the modes of ``benchmarks/cost/he_cost.py`` as its table names them
+HE_COST_MODES = {"plain": "in the clear", "he": "HE (CKKS)"}
+
+
+def _he_arm_cell(arm: Mapping[str, Any]) -> str:
+    return f"{arm['method']}, {arm['family']} ({arm['data_profile']} data), {len(arm['sites'])} sites"
+
+
+def _ratio(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _he_model_diff(acc: Mapping[str, Any], rounds: int) -> str:
+    """The HE row's model cell: after one round against CKKS's bound, after every round against two plaintext runs."""
+    first = acc.get("one_round")
+    head = (f"after 1 round {_diff(first['max_abs_diff_global_model'])} (CKKS bound "
+            f"{_diff(first['ckks_bound_one_aggregation'])}); " if first else "")
+    return (f"{head}after {rounds} rounds {_diff(acc['max_abs_diff_global_model'])} (two plain runs "
+            f"{_diff(acc.get('plain_repeats_max_abs_diff'))})")
+
+
+def he_cost_rows(record: Mapping[str, Any]) -> List[str]:
+    """``benchmarks/cost/he_cost.py``'s record as table rows (header included): per arm a row per mode (median round,
+    server CPU per round, bytes up / down per round, final test Dice per site) and their ratio HE / plain, with the
+    largest difference of the final global models and of the Dice."""
+    rows = []
+    for arm in record["arms"].values():
+        cell, acc = _he_arm_cell(arm), arm["accuracy"]
+        for mode, label in HE_COST_MODES.items():
+            m = arm["modes"][mode]
+            cpu = m.get("median_server_cpu_s")
+            dice = " / ".join(f"{d:.3f}" for _, d in sorted(m["final_test_dice"].items()))
+            diff = "" if mode == "plain" else _he_model_diff(acc, record["rounds"])
+            rows.append([cell, label, f"{arm['parameters']:,}", f"{m['median_round_s']:.2f}",
+                         "-" if cpu is None else f"{cpu:.2f}", f"{m['bytes_up_per_round'] / 1e6:.2f}",
+                         f"{m['bytes_down_per_round'] / 1e6:.2f}", dice, diff])
+        r = arm["ratio_he_over_plain"]
+        rows.append([cell, "HE / plain", "", _ratio(r["median_round_s"]), _ratio(r["median_server_cpu_s"]),
+                     _ratio(r["bytes_up_per_round"]), _ratio(r["bytes_down_per_round"]),
+                     f"largest difference {_diff(acc['max_abs_diff_final_test_dice'])}", ""])
+    return markdown_table(["arm", "aggregation", "model's float values", "median round (s)", "server CPU per round (s)",
+                           "up per round, all sites (MB)", "down per round, all sites (MB)",
+                           "final global model's test Dice per site", "largest difference plain - HE in the global model"],
+                          rows)
+
+
+def render_he_cost(table_id: str, table: Mapping[str, Any], outputs: Sequence[Dict[str, Any]], **_) -> List[str]:
+    """``benchmarks/cost/he_cost.py``'s JSON: per arm the round, server CPU and payload with homomorphic aggregation
+    against the same job in the clear, and how far apart their models end."""
+    from benchmarks.core.tables import caption
+
+    data = outputs[0]
+    arms = data["arms"].values()
+    loads = [r["loadavg_at_start"][0] for a in arms for runs in a["runs"].values() for r in runs if r.get("loadavg_at_start")]
+    load = f"; 1-minute load at the runs' starts {min(loads):.1f}-{max(loads):.1f} (a shared machine)" if loads else ""
+    he_repeats = max((a["accuracy"].get("he_repeats_max_abs_diff") or 0.0 for a in arms), default=0.0)
+    settings = "; ".join(f"`{a['commands']['he']}`" for a in arms)
+    note = (f"`{data['command']}`: {data['rounds']} rounds, NVFlare's simulator (one process per site, one torch "
+            f"thread each), {data['repeats']} runs per mode interleaved, the order reversed every repeat{load}. "
+            "Median round and server CPU (the server process's CPU seconds in the round) = over rounds 1.. of every "
+            "run (round 0 holds the site processes' start-up); up / down = the bytes the sites sent the server / the "
+            "server sent the sites in a round, all sites together; model's float values = the floating-point entries "
+            "of the model's state (what a site encrypts: parameters and batch-norm statistics). Test Dice per site: "
+            "the final global model's, first run of each mode. Largest difference plain - HE: over every float value "
+            "of the final global model, the plaintext server's against each HE site's decrypted copy, all runs with "
+            "the same seed. After 1 round: a plain and an HE run of one round, whose sites train identically, so "
+            "that one CKKS aggregation alone separates them (its bound `CKKS_ABS_TOL` x max(1, max |x|)); after "
+            f"{data['rounds']} rounds: the first runs of each mode, whose later rounds train from global models "
+            "already that far apart, beside the difference between two plaintext runs of the same job (two HE runs: "
+            f"at most {_diff(he_repeats)}). The HE runs: {settings} (the plaintext ones without `--he`). "
+            f"{remake(table_id)}{stale(data)}")
+    return [caption(data, table["title"], note), "", *he_cost_rows(data)]
