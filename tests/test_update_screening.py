@@ -290,8 +290,9 @@ def test_round_stats_report_fields_in_the_reports_order():
     stats.bytes_sent, stats.bytes_received = 3, 5
     stats.clock.add_total("train", 1.5)
     fields = stats.report_fields()
-    assert list(fields) == ["rejected", "screening", "wall_time", "task_times", "task_breakdown", "bytes_sent",
-                            "bytes_received", "server_peak_memory_mb"]
+    assert list(fields) == ["rejected", "screening", "wall_time", "server_cpu_time", "task_times", "task_breakdown",
+                            "bytes_sent", "bytes_received", "server_peak_memory_mb"]
+    assert fields["server_cpu_time"] >= 0
     assert fields["rejected"] == {"a": "train: a: bad"} and fields["rejected"] is not stats.rejected
     assert (fields["bytes_sent"], fields["bytes_received"], fields["task_times"]) == (3, 5, {"train": 1.5})
     assert fields["wall_time"] >= 0 and fields["task_breakdown"]["train"]["total"] == 1.5
