@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import subprocess
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace

@@ -12,7 +12,6 @@ Two things must hold for every random transform the bundles use:
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 import pytest
@@ -162,7 +161,7 @@ def test_scale_crop_resize_equals_monai_for_a_fixed_box_and_draws_monai_sizes():
     ours_size, ours_corner = draw(N_DRAWS, (20, 20), _gen(3))
     monai = mt.RandScaleCrop(roi_scale=0.8, max_roi_scale=1.0, random_size=True, random_center=True)
     monai.set_random_state(seed=4)
-    theirs_size, theirs_corner = [], []
+    theirs_size = []
     for _ in range(N_DRAWS):
         monai.randomize((20, 20))
         theirs_size.append(monai._size)

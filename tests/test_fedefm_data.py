@@ -70,7 +70,7 @@ def test_xray_is_a_registered_family_with_native_size_patches(tmp_path):
 def test_xray_same_site_is_byte_identical_and_sites_differ(tmp_path):
     kw = dict(profile="tiny", num_images=4)
     a = generate_site_data("xray", "site-1", tmp_path / "a", seed=2, **kw)
-    b = generate_site_data("xray", "site-1", tmp_path / "b", seed=2, **kw)
+    generate_site_data("xray", "site-1", tmp_path / "b", seed=2, **kw)
     c = generate_site_data("xray", "site-2", tmp_path / "c", seed=2, **kw)
     assert _files(tmp_path / "a") == _files(tmp_path / "b")
     da, dc = json.loads(a.read_text()), json.loads(c.read_text())

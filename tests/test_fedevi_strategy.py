@@ -338,7 +338,7 @@ def test_ablation_switches_replace_factors_by_one():
     """Without G (or R) the update uses 1 for that factor; delta = 0 keeps beta^0 (EMT only)."""
     import torch
 
-    from fedseg.strategies.base import ClientUpdate, SitePayload
+    from fedseg.strategies.base import ClientUpdate
     from fedseg.strategies.fedevi import FedEviStrategy
 
     sites = ["a", "b"]

@@ -329,8 +329,8 @@ def test_neighbour_direction_with_shared_norms_matches_numpy():
             w[exclude] = 0.0
         safe = np.where(norms.numpy() > 0, norms.numpy(), 1.0)
         expected = ((w / safe) * (norms.numpy() > 0)) @ vectors.astype(np.float64)
-        for given in (None, norms):
-            got = neighbour_direction_from_flat(torch.from_numpy(vectors), W_row, exclude=exclude, norms=given)
+        for norms_given in (None, norms):
+            got = neighbour_direction_from_flat(torch.from_numpy(vectors), W_row, exclude=exclude, norms=norms_given)
             np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="norms"):
         neighbour_direction_from_flat(torch.from_numpy(vectors), W_row, norms=norms[:3])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fedseg.data.datalist import DatalistError, load_datalist, validate_pair
+from fedseg.data.datalist import DatalistError, validate_pair
 from fedseg.data.checks import federation_label_config
 from fedseg.data.labels import (
     BINARY,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-import numpy as np
 import pytest
 import torch
 

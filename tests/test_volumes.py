@@ -19,7 +19,6 @@ from fedseg.data.volumes import (
     check_volume_pair,
     crop_shape,
     federation_volume_config,
-    read_geometry,
     resolve_volume_settings,
 )
 from fedseg.engine import SegEngine
