@@ -61,7 +61,6 @@ def resolve_site_datalist(
         out_dir=root,
         seed=data.data_seed,
         profile=data.data_profile,
-        image_size=train_config.get("data_image_size"),
     )
 
 
