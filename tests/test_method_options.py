@@ -120,3 +120,17 @@ def test_job_args_fixed_values_own_defaults_profiles_and_none():
     assert job.job_args({"rate": None}, {"rate": 0.75})["rate"] == 0.75
     assert job.job_args({"rate": None})["rate"] == 0.25  # None is no rate: the recipe's default
     assert job.job_args({"windows": None})["windows"] is None  # None is a value of windows
+
+
+def test_the_options_page_is_written_from_the_option_definitions():
+    """docs/guide/options.md is what ``python -m fedseg.recipes.option_reference`` writes, and every option on it
+    says what it means."""
+    from pathlib import Path
+
+    from fedseg.methods import available_methods
+    from fedseg.recipes.option_reference import method_option_rows, render_option_reference
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "guide" / "options.md"
+    assert page.read_text() == render_option_reference(), "regenerate: python -m fedseg.recipes.option_reference > docs/guide/options.md"
+    rows = [row for method in available_methods() for row in method_option_rows(method)]
+    assert rows and all(meaning.strip() for _, _, meaning in rows), [r for r in rows if not r[2].strip()]
