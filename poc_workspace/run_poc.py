@@ -40,7 +40,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from fedseg.processes import StopOnSignal
 
@@ -501,6 +501,15 @@ class PocRun:
             raise PocError(f"job {job_id} ended with status {status} (see the server and site logs below)")
         return meta
 
+    def run_job(self, job: os.PathLike, timeout: float) -> Tuple[str, Path]:
+        """Prepare and start the POC, submit ``job``, wait until it finished and download its result: ``(job id,
+        result folder)``."""
+        self.prepare()
+        self.start()
+        job_id = self.submit(job)
+        self.wait_job(job_id, timeout)
+        return job_id, self.download(job_id)
+
     def download(self, job_id: str) -> Path:
         dest = self.aux / "result"
         location = self.session.download_job_result(job_id, destination=str(dest))
@@ -605,11 +614,7 @@ def run(
         raise PocError(f"{job} is not an NVFlare job folder (no meta.json); export one with `fedseg export`")
     with PocRun(workspace, project, keep_workspace=keep_workspace, start_timeout=start_timeout) as poc:
         try:
-            poc.prepare()
-            poc.start()
-            job_id = poc.submit(job)
-            poc.wait_job(job_id, timeout)
-            result = poc.download(job_id)
+            job_id, result = poc.run_job(job, timeout)
             reports = sorted(result.rglob("report.json"), key=lambda p: (p.parent.name != "workspace", len(p.parts)))
             if not reports:
                 raise PocError(f"the job result {result} has no report.json")

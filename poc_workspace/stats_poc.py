@@ -14,7 +14,6 @@ generated in its workspace.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shutil
 import sys
 from pathlib import Path
@@ -24,18 +23,10 @@ from fedseg.processes import StopOnSignal
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-
-
-def _load_run_poc():
-    before = sys.dont_write_bytecode
-    sys.dont_write_bytecode = True
-    try:
-        spec = importlib.util.spec_from_file_location("fedseg_run_poc", HERE / "run_poc.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.dont_write_bytecode = before
+# run_poc.py lies beside this script (python puts this folder first on sys.path); nothing of it is cached in the
+# repository
+sys.dont_write_bytecode = True
+import run_poc  # noqa: E402
 
 
 def run(job: Path, out: Path, project: Path, timeout: float, start_timeout: float,
@@ -44,14 +35,9 @@ def run(job: Path, out: Path, project: Path, timeout: float, start_timeout: floa
     PocError on a failed cycle, RuntimeError when no site sent statistics."""
     from fedseg.fl.fed_statistics import STATS_OUTPUT, report_statistics
 
-    run_poc = _load_run_poc()
     with run_poc.PocRun(workspace, project, keep_workspace=keep_workspace, start_timeout=start_timeout) as poc:
         try:
-            poc.prepare()
-            poc.start()
-            job_id = poc.submit(job)
-            poc.wait_job(job_id, timeout)
-            result = poc.download(job_id)
+            _, result = poc.run_job(job, timeout)
             found = sorted(result.rglob(Path(STATS_OUTPUT).name))
             if not found:
                 raise run_poc.PocError(f"the job result {result} has no {STATS_OUTPUT} (no site sent statistics?)")

@@ -33,10 +33,15 @@ SHAPES = {"conv.weight": (8, 3, 3, 3), "big.weight": (SLOTS + 517,), "conv.bias"
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory):
-    """``(server context, site context)`` from a key pair written by NVFlare's HEBuilder."""
-    server, site = provision_contexts(tmp_path_factory.mktemp("he_keys"))
-    return ts.context_from(server.read_bytes()), ts.context_from(site.read_bytes())
+def key_files(tmp_path_factory):
+    """``(server context file, site context file)``: a key pair written by NVFlare's HEBuilder."""
+    return provision_contexts(tmp_path_factory.mktemp("he_keys"))
+
+
+@pytest.fixture(scope="module")
+def keys(key_files):
+    """``(server context, site context)`` read from :func:`key_files`."""
+    return tuple(ts.context_from(path.read_bytes()) for path in key_files)
 
 
 def _model(seed: int, scale: float = 1.0):
@@ -204,11 +209,6 @@ REFUSING = {
     "feddyn": ({}, "correction state"),
     "fedefm": ({}, "no global model"),
 }
-
-
-@pytest.fixture(scope="module")
-def key_files(tmp_path_factory):
-    return provision_contexts(tmp_path_factory.mktemp("he_key_files"))
 
 
 @pytest.fixture(scope="module")

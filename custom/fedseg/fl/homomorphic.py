@@ -322,10 +322,6 @@ class ServerAggregation:
         return value
 
 
-def contains_ciphertext(params: Mapping[str, Any]) -> bool:
-    return any(isinstance(v, Ciphertext) for v in params.values())
-
-
 def he_task_meta(encrypt_layers: LayerSpec) -> Dict[str, Any]:
     """What every task tells the sites under HE: encrypt what you send (these entries), decrypt what you receive."""
     return {"encrypt_layers": encrypt_layers if encrypt_layers is None or isinstance(encrypt_layers, str)
